@@ -1,0 +1,89 @@
+// Package persistence keeps Keyline's durable state in one bbolt file: the
+// Key-Shared group logs, cursors and dead letters, and mochi's session state
+// (clients, subscriptions, retained and inflight messages, sysinfo).
+package persistence
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// FileName is the name of the database file inside the data directory.
+const FileName = "keyline.db"
+
+// ErrLocked is returned by Open when another process holds the database file.
+var ErrLocked = errors.New("persistence: database is in use by another process")
+
+// ErrCorrupt is returned by Open when the file in the data directory is not a
+// usable Keyline database (corrupt, truncated, or some other kind of file).
+var ErrCorrupt = errors.New("persistence: database file is corrupt or not a bbolt database")
+
+// Options configure Open.
+type Options struct {
+	// NoSync leaves flushing to the OS instead of fsyncing every commit: the data
+	// survives a crash of the process but not a power loss.
+	NoSync bool
+	// OpenTimeout bounds the wait for the file lock another process holds.
+	// Zero means one second.
+	OpenTimeout time.Duration
+	// Logger receives the store's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// DB is the open database. It is safe for concurrent use.
+type DB struct {
+	bolt *bolt.DB
+	path string
+	opts Options
+	log  *slog.Logger
+}
+
+// Open opens (creating if needed) the database in dir.
+func Open(dir string, opts Options) (*DB, error) {
+	if opts.OpenTimeout <= 0 {
+		opts.OpenTimeout = time.Second
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("persistence: create data dir: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	b, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        opts.OpenTimeout,
+		NoSync:         opts.NoSync,
+		FreelistType:   bolt.FreelistMapType,
+		NoFreelistSync: true,
+	})
+	if err != nil {
+		switch {
+		case errors.Is(err, berrors.ErrTimeout):
+			return nil, fmt.Errorf("%w: %s (is another keyline running on this data dir?)", ErrLocked, path)
+		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
+			errors.Is(err, berrors.ErrChecksum):
+			return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
+		}
+		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
+	}
+	return &DB{bolt: b, path: path, opts: opts, log: logger}, nil
+}
+
+// Path returns the database file's path.
+func (db *DB) Path() string { return db.path }
+
+// Close closes the database.
+func (db *DB) Close() error {
+	if err := db.bolt.Close(); err != nil {
+		return fmt.Errorf("persistence: close %s: %w", db.path, err)
+	}
+	return nil
+}
