@@ -1,0 +1,599 @@
+package keyshared
+
+import (
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// outcome is how a message of the log was resolved for the group.
+type outcome uint8
+
+const (
+	outAcked outcome = iota + 1
+	outDeadLettered
+	outDropped
+	outExpired
+	outSkipped
+)
+
+func (o outcome) String() string {
+	switch o {
+	case outAcked:
+		return "acked"
+	case outDeadLettered:
+		return "dead-lettered"
+	case outDropped:
+		return "dropped"
+	case outExpired:
+		return "expired"
+	case outSkipped:
+		return "skipped"
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// counters are the monotonically increasing totals Stats reports.
+type counters struct {
+	delivered, redeliveries, acked, nacks, rejects, timeouts, losses       uint64
+	deadLettered, dropped, expired, skipped, evictions, refused, staleAcks uint64
+	storeErrors                                                            uint64
+}
+
+// core is the dispatcher state of one group. It is a plain state machine:
+// every method takes the current time as a parameter and runs to completion,
+// it starts no goroutine and takes no lock. The Dispatcher's loop goroutine
+// owns it; the model tests drive it directly.
+type core struct {
+	cfg    Config
+	log    Log
+	out    Deliverer
+	logger *slog.Logger
+
+	w window
+
+	// members holds every live member. Invariant 4: each key maps to exactly
+	// one of them, through ring.
+	members map[string]*member
+	ring    *ring
+	// byRing[i] is the member of ring.members[i] (sorted by id); it is also
+	// the deterministic order in which members are visited.
+	byRing []*member
+	// noMember holds keys that wait because the group has no member at all.
+	noMember keyList
+	// dlqPending holds entries whose dead letter the store failed to record.
+	dlqPending []*entry
+	// atLimit counts members with inflight >= limit.
+	atLimit int
+
+	// nextRead is the next offset to ask the log for; it only grows.
+	nextRead uint64
+	// lastRead is the highest offset read from the log (or the loaded cursor).
+	// Every offset <= lastRead is resolved or in the window.
+	lastRead uint64
+	// saved is the cursor last persisted. Invariant 3: saved <= cursor(), so
+	// the persisted cursor never passes an unresolved offset.
+	saved    uint64
+	lastSave time.Time
+	// head is the log head as last seen.
+	head uint64
+
+	st counters
+
+	buf     []Message
+	scratch []*keyState
+	// dirty lists members whose published stats are stale.
+	dirty          []*member
+	membersChanged bool
+
+	// onResolve, when set (tests), hears of every message resolution.
+	onResolve func(m *Message, out outcome, now time.Time)
+}
+
+func newCore(cfg Config, log Log, out Deliverer) *core {
+	return &core{
+		cfg:     cfg,
+		log:     log,
+		out:     out,
+		logger:  cfg.logger(),
+		w:       newWindow(),
+		members: make(map[string]*member),
+		ring:    buildRing(nil),
+	}
+}
+
+// open loads the persisted cursor: reading resumes right after it.
+func (c *core) open() error {
+	cur, err := c.log.LoadCursor()
+	if err != nil {
+		return fmt.Errorf("keyshared: load cursor: %w", err)
+	}
+	c.nextRead, c.lastRead, c.saved = cur+1, cur, cur
+	c.head = c.log.Head()
+	return nil
+}
+
+// cursor is the safe cursor: the highest offset such that it and every offset
+// below it are resolved. It never decreases.
+func (c *core) cursor() uint64 {
+	if e := c.w.order.head; e != nil {
+		return e.msg.Offset - 1
+	}
+	return c.lastRead
+}
+
+func (c *core) pick(key string) *member {
+	i := c.ring.pick(key)
+	if i < 0 {
+		return nil
+	}
+	return c.byRing[i]
+}
+
+// route offers the head of ks to its member: it delivers it, parks the key
+// on a wait list, or resolves heads that expired or that no member's filters
+// match, going on with the next one. A key already on a wait list, or whose
+// head is in flight, waits for retry or is poisoned, is left alone.
+func (c *core) route(ks *keyState, now time.Time) {
+	for {
+		e := ks.head
+		if e == nil {
+			c.w.releaseKey(ks)
+			return
+		}
+		if e.state != entryWaiting || ks.list != nil {
+			return
+		}
+		if e.msg.Expired(now) {
+			c.resolve(e, outExpired, now)
+			continue
+		}
+		m := c.pick(ks.key)
+		if m == nil {
+			if len(c.members) == 0 {
+				c.noMember.push(ks)
+				c.w.markKey(ks)
+				return
+			}
+			c.resolve(e, outSkipped, now)
+			continue
+		}
+		if m.canTake() && c.deliver(e, m, now) {
+			c.w.markKey(ks)
+			return
+		}
+		m.waitq.push(ks)
+		c.w.markKey(ks)
+		return
+	}
+}
+
+// deliver hands e to m. When m refuses it, m is paused and e stays waiting.
+func (c *core) deliver(e *entry, m *member, now time.Time) bool {
+	attempt := e.deliveries + 1
+	if !c.out.Deliver(m.id, &e.msg, attempt) {
+		c.st.refused++
+		m.paused = true
+		return false
+	}
+	e.deliveries = attempt
+	if attempt > 1 {
+		c.st.redeliveries++
+	}
+	c.st.delivered++
+	e.state = entryInflight
+	e.holder = m
+	e.lastMember = m.id
+	if e.firstDelivery.IsZero() {
+		e.firstDelivery = now
+	}
+	e.lastDelivery = now
+	e.deadline = now.Add(c.cfg.AckTimeout)
+	c.w.deadlines.push(e)
+	m.infl.push(e)
+	m.inflight++
+	c.w.inflight++
+	c.memberChanged(m)
+	return true
+}
+
+// endInflight takes e out of flight and returns the member it was on.
+func (c *core) endInflight(e *entry) *member {
+	m := e.holder
+	c.w.deadlines.remove(e)
+	m.infl.remove(e)
+	m.inflight--
+	c.w.inflight--
+	e.holder = nil
+	e.state = entryWaiting
+	c.memberChanged(m)
+	return m
+}
+
+func (c *core) memberChanged(m *member) {
+	full := m.inflight >= m.limit && !m.removed
+	if full != m.full {
+		m.full = full
+		if full {
+			c.atLimit++
+		} else {
+			c.atLimit--
+		}
+	}
+	if !m.dirty {
+		m.dirty = true
+		c.dirty = append(c.dirty, m)
+	}
+}
+
+// resolve takes e, the head of its key and not in flight, out of the window
+// for good. The caller routes the key's next message (finish does both).
+func (c *core) resolve(e *entry, out outcome, now time.Time) {
+	ks := e.ks
+	switch e.state {
+	case entryRetry:
+		c.w.retries.remove(e)
+	case entryPoisoned:
+		c.w.poisoned--
+	case entryDLQPending:
+		if i := slices.Index(c.dlqPending, e); i >= 0 {
+			c.dlqPending = slices.Delete(c.dlqPending, i, i+1)
+		}
+	}
+	if ks.list != nil {
+		ks.list.remove(ks)
+	}
+	switch out {
+	case outAcked:
+		c.st.acked++
+	case outDeadLettered:
+		c.st.deadLettered++
+	case outDropped:
+		c.st.dropped++
+	case outExpired:
+		c.st.expired++
+	case outSkipped:
+		c.st.skipped++
+	}
+	if c.onResolve != nil {
+		c.onResolve(&e.msg, out, now)
+	}
+	c.w.removeHead(e)
+}
+
+// finish resolves e and routes the next message of its key.
+func (c *core) finish(e *entry, out outcome, now time.Time) {
+	ks := e.ks
+	c.resolve(e, out, now)
+	c.route(ks, now)
+}
+
+// serviceMember routes keys waiting for m while it can take messages.
+func (c *core) serviceMember(m *member, now time.Time) {
+	for m.canTake() {
+		ks := m.waitq.pop()
+		if ks == nil {
+			return
+		}
+		c.route(ks, now)
+	}
+}
+
+// ack resolves offset if member may ack it: it is in flight on member, or it
+// waits for a retry (or is poisoned) after member had it last. Anything else
+// is a stale ack and is only counted.
+func (c *core) ack(member string, offset uint64, now time.Time) {
+	e := c.w.byOffset[offset]
+	if e == nil || e.ks.head != e {
+		c.st.staleAcks++
+		return
+	}
+	if e.state == entryInflight {
+		if e.holder.id != member {
+			c.st.staleAcks++
+			return
+		}
+		m := c.endInflight(e)
+		c.finish(e, outAcked, now)
+		m.paused = false
+		c.serviceMember(m, now)
+		return
+	}
+	if e.lastMember == "" || e.lastMember != member {
+		c.st.staleAcks++
+		return
+	}
+	c.finish(e, outAcked, now)
+}
+
+// inflightOn returns the entry of offset if it is in flight on member.
+func (c *core) inflightOn(member string, offset uint64) *entry {
+	e := c.w.byOffset[offset]
+	if e == nil || e.state != entryInflight || e.holder.id != member {
+		return nil
+	}
+	return e
+}
+
+// nack counts a failed attempt and retries the message after backoff (or
+// applies the poison policy). A never-retry reason code rejects it instead.
+func (c *core) nack(member string, offset uint64, reason byte, now time.Time) {
+	if NeverRetry(reason) {
+		c.reject(member, offset, reason, now)
+		return
+	}
+	e := c.inflightOn(member, offset)
+	if e == nil {
+		c.st.staleAcks++
+		return
+	}
+	m := c.endInflight(e)
+	c.st.nacks++
+	e.attempts++
+	e.lastReason = reason
+	c.failed(e, now)
+	m.paused = false
+	c.serviceMember(m, now)
+}
+
+// reject dead-letters the message at once, whatever the poison policy.
+func (c *core) reject(member string, offset uint64, reason byte, now time.Time) {
+	e := c.inflightOn(member, offset)
+	if e == nil {
+		c.st.staleAcks++
+		return
+	}
+	m := c.endInflight(e)
+	c.st.rejects++
+	e.attempts++
+	e.lastReason = reason
+	c.deadLetter(e, now)
+	m.paused = false
+	c.serviceMember(m, now)
+}
+
+// addMember adds a member, or updates one that exists (a re-subscribe: new
+// Receive Maximum and filters, and it counts as connected).
+func (c *core) addMember(id string, recvMax int, fs filterSet, now time.Time) error {
+	if id == "" {
+		return ErrInvalidMember
+	}
+	limit := c.cfg.MemberMaxInflight
+	if recvMax > 0 && recvMax < limit {
+		limit = recvMax
+	}
+	if m := c.members[id]; m != nil {
+		m.recvMax, m.limit = recvMax, limit
+		m.active, m.inactiveTicks, m.paused = true, 0, false
+		c.memberChanged(m)
+		if !m.filters.equal(fs) {
+			m.filters = fs
+			c.rebuildRing()
+			c.rerouteWaiting(nil, now)
+		} else {
+			c.serviceMember(m, now)
+		}
+		return nil
+	}
+	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, active: true, stat: &memberStat{id: id}}
+	c.members[id] = m
+	c.memberChanged(m)
+	c.rebuildRing()
+	c.rerouteWaiting(nil, now)
+	c.logger.Info("keyshared: member joined", "member", id, "limit", limit, "filters", len(fs))
+	return nil
+}
+
+// removeMember takes a member off the ring and requeues its in-flight
+// messages at the head of their keys (each counts as a failed attempt).
+func (c *core) removeMember(id string, evicted bool, now time.Time) error {
+	m := c.members[id]
+	if m == nil {
+		return ErrUnknownMember
+	}
+	delete(c.members, id)
+	m.removed = true
+	c.memberChanged(m) // leaves atLimit
+	c.rebuildRing()
+	var requeued []*keyState
+	for e := m.infl.head; e != nil; e = m.infl.head {
+		c.endInflight(e)
+		c.out.Revoke(m.id, e.msg.Offset)
+		c.st.losses++
+		e.attempts++
+		e.lastReason = 0
+		if e.attempts >= c.cfg.MaxDeliveries {
+			c.poison(e, now)
+			continue
+		}
+		c.w.markKey(e.ks)
+		requeued = append(requeued, e.ks)
+	}
+	for _, ks := range requeued {
+		c.route(ks, now)
+	}
+	c.rerouteWaiting(&m.waitq, now)
+	if evicted {
+		c.st.evictions++
+		c.logger.Warn("keyshared: member evicted after inactivity", "member", id, "requeued", len(requeued))
+	} else {
+		c.logger.Info("keyshared: member left", "member", id, "requeued", len(requeued))
+	}
+	return nil
+}
+
+// setActive marks a member connected or disconnected.
+func (c *core) setActive(id string, active bool, now time.Time) error {
+	m := c.members[id]
+	if m == nil {
+		return ErrUnknownMember
+	}
+	m.inactiveTicks = 0
+	if m.active == active {
+		return nil
+	}
+	m.active = active
+	c.memberChanged(m)
+	if active {
+		m.paused = false
+		c.serviceMember(m, now)
+	}
+	return nil
+}
+
+func (c *core) rebuildRing() {
+	rms := make([]ringMember, 0, len(c.members))
+	for _, m := range c.members {
+		rms = append(rms, ringMember{id: m.id, filters: m.filters})
+	}
+	c.ring = buildRing(rms)
+	c.byRing = make([]*member, len(c.ring.members))
+	for i, rm := range c.ring.members {
+		c.byRing[i] = c.members[rm.id]
+	}
+	c.membersChanged = true
+}
+
+// rerouteWaiting routes again every key waiting for a member, after the ring
+// changed; extra is the wait list of a member that just left.
+func (c *core) rerouteWaiting(extra *keyList, now time.Time) {
+	keys := c.scratch[:0]
+	drain := func(l *keyList) {
+		for ks := l.pop(); ks != nil; ks = l.pop() {
+			keys = append(keys, ks)
+		}
+	}
+	if extra != nil {
+		drain(extra)
+	}
+	for _, m := range c.byRing {
+		drain(&m.waitq)
+	}
+	drain(&c.noMember)
+	for _, ks := range keys {
+		c.route(ks, now)
+	}
+	clear(keys)
+	c.scratch = keys[:0]
+}
+
+// tick is the heartbeat: ack timeouts, poison handling, retries, eviction,
+// lag-driven reading and debounced cursor persistence.
+func (c *core) tick(now time.Time) {
+	// Phase 1: ack timeouts. The member keeps its place; the message retries.
+	for e := c.w.deadlines.head; e != nil && !now.Before(e.deadline); e = c.w.deadlines.head {
+		m := c.endInflight(e)
+		c.out.Revoke(m.id, e.msg.Offset)
+		c.st.timeouts++
+		e.attempts++
+		e.lastReason = 0
+		c.failed(e, now)
+	}
+	// Phase 2: poison handling: dead letters the store could not record yet.
+	c.retryDeadLetters(now)
+	// Phase 3: retries whose backoff elapsed.
+	for e := c.w.retries.peek(); e != nil && !now.Before(e.retryAt); e = c.w.retries.peek() {
+		c.w.retries.remove(e)
+		e.state = entryWaiting
+		c.route(e.ks, now)
+	}
+	// Phase 4: evict members inactive for EvictAfter ticks; give members that
+	// refused a delivery another chance.
+	var evict []string
+	for _, m := range c.byRing {
+		m.paused = false
+		if !m.active {
+			m.inactiveTicks++
+			if m.inactiveTicks >= c.cfg.EvictAfter {
+				evict = append(evict, m.id)
+			}
+		}
+	}
+	for _, id := range evict {
+		_ = c.removeMember(id, true, now) // id was just found among members
+	}
+	for _, m := range c.byRing {
+		c.serviceMember(m, now)
+	}
+	// Phase 5: lag-driven reading, then the debounced cursor.
+	c.poll(now)
+	c.saveDue(now)
+}
+
+// poll reads from the log while the window has room and the log has more.
+func (c *core) poll(now time.Time) {
+	for c.w.count < c.cfg.Window {
+		c.head = max(c.head, c.log.Head())
+		if c.nextRead > c.head {
+			return
+		}
+		n := min(c.cfg.ReadBatch, c.cfg.Window-c.w.count)
+		buf, err := c.log.ReadFrom(c.nextRead, n, c.buf[:0])
+		if err != nil {
+			c.st.storeErrors++
+			c.logger.Error("keyshared: read from log", "from", c.nextRead, "err", err)
+			return
+		}
+		for i := range buf {
+			m := &buf[i]
+			if m.Offset < c.nextRead {
+				continue // never read backwards
+			}
+			c.nextRead = m.Offset + 1
+			c.lastRead = m.Offset
+			c.head = max(c.head, m.Offset)
+			c.ingest(m, now)
+		}
+		got := len(buf)
+		clear(buf)
+		c.buf = buf[:0]
+		if got < n {
+			return
+		}
+	}
+}
+
+// ingest adds a message just read to the window and routes it when it heads
+// its key. A message already expired is resolved on the spot.
+func (c *core) ingest(m *Message, now time.Time) {
+	if m.Expired(now) {
+		c.st.expired++
+		if c.onResolve != nil {
+			c.onResolve(m, outExpired, now)
+		}
+		return
+	}
+	e, isHead := c.w.add(m)
+	if isHead {
+		c.route(e.ks, now)
+	}
+}
+
+// maybeSave persists the cursor if it moved and the debounce interval has
+// passed since the last save (or force is set).
+func (c *core) maybeSave(now time.Time, force bool) error {
+	cur := c.cursor()
+	if cur <= c.saved {
+		return nil
+	}
+	if !force && !c.lastSave.IsZero() && now.Sub(c.lastSave) < c.cfg.CursorInterval {
+		return nil
+	}
+	if err := c.log.SaveCursor(cur); err != nil {
+		c.st.storeErrors++
+		c.logger.Error("keyshared: save cursor", "cursor", cur, "err", err)
+		return fmt.Errorf("keyshared: save cursor: %w", err)
+	}
+	c.saved, c.lastSave = cur, now
+	return nil
+}
+
+// saveDue persists the cursor if the debounce interval allows. A failure is
+// logged and counted by maybeSave and retried on the next call: the cursor
+// only lags, nothing is lost.
+func (c *core) saveDue(now time.Time) {
+	if err := c.maybeSave(now, false); err != nil {
+		return
+	}
+}

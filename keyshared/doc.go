@@ -1,0 +1,62 @@
+// Package keyshared is Keyline's Key-Shared dispatcher: it decides which
+// member of a `$share/<group>/<filter>` group gets which message of the
+// group's durable log, and when.
+//
+// # Basics
+//
+// Every message carries a routing key. A consistent-hash ring (VirtualNodes
+// points per member, FNV-1a with the murmur3 finalizer) maps each key to one
+// member; members may narrow the keys they take with glob key filters ('*',
+// '?'). A Dispatcher reads the log from the group's cursor into an in-flight
+// window, delivers through a Deliverer, and resolves each message when its
+// member acks it; nacks and ack timeouts retry it with exponential backoff,
+// and after Config.MaxDeliveries failed attempts the poison policy applies
+// (dead-letter, drop or block). The package knows neither mochi nor bbolt: it
+// talks to storage through Log, to clients through Deliverer, and takes time
+// from a Clock.
+//
+// # Invariants
+//
+//  1. At most one message per key per group is in flight.
+//  2. A key's messages are delivered in log order, including after retries,
+//     member changes and restarts.
+//  3. The persisted cursor never passes an offset that is not acked,
+//     dead-lettered, dropped by policy, expired or filtered out.
+//  4. A key maps to exactly one live member; a membership change remaps about
+//     1/N of the keys, and a moved key waits until its in-flight message on
+//     the old member resolves.
+//
+// They follow from one structure: the window keeps each key's unresolved
+// messages in a queue in log order, and only the head of a queue is ever
+// delivered. A retry, a requeue after the loss of a member and a redelivery
+// after a restart all deliver that same head again, so order holds; a key's
+// next message is routed (on the current ring) only when its head resolves,
+// so a moved key waits for its old member. The cursor is the offset below the
+// lowest unresolved message of the window. The tests check all four after
+// every step of randomized runs (checkInvariants).
+//
+// # Outcomes
+//
+// An ack resolves a message. A nack retries it after backoff; a nack with
+// reason 0x87 or 0x99 (NeverRetry), or Reject, dead-letters it at once. Ack
+// timeouts and the loss of the member (RemoveMember, or eviction after
+// Config.EvictAfter heartbeats inactive) count as failed attempts like nacks,
+// so a message that crashes every worker ends in the dead letters; a lost
+// member's messages are requeued at the head of their keys, never treated as
+// acked. Messages that expired, or whose key no member's filters match, are
+// skipped and counted; both let the cursor advance.
+//
+// # Caveats
+//
+//   - Delivery is at least once. Acks from the last Config.CursorInterval
+//     before a crash may not be persisted and those messages are delivered
+//     again after a restart; retry counts start over after a restart.
+//   - A key owned by a disconnected member waits for it until it reconnects
+//     or is evicted (3 s by default); the keys of other members go on.
+//   - The block poison policy stops its key until a late ack resolves the
+//     message. The cursor cannot pass it, so the key's later messages stay in
+//     the window and a busy key eventually fills it.
+//   - Offsets the log skips (gaps) are passed once a later message is read.
+//   - Router, the non-reliable (QoS 0) variant, keeps no state per message:
+//     what a member refuses is dropped.
+package keyshared

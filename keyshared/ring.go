@@ -1,0 +1,148 @@
+package keyshared
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// VirtualNodes is the number of points each member owns on the hash ring.
+const VirtualNodes = 100
+
+// ringMember is one member as the ring sees it.
+type ringMember struct {
+	id      string
+	filters filterSet
+}
+
+// vnode is one point on the ring: a 32-bit position and the index of the
+// member owning it in ring.members.
+type vnode struct {
+	hash uint32
+	idx  int32
+}
+
+// ring is an immutable consistent-hash ring: VirtualNodes points per member at
+// fmix32(FNV-1a("{member}-{i}")), sorted clockwise. A key lands on the first
+// point at or after fmix32(FNV-1a(key)), wrapping at the end.
+//
+// A ring is never modified after buildRing returns, so the non-reliable
+// Router may share one between goroutines.
+type ring struct {
+	vnodes []vnode
+	// members is sorted by id, so the ring (and every answer it gives) does
+	// not depend on the order in which members joined.
+	members []ringMember
+	// filtered counts members that declare key filters. When it is zero every
+	// member is eligible for every key and pick takes the direct path.
+	filtered int
+}
+
+// buildRing builds the ring for members; ids must be unique.
+func buildRing(members []ringMember) *ring {
+	r := &ring{members: slices.Clone(members)}
+	slices.SortFunc(r.members, func(a, b ringMember) int { return strings.Compare(a.id, b.id) })
+	r.vnodes = make([]vnode, 0, len(members)*VirtualNodes)
+	var buf []byte
+	for i, m := range r.members {
+		if len(m.filters) > 0 {
+			r.filtered++
+		}
+		for v := range VirtualNodes {
+			buf = append(buf[:0], m.id...)
+			buf = append(buf, '-')
+			buf = strconv.AppendInt(buf, int64(v), 10)
+			r.vnodes = append(r.vnodes, vnode{hash: fmix32(fnv1a(buf)), idx: int32(i)})
+		}
+	}
+	// Ties between points of different members are broken by member id
+	// (members are sorted, so by idx), keeping the ring insertion-order free.
+	slices.SortFunc(r.vnodes, func(a, b vnode) int {
+		if a.hash != b.hash {
+			if a.hash < b.hash {
+				return -1
+			}
+			return 1
+		}
+		return int(a.idx - b.idx)
+	})
+	return r
+}
+
+// pick returns the index in r.members of the member that owns key, or -1
+// when no member may take it (the ring is empty, or no member's filters match).
+//
+// With filters present the ring is projected onto the eligible members by
+// walking clockwise from the key's point to the first point of an eligible
+// member: exactly the answer a ring built from the eligible members alone
+// would give, without building it. pick never allocates.
+func (r *ring) pick(key string) int {
+	n := len(r.vnodes)
+	if n == 0 {
+		return -1
+	}
+	h := hashKey(key)
+	// Binary search for the first point >= h.
+	lo, hi := 0, n
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if r.vnodes[mid].hash < h {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == n {
+		lo = 0
+	}
+	if r.filtered == 0 {
+		return int(r.vnodes[lo].idx)
+	}
+	last := int32(-1)
+	for j := 0; j < n; j++ {
+		i := lo + j
+		if i >= n {
+			i -= n
+		}
+		idx := r.vnodes[i].idx
+		if idx == last {
+			continue // same member as the point before: already rejected
+		}
+		if r.members[idx].filters.match(key) {
+			return int(idx)
+		}
+		last = idx
+	}
+	return -1
+}
+
+// hashKey is the ring position of a routing key.
+func hashKey(key string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return fmix32(h)
+}
+
+// fnv1a is the 32-bit FNV-1a hash of b.
+func fnv1a(b []byte) uint32 {
+	h := uint32(2166136261)
+	for _, c := range b {
+		h ^= uint32(c)
+		h *= 16777619
+	}
+	return h
+}
+
+// fmix32 is murmur3's 32-bit finalizer; it spreads FNV's weak low bits over
+// the whole word.
+func fmix32(h uint32) uint32 {
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
+}

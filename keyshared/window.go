@@ -1,0 +1,341 @@
+package keyshared
+
+import (
+	"container/heap"
+	"time"
+)
+
+// entryState is where a message of the window stands.
+type entryState uint8
+
+const (
+	// entryWaiting: not in flight. Either behind the head of its key
+	// (blocked by it), or the head waiting to be routed: for a member with
+	// room, for a member at all, or right now being routed.
+	entryWaiting entryState = iota
+	// entryInflight: delivered to entry.holder, awaiting its ack.
+	entryInflight
+	// entryRetry: an attempt failed; waits in the retry heap for its backoff.
+	entryRetry
+	// entryPoisoned: exhausted under PoisonBlock; its key stops.
+	entryPoisoned
+	// entryDLQPending: to be dead-lettered; the store failed, the heartbeat retries.
+	entryDLQPending
+)
+
+// entry is one unresolved message in the window. Only the head entry of a
+// key is ever in any state but entryWaiting (invariant 1).
+type entry struct {
+	msg Message
+	ks  *keyState
+
+	knext        *entry // next message of the same key, in log order
+	oprev, onext *entry // all window entries in offset order
+	dprev, dnext *entry // in-flight entries in dispatch order (ack deadlines)
+	mprev, mnext *entry // in-flight entries of the same holder
+
+	state entryState
+	// holder is the member the entry is in flight on (entryInflight only).
+	holder *member
+	// lastMember is the member of the last delivery, "" before the first.
+	lastMember string
+	// attempts counts failed deliveries: nacks, ack timeouts, member losses.
+	attempts int
+	// deliveries counts calls to Deliver that the member took.
+	deliveries int
+	lastReason byte
+
+	firstDelivery, lastDelivery time.Time
+	deadline                    time.Time // ack deadline while in flight
+	retryAt                     time.Time // retry time while entryRetry
+	heapIdx                     int
+}
+
+// keyState is the queue of one routing key's unresolved messages, in log
+// order. It exists exactly while the key has messages in the window.
+type keyState struct {
+	key        string
+	head, tail *entry
+	n          int
+	// list is the wait list (a member's, or the no-member list) the key sits
+	// on while its head waits to be routed; nil otherwise.
+	list         *keyList
+	wprev, wnext *keyState
+	// stalled records that the key counts in window.stalledKeys: it has
+	// messages but none in flight.
+	stalled bool
+}
+
+// keyList is an intrusive FIFO of keys waiting for a member.
+type keyList struct {
+	head, tail *keyState
+	n          int
+}
+
+func (l *keyList) push(k *keyState) {
+	k.list = l
+	k.wprev, k.wnext = l.tail, nil
+	if l.tail != nil {
+		l.tail.wnext = k
+	} else {
+		l.head = k
+	}
+	l.tail = k
+	l.n++
+}
+
+func (l *keyList) remove(k *keyState) {
+	if k.wprev != nil {
+		k.wprev.wnext = k.wnext
+	} else {
+		l.head = k.wnext
+	}
+	if k.wnext != nil {
+		k.wnext.wprev = k.wprev
+	} else {
+		l.tail = k.wprev
+	}
+	k.wprev, k.wnext, k.list = nil, nil, nil
+	l.n--
+}
+
+func (l *keyList) pop() *keyState {
+	k := l.head
+	if k != nil {
+		l.remove(k)
+	}
+	return k
+}
+
+// offsetList links all window entries in ascending offset order. Entries
+// arrive in ascending order, so appending keeps it sorted, and its head is
+// the lowest unresolved offset: the safe cursor is head.offset-1.
+type offsetList struct{ head, tail *entry }
+
+func (l *offsetList) push(e *entry) {
+	e.oprev, e.onext = l.tail, nil
+	if l.tail != nil {
+		l.tail.onext = e
+	} else {
+		l.head = e
+	}
+	l.tail = e
+}
+
+func (l *offsetList) remove(e *entry) {
+	if e.oprev != nil {
+		e.oprev.onext = e.onext
+	} else {
+		l.head = e.onext
+	}
+	if e.onext != nil {
+		e.onext.oprev = e.oprev
+	} else {
+		l.tail = e.oprev
+	}
+	e.oprev, e.onext = nil, nil
+}
+
+// deadlineList links in-flight entries in dispatch order. The ack timeout is
+// the same for all, so this is also deadline order and the heartbeat only
+// looks at its head.
+type deadlineList struct{ head, tail *entry }
+
+func (l *deadlineList) push(e *entry) {
+	e.dprev, e.dnext = l.tail, nil
+	if l.tail != nil {
+		l.tail.dnext = e
+	} else {
+		l.head = e
+	}
+	l.tail = e
+}
+
+func (l *deadlineList) remove(e *entry) {
+	if e.dprev != nil {
+		e.dprev.dnext = e.dnext
+	} else {
+		l.head = e.dnext
+	}
+	if e.dnext != nil {
+		e.dnext.dprev = e.dprev
+	} else {
+		l.tail = e.dprev
+	}
+	e.dprev, e.dnext = nil, nil
+}
+
+// memberList links the entries in flight on one member, so that losing the
+// member touches only its own entries.
+type memberList struct {
+	head *entry
+}
+
+func (l *memberList) push(e *entry) {
+	e.mprev, e.mnext = nil, l.head
+	if l.head != nil {
+		l.head.mprev = e
+	}
+	l.head = e
+}
+
+func (l *memberList) remove(e *entry) {
+	if e.mprev != nil {
+		e.mprev.mnext = e.mnext
+	} else {
+		l.head = e.mnext
+	}
+	if e.mnext != nil {
+		e.mnext.mprev = e.mprev
+	}
+	e.mprev, e.mnext = nil, nil
+}
+
+// retryHeap orders entries waiting for a retry by retryAt (then offset, so
+// the order is deterministic).
+type retryHeap []*entry
+
+func (h retryHeap) Len() int { return len(h) }
+func (h retryHeap) Less(i, j int) bool {
+	if !h[i].retryAt.Equal(h[j].retryAt) {
+		return h[i].retryAt.Before(h[j].retryAt)
+	}
+	return h[i].msg.Offset < h[j].msg.Offset
+}
+func (h retryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx = i
+	h[j].heapIdx = j
+}
+func (h *retryHeap) Push(x any) {
+	e := x.(*entry)
+	e.heapIdx = len(*h)
+	*h = append(*h, e)
+}
+func (h *retryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.heapIdx = -1
+	return e
+}
+
+func (h *retryHeap) push(e *entry)   { heap.Push(h, e) }
+func (h *retryHeap) remove(e *entry) { heap.Remove(h, e.heapIdx) }
+
+// peek returns the entry due first, or nil.
+func (h retryHeap) peek() *entry {
+	if len(h) == 0 {
+		return nil
+	}
+	return h[0]
+}
+
+// window holds every message read from the log and not yet resolved. Its
+// operations touch only the entries and keys concerned: nothing scans it.
+type window struct {
+	// byOffset finds an entry by offset for acks. Every entry of the window is
+	// in it exactly once.
+	byOffset map[uint64]*entry
+	// keys holds the queue of every key with messages in the window; a key's
+	// queue is in log order and only its head may be in flight (invariant 1).
+	keys map[string]*keyState
+	// order is every entry in ascending offset order; order.head is the lowest
+	// unresolved offset, which the cursor must stay below (invariant 3).
+	order     offsetList
+	deadlines deadlineList
+	retries   retryHeap
+
+	// count is the number of entries (in flight plus blocked); the dispatcher
+	// reads from the log only while count < Config.Window.
+	count    int
+	inflight int
+	// stalledKeys counts keys with messages in the window but none in flight.
+	stalledKeys int
+	// poisoned counts keys stopped by PoisonBlock.
+	poisoned int
+
+	freeEntries *entry
+	freeKeys    *keyState
+}
+
+func newWindow() window {
+	return window{byOffset: make(map[uint64]*entry), keys: make(map[string]*keyState)}
+}
+
+// add appends m to the window and its key's queue. It reports whether m is
+// now the head of its key (the key had no other message in the window).
+func (w *window) add(m *Message) (*entry, bool) {
+	e := w.freeEntries
+	if e != nil {
+		w.freeEntries = e.knext
+		e.knext = nil
+	} else {
+		e = &entry{heapIdx: -1}
+	}
+	e.msg = *m
+	ks := w.keys[m.Key]
+	if ks == nil {
+		ks = w.freeKeys
+		if ks != nil {
+			w.freeKeys = ks.wnext
+			ks.wnext = nil
+		} else {
+			ks = &keyState{}
+		}
+		ks.key = m.Key
+		w.keys[m.Key] = ks
+	}
+	e.ks = ks
+	if ks.tail != nil {
+		ks.tail.knext = e
+	} else {
+		ks.head = e
+	}
+	ks.tail = e
+	ks.n++
+	w.order.push(e)
+	w.byOffset[m.Offset] = e
+	w.count++
+	w.markKey(ks)
+	return e, ks.head == e
+}
+
+// removeHead takes e, the head of its key and not in flight, out of the
+// window, and frees it. The key's queue is left with its next message (which
+// the caller routes) or empty (the caller releases it with releaseKey).
+func (w *window) removeHead(e *entry) {
+	ks := e.ks
+	ks.head = e.knext
+	if ks.head == nil {
+		ks.tail = nil
+	}
+	ks.n--
+	w.order.remove(e)
+	delete(w.byOffset, e.msg.Offset)
+	w.count--
+	w.markKey(ks)
+	*e = entry{heapIdx: -1, knext: w.freeEntries}
+	w.freeEntries = e
+}
+
+// releaseKey forgets ks, whose queue is empty.
+func (w *window) releaseKey(ks *keyState) {
+	delete(w.keys, ks.key)
+	*ks = keyState{wnext: w.freeKeys}
+	w.freeKeys = ks
+}
+
+// markKey recomputes whether ks counts as stalled (messages, none in flight).
+func (w *window) markKey(ks *keyState) {
+	stalled := ks.head != nil && ks.head.state != entryInflight
+	if stalled != ks.stalled {
+		ks.stalled = stalled
+		if stalled {
+			w.stalledKeys++
+		} else {
+			w.stalledKeys--
+		}
+	}
+}
