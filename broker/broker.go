@@ -1,0 +1,358 @@
+// Package broker assembles a Keyline broker: mochi's MQTT server, Keyline's
+// listeners, hooks and store, and the HTTP endpoints for operators.
+//
+// A Broker is built with New, which validates the configuration, opens the
+// data file and binds every address (so that bad input fails before anything
+// runs), started with Start or Run, and stopped with Shutdown.
+package broker
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// ErrClosed is returned by Start on a broker that has been shut down.
+var ErrClosed = errors.New("broker: closed")
+
+// Broker is one running Keyline broker.
+type Broker struct {
+	cfg     Config
+	log     *slog.Logger
+	started time.Time
+
+	db       *persistence.DB
+	sessions *persistence.SessionStore
+	server   *mqtt.Server
+	mqttLns  []*listener
+
+	httpLn  net.Listener
+	httpSrv *http.Server
+
+	ready     atomic.Bool // serving MQTT and not shutting down
+	startOnce sync.Once
+	startErr  error
+	stopOnce  sync.Once
+	stopped   chan struct{} // closed when Shutdown has finished
+	stopErr   error
+	bg        sync.WaitGroup // goroutines Start launched
+}
+
+// New validates cfg, opens the data file, binds every listener and returns a
+// broker ready to Start. A nil logger discards logs. On error nothing is left
+// open.
+func New(cfg Config, logger *slog.Logger) (b *Broker, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	b = &Broker{cfg: cfg, log: logger, stopped: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			b.closeResources()
+		}
+	}()
+
+	var tlsConf *tls.Config
+	if cfg.TLS != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("broker: tls-cert %s / tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+
+	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
+	}
+	b.sessions, err = b.db.OpenSessions()
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+
+	for _, l := range []struct {
+		id, proto, addr string
+		tls             *tls.Config
+	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}} {
+		if l.addr == "" {
+			continue
+		}
+		ln, err := listen(l.id, l.proto, l.addr, l.tls)
+		if err != nil {
+			return nil, fmt.Errorf("broker: %s listener: %w", l.id, err)
+		}
+		b.mqttLns = append(b.mqttLns, ln)
+	}
+	if cfg.HTTP != "" {
+		b.httpLn, err = net.Listen("tcp", cfg.HTTP)
+		if err != nil {
+			return nil, fmt.Errorf("broker: http listener: %w", err)
+		}
+	}
+
+	b.server = mqtt.New(&mqtt.Options{
+		Capabilities: b.capabilities(),
+		Logger:       logger,
+		// Keep per-connection buffers small: devices are many and mostly idle.
+		ClientNetWriteBufferSize: 4096,
+		ClientNetReadBufferSize:  4096,
+	})
+	if err := b.addHooks(); err != nil {
+		return nil, err
+	}
+	for _, ln := range b.mqttLns {
+		if err := b.server.AddListener(ln); err != nil {
+			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
+		}
+	}
+	if b.httpLn != nil {
+		b.httpSrv = &http.Server{Handler: b.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+	}
+	return b, nil
+}
+
+func (b *Broker) capabilities() *mqtt.Capabilities {
+	c := mqtt.NewDefaultServerCapabilities()
+	c.MaximumPacketSize = b.cfg.MaxPacketSize
+	if b.cfg.MaxClients > 0 {
+		c.MaximumClients = b.cfg.MaxClients
+	}
+	c.MaximumInflight = b.cfg.MaxInflight
+	c.ReceiveMaximum = b.cfg.ReceiveMaximum
+	c.MaximumSessionExpiryInterval = math.MaxUint32
+	if b.cfg.MaxSessionExpiry > 0 {
+		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
+	}
+	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
+	return c
+}
+
+func (b *Broker) addHooks() error {
+	if b.cfg.Auth != nil {
+		if err := b.server.AddHook(hooks.NewAuth(b.cfg.Auth), nil); err != nil {
+			return fmt.Errorf("broker: auth hook: %w", err)
+		}
+	} else {
+		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
+			return fmt.Errorf("broker: allow-all hook: %w", err)
+		}
+		var exposed []string
+		for _, ln := range b.mqttLns {
+			if !isLoopback(ln.Address()) {
+				exposed = append(exposed, ln.proto+" "+ln.Address())
+			}
+		}
+		if len(exposed) > 0 {
+			b.log.Warn("no auth configured: any client that reaches these listeners may connect, publish and subscribe; add an auth section to the config file to restrict them",
+				"listeners", strings.Join(exposed, ", "))
+		}
+	}
+	if err := b.server.AddHook(hooks.NewStorage(b.sessions), nil); err != nil {
+		return fmt.Errorf("broker: storage hook: %w", err)
+	}
+	return nil
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Start loads the stored sessions and starts serving; it returns at once.
+func (b *Broker) Start() error {
+	b.startOnce.Do(func() {
+		select {
+		case <-b.stopped:
+			b.startErr = ErrClosed
+			return
+		default:
+		}
+		b.started = time.Now()
+		if err := b.server.Serve(); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
+		if b.httpSrv != nil {
+			b.bg.Add(1)
+			go func() {
+				defer b.bg.Done()
+				if err := b.httpSrv.Serve(b.httpLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					b.log.Error("http server stopped", "error", err)
+				}
+			}()
+		}
+		b.ready.Store(true)
+		attrs := []any{"data_dir", b.cfg.DataDir, "fsync", b.cfg.Fsync}
+		for _, ln := range b.mqttLns {
+			attrs = append(attrs, ln.proto, ln.Address())
+		}
+		if b.httpLn != nil {
+			attrs = append(attrs, "http", b.httpLn.Addr().String())
+		}
+		b.log.Info("keyline started", attrs...)
+	})
+	return b.startErr
+}
+
+// Run starts the broker, serves until ctx is done, then shuts down within
+// the configured shutdown-timeout.
+func (b *Broker) Run(ctx context.Context) error {
+	if err := b.Start(); err != nil {
+		b.closeResources()
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.Background(), b.cfg.ShutdownTimeout)
+	defer cancel()
+	return b.Shutdown(sctx)
+}
+
+// Shutdown stops accepting connections, disconnects clients, commits the
+// session state and closes the data file. If ctx ends first it returns
+// ctx.Err() while the shutdown goes on in the background.
+func (b *Broker) Shutdown(ctx context.Context) error {
+	b.stopOnce.Do(func() {
+		b.ready.Store(false)
+		go func() {
+			defer close(b.stopped)
+			b.stopErr = b.shutdown()
+		}()
+	})
+	select {
+	case <-b.stopped:
+		return b.stopErr
+	case <-ctx.Done():
+		return fmt.Errorf("broker: shutdown: %w", ctx.Err())
+	}
+}
+
+func (b *Broker) shutdown() error {
+	b.log.Info("keyline shutting down")
+	if b.started.IsZero() {
+		return b.closeResources()
+	}
+	// Close disconnects every client, waits for their handlers and stops the
+	// hooks (the storage hook commits what is queued).
+	_ = b.server.Close()
+	err := b.closeResources()
+	b.bg.Wait()
+	b.log.Info("keyline stopped")
+	return err
+}
+
+// closeResources closes what New opened, in reverse order.
+func (b *Broker) closeResources() error {
+	var errs []error
+	if b.httpSrv != nil {
+		errs = append(errs, ignoreClosed(b.httpSrv.Close()))
+	} else if b.httpLn != nil {
+		errs = append(errs, ignoreClosed(b.httpLn.Close()))
+	}
+	if b.started.IsZero() {
+		for _, ln := range b.mqttLns {
+			errs = append(errs, ignoreClosed(ln.ln.Close()))
+		}
+	}
+	if b.sessions != nil {
+		errs = append(errs, b.sessions.Close())
+	}
+	if b.db != nil {
+		errs = append(errs, b.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Server returns the underlying mochi server, for tests and embedding.
+func (b *Broker) Server() *mqtt.Server { return b.server }
+
+// Addr returns the bound address of a listener: "tcp", "tls", "ws" or
+// "http"; "" when that listener is disabled.
+func (b *Broker) Addr(name string) string {
+	if name == "http" {
+		if b.httpLn == nil {
+			return ""
+		}
+		return b.httpLn.Addr().String()
+	}
+	for _, ln := range b.mqttLns {
+		if ln.id == name {
+			return ln.Address()
+		}
+	}
+	return ""
+}
+
+// Ready reports whether the broker is serving MQTT and not shutting down.
+func (b *Broker) Ready() bool { return b.ready.Load() }
+
+func (b *Broker) httpHandler() http.Handler {
+	reg := newRegistry(newBrokerCollector(
+		func() *mqtt.Server { return b.server },
+		func() *persistence.SessionStore { return b.sessions },
+		time.Now(),
+	))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !b.Ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	return mux
+}
+
+// NewLogger returns a slog logger writing to w at level in format, as the
+// log-level and log-format settings name them.
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("%w: log-level %q is not one of %s", ErrInvalidConfig, level, strings.Join(LogLevels, ", "))
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("%w: log-format %q is not one of %s", ErrInvalidConfig, format, strings.Join(LogFormats, ", "))
+}

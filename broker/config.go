@@ -1,0 +1,187 @@
+package broker
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+	"gopkg.in/yaml.v3"
+)
+
+// ErrInvalidConfig wraps every error Validate and LoadConfigFile return.
+var ErrInvalidConfig = errors.New("invalid configuration")
+
+// Config is everything a broker needs to run. Each field's YAML key is the
+// name of the command-line flag that sets it, so a config file and the flags
+// speak the same language. Start from DefaultConfig.
+type Config struct {
+	// Listeners. An empty address disables the listener.
+	TCP     string `yaml:"tcp"`      // MQTT over TCP
+	WS      string `yaml:"ws"`       // MQTT over WebSocket (path /)
+	TLS     string `yaml:"tls"`      // MQTT over TLS
+	TLSCert string `yaml:"tls-cert"` // PEM certificate (chain) for the TLS listener
+	TLSKey  string `yaml:"tls-key"`  // PEM private key for the TLS listener
+	HTTP    string `yaml:"http"`     // metrics, health and admin API
+
+	// Storage.
+	DataDir string `yaml:"data-dir"` // directory of the bbolt file
+	Fsync   bool   `yaml:"fsync"`    // fsync every commit (off: survives a process crash, not a power loss)
+
+	// Logs.
+	LogLevel  string `yaml:"log-level"`  // debug, info, warn, error
+	LogFormat string `yaml:"log-format"` // text or json
+
+	// MQTT limits.
+	MaxPacketSize    uint32        `yaml:"max-packet-size"`    // bytes; larger packets close the connection (0: no limit)
+	MaxClients       int64         `yaml:"max-clients"`        // connected clients at once (0: no limit)
+	MaxInflight      uint16        `yaml:"max-inflight"`       // QoS 1/2 messages held per session (queued or unacknowledged)
+	ReceiveMaximum   uint16        `yaml:"receive-maximum"`    // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"` // cap on how long a disconnected persistent session is kept
+	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
+	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
+
+	// Key-Shared dispatch (reserved: accepted and validated; dispatch itself is not wired yet).
+	KeyProperty   string        `yaml:"key-property"`
+	AckTimeout    time.Duration `yaml:"ack-timeout"`
+	MaxDeliveries int           `yaml:"max-deliveries"`
+	PoisonPolicy  string        `yaml:"poison-policy"`
+
+	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
+	// every client to connect, publish and subscribe. Config file only.
+	Auth *auth.Ledger `yaml:"auth"`
+}
+
+// DefaultConfig returns the configuration `keyline` runs with when given nothing.
+func DefaultConfig() Config {
+	return Config{
+		TCP:              ":1883",
+		HTTP:             "127.0.0.1:9883",
+		DataDir:          "./data",
+		Fsync:            true,
+		LogLevel:         "info",
+		LogFormat:        "text",
+		MaxPacketSize:    1 << 20,
+		MaxInflight:      8192,
+		ReceiveMaximum:   1024,
+		MaxSessionExpiry: 0,
+		ShutdownTimeout:  10 * time.Second,
+		KeyProperty:      "key",
+		AckTimeout:       30 * time.Second,
+		MaxDeliveries:    5,
+		PoisonPolicy:     "dead-letter",
+	}
+}
+
+// LogLevels and LogFormats are the accepted values of log-level and log-format.
+var (
+	LogLevels     = []string{"debug", "info", "warn", "error"}
+	LogFormats    = []string{"text", "json"}
+	PoisonPolices = []string{"dead-letter", "drop", "block"}
+)
+
+func oneOf(name, v string, allowed []string) error {
+	for _, a := range allowed {
+		if v == a {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s %q is not one of %s", ErrInvalidConfig, name, v, strings.Join(allowed, ", "))
+}
+
+func checkAddr(name, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return fmt.Errorf("%w: %s %q is not a host:port address (for example :1883 or 127.0.0.1:1883)", ErrInvalidConfig, name, addr)
+	}
+	return nil
+}
+
+// Validate reports the first problem with c, naming the setting at fault.
+func (c *Config) Validate() error {
+	if c.TCP == "" && c.WS == "" && c.TLS == "" {
+		return fmt.Errorf("%w: no MQTT listener: set at least one of tcp, ws, tls", ErrInvalidConfig)
+	}
+	seen := map[string]string{}
+	for _, l := range []struct{ name, addr string }{{"tcp", c.TCP}, {"ws", c.WS}, {"tls", c.TLS}, {"http", c.HTTP}} {
+		if err := checkAddr(l.name, l.addr); err != nil {
+			return err
+		}
+		if l.addr == "" || strings.HasSuffix(l.addr, ":0") { // port 0: the kernel picks distinct ports
+			continue
+		}
+		if other, dup := seen[l.addr]; dup {
+			return fmt.Errorf("%w: %s and %s both use address %q", ErrInvalidConfig, other, l.name, l.addr)
+		}
+		seen[l.addr] = l.name
+	}
+	switch {
+	case c.TLS != "" && (c.TLSCert == "" || c.TLSKey == ""):
+		return fmt.Errorf("%w: tls needs both tls-cert and tls-key", ErrInvalidConfig)
+	case c.TLS == "" && (c.TLSCert != "" || c.TLSKey != ""):
+		return fmt.Errorf("%w: tls-cert and tls-key need a tls listener address", ErrInvalidConfig)
+	case c.DataDir == "":
+		return fmt.Errorf("%w: data-dir is empty", ErrInvalidConfig)
+	case c.MaxInflight == 0:
+		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
+	case c.ReceiveMaximum == 0:
+		return fmt.Errorf("%w: receive-maximum must be at least 1", ErrInvalidConfig)
+	case c.MaxClients < 0:
+		return fmt.Errorf("%w: max-clients must not be negative", ErrInvalidConfig)
+	case c.MaxSessionExpiry < 0 || c.MaxSessionExpiry > time.Duration(1<<32-1)*time.Second:
+		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
+	case c.MaxMessageExpiry < 0:
+		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.ShutdownTimeout <= 0:
+		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
+	case c.KeyProperty == "":
+		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
+	case c.AckTimeout <= 0:
+		return fmt.Errorf("%w: ack-timeout must be positive", ErrInvalidConfig)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("%w: max-deliveries must be at least 1", ErrInvalidConfig)
+	}
+	if err := oneOf("log-level", c.LogLevel, LogLevels); err != nil {
+		return err
+	}
+	if err := oneOf("log-format", c.LogFormat, LogFormats); err != nil {
+		return err
+	}
+	return oneOf("poison-policy", c.PoisonPolicy, PoisonPolices)
+}
+
+// LoadConfigFile reads a YAML config file into c, over the values c already
+// holds. Unknown keys are an error.
+func LoadConfigFile(path string, c *Config) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Errorf("%w: read %s: %v", ErrInvalidConfig, path, err)
+	}
+	if err := DecodeConfig(data, c); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// DecodeConfig decodes YAML into c, over the values c already holds. Unknown
+// keys are an error.
+func DecodeConfig(data []byte, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	return nil
+}

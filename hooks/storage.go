@@ -1,0 +1,311 @@
+// Package hooks holds Keyline's thin mochi glue: session storage, auth and
+// ACL. Logic that is not about mochi lives in persistence/ and keyshared/.
+package hooks
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/mochi-mqtt/server/v2/system"
+
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// Storage persists mochi's session state (clients, subscriptions, retained
+// and inflight messages with their packet ids, sysinfo) in Keyline's bbolt file.
+//
+// Only persistent sessions are written (MQTT 5 session expiry > 0, MQTT 3.1.1
+// clean session false): a clean session dies with its connection anyway.
+// Subscriptions and retained messages are durable before mochi sends the
+// SUBACK or PUBACK; inflight messages are written behind, within one commit.
+type Storage struct {
+	mqtt.HookBase
+	store *persistence.SessionStore
+}
+
+// NewStorage returns a storage hook writing to store.
+func NewStorage(store *persistence.SessionStore) *Storage {
+	return &Storage{store: store}
+}
+
+// ID returns the hook's id.
+func (h *Storage) ID() string { return "keyline-storage" }
+
+// Provides reports which hook methods Storage implements.
+func (h *Storage) Provides(b byte) bool {
+	return bytes.Contains([]byte{
+		mqtt.OnSessionEstablished,
+		mqtt.OnDisconnect,
+		mqtt.OnSubscribed,
+		mqtt.OnUnsubscribed,
+		mqtt.OnRetainMessage,
+		mqtt.OnWillSent,
+		mqtt.OnQosPublish,
+		mqtt.OnQosComplete,
+		mqtt.OnQosDropped,
+		mqtt.OnSysInfoTick,
+		mqtt.OnClientExpired,
+		mqtt.OnRetainedExpired,
+		mqtt.StoredClients,
+		mqtt.StoredSubscriptions,
+		mqtt.StoredInflightMessages,
+		mqtt.StoredRetainedMessages,
+		mqtt.StoredSysInfo,
+	}, []byte{b})
+}
+
+// Stop commits whatever is still queued.
+func (h *Storage) Stop() error { return h.store.Sync() }
+
+// persistent reports whether cl's session outlives its connection.
+func persistent(cl *mqtt.Client) bool {
+	if cl.Properties.ProtocolVersion == 5 {
+		return cl.Properties.Props.SessionExpiryInterval > 0
+	}
+	return !cl.Properties.Clean
+}
+
+// clientPrefix is the key prefix of everything stored for one client: the id's
+// length then the id, so that no client's prefix is a prefix of another's.
+func clientPrefix(id string) []byte {
+	b := binary.AppendUvarint(make([]byte, 0, len(id)+24), uint64(len(id)))
+	return append(b, id...)
+}
+
+func subscriptionKey(id, filter string) []byte { return append(clientPrefix(id), filter...) }
+
+func inflightKey(id string, packetID uint16) []byte {
+	return binary.BigEndian.AppendUint16(clientPrefix(id), packetID)
+}
+
+func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
+	data, err := v.MarshalBinary()
+	if err != nil {
+		h.Log.Error("storage: encode record", "kind", kind, "error", err)
+		return
+	}
+	h.store.Put(kind, key, data)
+}
+
+func (h *Storage) sync(what string) {
+	if err := h.store.Sync(); err != nil {
+		h.Log.Error("storage: commit failed; the change may not survive a restart", "what", what, "error", err)
+	}
+}
+
+// forget removes everything stored for a client.
+func (h *Storage) forget(id string) {
+	p := clientPrefix(id)
+	h.store.Delete(persistence.KindClient, []byte(id))
+	h.store.DeletePrefix(persistence.KindSubscription, p)
+	h.store.DeletePrefix(persistence.KindInflight, p)
+}
+
+// OnSessionEstablished records a persistent client, or forgets a session that
+// a clean start has just discarded.
+func (h *Storage) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
+	if !persistent(cl) {
+		h.forget(cl.ID)
+		return
+	}
+	h.putClient(cl)
+}
+
+// OnWillSent updates the client record once its will has been sent.
+func (h *Storage) OnWillSent(cl *mqtt.Client, _ packets.Packet) {
+	if persistent(cl) {
+		h.putClient(cl)
+	}
+}
+
+func (h *Storage) putClient(cl *mqtt.Client) {
+	props := cl.Properties.Props.Copy(false)
+	h.put(persistence.KindClient, []byte(cl.ID), &storage.Client{
+		ID:              cl.ID,
+		T:               storage.ClientKey,
+		Remote:          cl.Net.Remote,
+		Listener:        cl.Net.Listener,
+		Username:        cl.Properties.Username,
+		Clean:           cl.Properties.Clean,
+		ProtocolVersion: cl.Properties.ProtocolVersion,
+		Properties: storage.ClientProperties{
+			SessionExpiryInterval:     props.SessionExpiryInterval,
+			SessionExpiryIntervalFlag: props.SessionExpiryIntervalFlag,
+			AuthenticationMethod:      props.AuthenticationMethod,
+			AuthenticationData:        props.AuthenticationData,
+			RequestProblemInfo:        props.RequestProblemInfo,
+			RequestProblemInfoFlag:    props.RequestProblemInfoFlag,
+			RequestResponseInfo:       props.RequestResponseInfo,
+			ReceiveMaximum:            props.ReceiveMaximum,
+			TopicAliasMaximum:         props.TopicAliasMaximum,
+			User:                      props.User,
+			MaximumPacketSize:         props.MaximumPacketSize,
+		},
+		Will: storage.ClientWill(cl.Properties.Will),
+	})
+}
+
+// OnDisconnect forgets a session that ends with its connection.
+func (h *Storage) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	if expire && cl.StopCause() != packets.ErrSessionTakenOver {
+		h.forget(cl.ID)
+	}
+}
+
+// OnClientExpired forgets a session whose expiry interval has passed.
+func (h *Storage) OnClientExpired(cl *mqtt.Client) { h.forget(cl.ID) }
+
+// OnSubscribed stores granted subscriptions of a persistent session and
+// waits for the commit, so a SUBACK means the subscription survives a crash.
+func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
+	if !persistent(cl) {
+		return
+	}
+	stored := false
+	for i, f := range pk.Filters {
+		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
+			continue
+		}
+		h.put(persistence.KindSubscription, subscriptionKey(cl.ID, f.Filter), &storage.Subscription{
+			ID:                f.Filter,
+			T:                 storage.SubscriptionKey,
+			Client:            cl.ID,
+			Qos:               reasonCodes[i],
+			Filter:            f.Filter,
+			Identifier:        f.Identifier,
+			NoLocal:           f.NoLocal,
+			RetainHandling:    f.RetainHandling,
+			RetainAsPublished: f.RetainAsPublished,
+		})
+		stored = true
+	}
+	if stored {
+		h.sync("subscription")
+	}
+}
+
+// OnUnsubscribed removes subscriptions.
+func (h *Storage) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	if !persistent(cl) {
+		return
+	}
+	for _, f := range pk.Filters {
+		h.store.Delete(persistence.KindSubscription, subscriptionKey(cl.ID, f.Filter))
+	}
+}
+
+func storedMessage(pk packets.Packet) *storage.Message {
+	props := pk.Properties.Copy(false)
+	return &storage.Message{
+		FixedHeader: pk.FixedHeader,
+		TopicName:   pk.TopicName,
+		Payload:     pk.Payload,
+		Created:     pk.Created,
+		Origin:      pk.Origin,
+		PacketID:    pk.PacketID,
+		Properties: storage.MessageProperties{
+			PayloadFormat:          props.PayloadFormat,
+			PayloadFormatFlag:      props.PayloadFormatFlag,
+			MessageExpiryInterval:  props.MessageExpiryInterval,
+			ContentType:            props.ContentType,
+			ResponseTopic:          props.ResponseTopic,
+			CorrelationData:        props.CorrelationData,
+			SubscriptionIdentifier: props.SubscriptionIdentifier,
+			User:                   props.User,
+		},
+	}
+}
+
+// OnRetainMessage stores (r >= 0) or deletes (r == -1) a retained message and
+// waits for the commit, so the publisher's PUBACK means it survives a crash.
+func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
+	key := []byte(pk.TopicName)
+	if r == -1 {
+		h.store.Delete(persistence.KindRetained, key)
+	} else {
+		m := storedMessage(pk)
+		m.ID, m.T, m.Client = pk.TopicName, storage.RetainedKey, cl.ID
+		h.put(persistence.KindRetained, key, m)
+	}
+	h.sync("retained message")
+}
+
+// OnRetainedExpired deletes an expired retained message.
+func (h *Storage) OnRetainedExpired(topic string) {
+	h.store.Delete(persistence.KindRetained, []byte(topic))
+}
+
+// OnQosPublish stores an inflight message of a persistent session, packet id included.
+func (h *Storage) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, _ int) {
+	// mochi records its own PUBACK to a QoS 1 publisher and completes it at
+	// once; nothing about it needs to survive a restart.
+	if !persistent(cl) || pk.FixedHeader.Type == packets.Puback {
+		return
+	}
+	m := storedMessage(pk)
+	m.T, m.Client, m.Sent = storage.InflightKey, cl.ID, sent
+	h.put(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID), m)
+}
+
+// OnQosComplete deletes a resolved inflight message.
+func (h *Storage) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
+	if persistent(cl) {
+		h.store.Delete(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID))
+	}
+}
+
+// OnQosDropped deletes a dropped inflight message.
+func (h *Storage) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { h.OnQosComplete(cl, pk) }
+
+// OnSysInfoTick stores the latest system info.
+func (h *Storage) OnSysInfoTick(sys *system.Info) {
+	h.put(persistence.KindSysInfo, []byte(storage.SysInfoKey), &storage.SystemInfo{ID: storage.SysInfoKey, T: storage.SysInfoKey, Info: *sys})
+}
+
+func loadAll[T any](h *Storage, kind string) ([]T, error) {
+	var out []T
+	err := h.store.ForEach(kind, func(_, val []byte) error {
+		var v T
+		if err := json.Unmarshal(val, &v); err != nil {
+			// One unreadable record must not cost every other session.
+			h.Log.Error("storage: skipping unreadable record", "kind", kind, "error", err)
+			return nil
+		}
+		out = append(out, v)
+		return nil
+	})
+	return out, err
+}
+
+// StoredClients returns the stored clients.
+func (h *Storage) StoredClients() ([]storage.Client, error) {
+	return loadAll[storage.Client](h, persistence.KindClient)
+}
+
+// StoredSubscriptions returns the stored subscriptions.
+func (h *Storage) StoredSubscriptions() ([]storage.Subscription, error) {
+	return loadAll[storage.Subscription](h, persistence.KindSubscription)
+}
+
+// StoredInflightMessages returns the stored inflight messages.
+func (h *Storage) StoredInflightMessages() ([]storage.Message, error) {
+	return loadAll[storage.Message](h, persistence.KindInflight)
+}
+
+// StoredRetainedMessages returns the stored retained messages.
+func (h *Storage) StoredRetainedMessages() ([]storage.Message, error) {
+	return loadAll[storage.Message](h, persistence.KindRetained)
+}
+
+// StoredSysInfo returns the stored system info.
+func (h *Storage) StoredSysInfo() (storage.SystemInfo, error) {
+	all, err := loadAll[storage.SystemInfo](h, persistence.KindSysInfo)
+	if err != nil || len(all) == 0 {
+		return storage.SystemInfo{}, err
+	}
+	return all[0], nil
+}

@@ -1,0 +1,188 @@
+// Command keyline runs the Keyline MQTT broker.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/keyline-mq/keyline/broker"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a mistake in the command line itself (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, action, err := parseArgs(args)
+	if err != nil {
+		if errors.As(err, new(usageError)) || errors.Is(err, broker.ErrInvalidConfig) {
+			fmt.Fprintf(stderr, "keyline: %v (see keyline --help)\n", err)
+			return 2
+		}
+		fmt.Fprintf(stderr, "keyline: %v\n", err)
+		return 1
+	}
+	switch action {
+	case actionHelp:
+		printUsage(stdout)
+		return 0
+	case actionVersion:
+		fmt.Fprintf(stdout, "keyline %s\n", version)
+		return 0
+	}
+
+	logger, err := broker.NewLogger(stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		fmt.Fprintf(stderr, "keyline: %v\n", err)
+		return 2
+	}
+	b, err := broker.New(cfg, logger)
+	if err != nil {
+		fmt.Fprintf(stderr, "keyline: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := b.Run(ctx); err != nil {
+		fmt.Fprintf(stderr, "keyline: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type action int
+
+const (
+	actionRun action = iota
+	actionHelp
+	actionVersion
+)
+
+// flagGroup is one section of `keyline --help`.
+type flagGroup struct {
+	title string
+	fs    *pflag.FlagSet
+}
+
+// bindFlags registers every flag on groups bound to cfg, with cfg's current
+// values as the defaults, so parsing only overwrites flags given explicitly.
+func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) []flagGroup {
+	g := func(title string) flagGroup {
+		return flagGroup{title, pflag.NewFlagSet(title, pflag.ContinueOnError)}
+	}
+	listen, store, mqttLimits, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Logs"), g("Key-Shared (reserved: accepted and validated, not yet applied)"), g("General")
+
+	f := listen.fs
+	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
+	f.StringVar(&cfg.WS, "ws", cfg.WS, "MQTT over WebSocket address, e.g. :8080 (empty disables)")
+	f.StringVar(&cfg.TLS, "tls", cfg.TLS, "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls")
+	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls")
+	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz (empty disables)")
+
+	f = store.fs
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
+	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
+
+	f = mqttLimits.fs
+	f.Uint32Var(&cfg.MaxPacketSize, "max-packet-size", cfg.MaxPacketSize, "largest MQTT packet accepted, in bytes (0: no limit)")
+	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once (0: no limit)")
+	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
+	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
+	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "cap on how long a disconnected persistent session is kept (0: as the client asks)")
+	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
+
+	f = logs.fs
+	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+
+	f = keyshared.fs
+	f.StringVar(&cfg.KeyProperty, "key-property", cfg.KeyProperty, "MQTT 5 user property holding a message's routing key (else the topic)")
+	f.DurationVar(&cfg.AckTimeout, "ack-timeout", cfg.AckTimeout, "time a member has to acknowledge a message before it is retried")
+	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", cfg.MaxDeliveries, "deliveries of one message before the poison policy applies")
+	f.StringVar(&cfg.PoisonPolicy, "poison-policy", cfg.PoisonPolicy, "dead-letter, drop or block")
+
+	f = general.fs
+	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
+	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on a graceful shutdown after SIGINT/SIGTERM")
+	f.BoolVarP(help, "help", "h", false, "show this help")
+	f.BoolVar(showVersion, "version", false, "print the version")
+
+	return []flagGroup{listen, store, mqttLimits, logs, keyshared, general}
+}
+
+func newFlagSet(cfg *broker.Config, configPath *string, help, showVersion *bool) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("keyline", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are printed once, by run
+	for _, g := range bindFlags(cfg, configPath, help, showVersion) {
+		fs.AddFlagSet(g.fs)
+	}
+	return fs
+}
+
+// parseArgs turns the command line (and the config file it names) into a
+// Config: defaults, then the file, then the flags given explicitly.
+func parseArgs(args []string) (broker.Config, action, error) {
+	var configPath string
+	var help, showVersion bool
+	probe := broker.DefaultConfig()
+	fs := newFlagSet(&probe, &configPath, &help, &showVersion)
+	if err := fs.Parse(args); err != nil {
+		return probe, actionRun, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return probe, actionRun, usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	switch {
+	case help:
+		return probe, actionHelp, nil
+	case showVersion:
+		return probe, actionVersion, nil
+	}
+	if configPath == "" {
+		return probe, actionRun, probe.Validate()
+	}
+
+	cfg := broker.DefaultConfig()
+	if err := broker.LoadConfigFile(configPath, &cfg); err != nil {
+		return cfg, actionRun, err
+	}
+	fs = newFlagSet(&cfg, &configPath, &help, &showVersion)
+	if err := fs.Parse(args); err != nil {
+		return cfg, actionRun, usageError{err}
+	}
+	return cfg, actionRun, cfg.Validate()
+}
+
+func printUsage(w io.Writer) {
+	var configPath string
+	var help, showVersion bool
+	cfg := broker.DefaultConfig()
+	fmt.Fprint(w, `keyline: an MQTT 3.1.1 and 5 broker with Key-Shared subscriptions.
+
+Usage:
+  keyline [flags]
+
+`)
+	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {
+		fmt.Fprintf(w, "%s:\n%s\n", g.title, g.fs.FlagUsages())
+	}
+	fmt.Fprint(w, `Auth users and ACL rules live in the config file only (mochi's ledger format, under "auth:").
+See README.md for the config file reference.
+`)
+}
