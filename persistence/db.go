@@ -1,6 +1,3 @@
-// Package persistence keeps Keyline's durable state in one bbolt file: the
-// Key-Shared group logs, cursors and dead letters, and mochi's session state
-// (clients, subscriptions, retained and inflight messages, sysinfo).
 package persistence
 
 import (
@@ -9,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -39,10 +37,11 @@ type Options struct {
 
 // DB is the open database. It is safe for concurrent use.
 type DB struct {
-	bolt *bolt.DB
-	path string
-	opts Options
-	log  *slog.Logger
+	bolt   *bolt.DB
+	path   string
+	opts   Options
+	log    *slog.Logger
+	groups *Groups
 }
 
 // Open opens (creating if needed) the database in dir.
@@ -74,16 +73,46 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
 	}
-	return &DB{bolt: b, path: path, opts: opts, log: logger}, nil
+	db := &DB{bolt: b, path: path, opts: opts, log: logger}
+	if db.groups, err = openGroups(db); err != nil {
+		if cerr := b.Close(); cerr != nil {
+			logger.Error("close after failed open", "path", path, "err", cerr)
+		}
+		return nil, err
+	}
+	return db, nil
 }
 
 // Path returns the database file's path.
 func (db *DB) Path() string { return db.path }
 
-// Close closes the database.
+// Close closes the database. It first lets the group store commit what was
+// submitted to it and run the callbacks; operations after Close fail with ErrClosed.
 func (db *DB) Close() error {
+	db.groups.close()
 	if err := db.bolt.Close(); err != nil {
 		return fmt.Errorf("persistence: close %s: %w", db.path, err)
+	}
+	return nil
+}
+
+// Check runs bbolt's consistency check over the whole file (every page
+// reachable once, freelist consistent, keys ordered) and returns ErrCorrupt
+// listing what it found, or nil. It reads the whole file: for tests, tools and
+// an operator's request, not for every open.
+func (db *DB) Check() error {
+	var problems []string
+	err := db.bolt.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			problems = append(problems, err.Error())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("persistence: check %s: %w", db.path, err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("%w: %s: %s", ErrCorrupt, db.path, strings.Join(problems, "; "))
 	}
 	return nil
 }

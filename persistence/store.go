@@ -1,0 +1,297 @@
+package persistence
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	bolt "go.etcd.io/bbolt"
+)
+
+// ErrGroupNotFound is returned for an operation on a group that does not exist
+// (never created, deleted, or swept for idleness).
+var ErrGroupNotFound = errors.New("persistence: group not found")
+
+// ErrBadGroupName is returned for a group name that is not "<share name>/<filter>"
+// with a non-empty share name (no '/', '+' or '#') and a non-empty filter, in
+// valid UTF-8 without U+0000, at most MaxGroupNameLen bytes long.
+var ErrBadGroupName = errors.New("persistence: invalid group name")
+
+// ErrBadConfig is returned by EnsureGroup for a GroupConfig that does not validate.
+var ErrBadConfig = errors.New("persistence: invalid group config")
+
+// ErrBacklogFull is returned by an append to a group whose backlog limit is
+// reached under the reject policy, or for a message larger than the group's
+// byte limit under any policy. The broker answers it with MQTT 5 reason code
+// 0x97 (quota exceeded).
+var ErrBacklogFull = errors.New("persistence: group backlog full")
+
+// ErrBadCursor is returned by SaveCursor for a cursor that moves backwards or
+// past the group's head.
+var ErrBadCursor = errors.New("persistence: cursor out of range")
+
+// ErrDeadLetterNotFound is returned for a dead letter id the group does not hold.
+var ErrDeadLetterNotFound = errors.New("persistence: dead letter not found")
+
+// ErrClosed is returned by every operation on a store after Close.
+var ErrClosed = errors.New("persistence: store closed")
+
+// MaxGroupNameLen is the longest group name a store accepts, in bytes (the
+// largest bbolt key).
+const MaxGroupNameLen = bolt.MaxKeySize
+
+// BacklogPolicy says what an append does when a group's backlog limit is reached.
+type BacklogPolicy string
+
+const (
+	// PolicyReject fails the append with ErrBacklogFull (the default).
+	PolicyReject BacklogPolicy = "reject"
+	// PolicyDropOldest drops the oldest unresolved entries to make room; they
+	// are counted in GroupInfo.Dropped.
+	PolicyDropOldest BacklogPolicy = "drop-oldest"
+)
+
+// GroupConfig holds the settings of one group. The zero value means no limits.
+type GroupConfig struct {
+	// MaxMessages bounds the messages after the cursor; 0 means no bound.
+	MaxMessages uint64 `json:"max_messages,omitempty"`
+	// MaxBytes bounds the encoded size (topic, key, properties and payload) of the
+	// messages after the cursor; 0 means no bound.
+	MaxBytes uint64 `json:"max_bytes,omitempty"`
+	// Policy applies when a limit is reached; empty means PolicyReject.
+	Policy BacklogPolicy `json:"policy,omitempty"`
+}
+
+// Validate reports whether c is usable.
+func (c GroupConfig) Validate() error {
+	switch c.Policy {
+	case "", PolicyReject, PolicyDropOldest:
+		return nil
+	}
+	return fmt.Errorf("%w: backlog policy %q (want %q or %q)", ErrBadConfig, c.Policy, PolicyReject, PolicyDropOldest)
+}
+
+func (c GroupConfig) policy() BacklogPolicy {
+	if c.Policy == "" {
+		return PolicyReject
+	}
+	return c.Policy
+}
+
+// GroupInfo describes one group and its figures at one moment.
+type GroupInfo struct {
+	// Name is "<share name>/<filter>".
+	Name    string
+	Share   string
+	Filter  string
+	Created time.Time
+	Config  GroupConfig
+	// Head is the offset of the last appended message; 0 if none ever was.
+	Head uint64
+	// Cursor is the persisted cursor: every offset <= Cursor is resolved.
+	Cursor uint64
+	// Backlog counts the messages after the cursor that the log still holds.
+	Backlog uint64
+	// StoredMessages and StoredBytes count what the log holds, including
+	// resolved entries that background trimming has not removed yet.
+	StoredMessages uint64
+	StoredBytes    uint64
+	// Dropped counts unresolved messages dropped by the drop-oldest policy (persisted).
+	Dropped uint64
+	// Rejected counts appends refused with ErrBacklogFull since the store was opened.
+	Rejected    uint64
+	DeadLetters uint64
+	// Members is the member count the broker last reported.
+	Members int
+	// LastSeen is when the group last had members (its creation if it never had
+	// any; the time the store was opened if it had members when the broker stopped).
+	LastSeen time.Time
+}
+
+// AppendResult is the outcome of appending one message to one group.
+type AppendResult struct {
+	Group  string
+	Offset uint64
+	Err    error
+}
+
+// DeadLetterEntry is a stored dead letter and its id within its group. Ids
+// strictly increase within a group and are never reused.
+type DeadLetterEntry struct {
+	ID uint64
+	keyshared.DeadLetter
+}
+
+// GroupStore is the durable storage under Key-Shared groups. The bbolt store
+// (DB.Groups) and the in-memory store (NewMemGroups) implement it and pass one
+// test suite. All methods are safe for concurrent use.
+//
+// Completion callbacks (AppendAsync, AppendMultiAsync) run on a goroutine of the
+// store, one at a time, in the order the appends were submitted, after the
+// commit that covers them; never inside the call that submitted them, except
+// after Close, when they are called at once with ErrClosed. They should be
+// short; they may call the store (including the blocking methods).
+type GroupStore interface {
+	// EnsureGroup creates the group if it does not exist, else updates its
+	// config; created reports which.
+	EnsureGroup(name string, cfg GroupConfig) (created bool, err error)
+	// DeleteGroup deletes the group with its log, cursor and dead letters.
+	DeleteGroup(name string) error
+	// Group returns the group's figures.
+	Group(name string) (GroupInfo, error)
+	// Groups returns every group's figures, sorted by name.
+	Groups() ([]GroupInfo, error)
+	// Log returns the group's log as the dispatcher uses it. The handle stays
+	// valid across appends; once the group is deleted its methods fail with
+	// ErrGroupNotFound.
+	Log(name string) (keyshared.Log, error)
+
+	// Append appends m (its Offset is ignored) and returns its offset once the
+	// commit that holds it is durable per the sync mode.
+	Append(group string, m keyshared.Message) (uint64, error)
+	// AppendAsync appends m and calls done once with the outcome.
+	AppendAsync(group string, m keyshared.Message, done func(offset uint64, err error))
+	// AppendMulti appends m to each of groups in one commit and returns one
+	// result per group, in the order given. A group that refuses (full, unknown)
+	// does not stop the others.
+	AppendMulti(groups []string, m keyshared.Message) []AppendResult
+	// AppendMultiAsync is the asynchronous AppendMulti; done owns the slice.
+	AppendMultiAsync(groups []string, m keyshared.Message, done func([]AppendResult))
+	// OnAppend registers fn to be told, after each commit that adds entries to a
+	// group, the group and its new head. It runs like a completion callback, after
+	// the callbacks of the same commit. A later call replaces fn; nil removes it.
+	OnAppend(fn func(group string, head uint64))
+
+	// DeadLetters returns up to limit dead letters of the group with an id
+	// greater than after, in id order: pass the last id seen to page on.
+	DeadLetters(group string, after uint64, limit int) ([]DeadLetterEntry, error)
+	// DeadLetter returns one dead letter.
+	DeadLetter(group string, id uint64) (DeadLetterEntry, error)
+	// DeleteDeadLetter deletes one dead letter.
+	DeleteDeadLetter(group string, id uint64) error
+	// ReplayDeadLetter appends the dead letter's message at the log's tail and
+	// deletes the dead letter in one commit, returning the new offset. The
+	// backlog limits apply as to any append.
+	ReplayDeadLetter(group string, id uint64) (uint64, error)
+	// PurgeDeadLetters deletes all of the group's dead letters and returns how many.
+	PurgeDeadLetters(group string) (int, error)
+
+	// MembersChanged records how many members the group has now. The idle TTL
+	// counts from the moment the count drops to zero.
+	MembersChanged(group string, members int, now time.Time) error
+	// SweepIdle deletes every group that has had no members for ttl or longer
+	// at now and returns their names.
+	SweepIdle(now time.Time, ttl time.Duration) ([]string, error)
+
+	// Flush returns once every operation submitted before it has committed,
+	// their callbacks have run, and trimming below the cursors has caught up.
+	Flush() error
+}
+
+// splitGroupName validates a group name and returns its share name and filter.
+func splitGroupName(name string) (share, filter string, err error) {
+	share, filter, ok := strings.Cut(name, "/")
+	switch {
+	case len(name) > MaxGroupNameLen:
+		return "", "", fmt.Errorf("%w: %d bytes long (at most %d)", ErrBadGroupName, len(name), MaxGroupNameLen)
+	case !utf8.ValidString(name):
+		return "", "", fmt.Errorf("%w: %q is not valid UTF-8", ErrBadGroupName, name)
+	case strings.IndexByte(name, 0) >= 0:
+		return "", "", fmt.Errorf("%w: %q contains U+0000", ErrBadGroupName, name)
+	case !ok:
+		return "", "", fmt.Errorf("%w: %q has no '/' between share name and filter", ErrBadGroupName, name)
+	case share == "":
+		return "", "", fmt.Errorf("%w: %q has an empty share name", ErrBadGroupName, name)
+	case strings.ContainsAny(share, "+#"):
+		return "", "", fmt.Errorf("%w: share name %q contains '+' or '#'", ErrBadGroupName, share)
+	case filter == "":
+		return "", "", fmt.Errorf("%w: %q has an empty filter", ErrBadGroupName, name)
+	}
+	return share, filter, nil
+}
+
+// pending returns how many stored messages lie after the cursor.
+func (st *groupState) pending() uint64 {
+	low := st.first - 1 // offsets <= low are gone
+	if st.cursor > low {
+		low = st.cursor
+	}
+	if st.head < low {
+		return 0
+	}
+	return st.head - low
+}
+
+// trimmable reports whether the log still holds entries at or below the cursor.
+func (st *groupState) trimmable() bool { return st.msgs > 0 && st.first <= st.cursor }
+
+// overLimit reports whether appending size bytes would exceed cfg's limits,
+// counting the stored messages and bytes. With no trimmable entries that is
+// exact; otherwise it is an upper bound.
+func (st *groupState) overLimit(cfg GroupConfig, size uint64) bool {
+	return (cfg.MaxMessages > 0 && st.pending()+1 > cfg.MaxMessages) ||
+		(cfg.MaxBytes > 0 && st.bytes+size > cfg.MaxBytes)
+}
+
+func (st *groupState) info(name string, meta *groupMeta) GroupInfo {
+	return GroupInfo{
+		Name:           name,
+		Share:          meta.Share,
+		Filter:         meta.Filter,
+		Created:        meta.Created,
+		Config:         meta.Config,
+		Head:           st.head,
+		Cursor:         st.cursor,
+		Backlog:        st.pending(),
+		StoredMessages: st.msgs,
+		StoredBytes:    st.bytes,
+		Dropped:        st.dropped,
+		Rejected:       st.rejected,
+		DeadLetters:    st.deadLetters,
+		Members:        st.members,
+		LastSeen:       timeFromNanos(st.lastSeen),
+	}
+}
+
+// checkCursor validates a cursor move from st.cursor to c.
+func (st *groupState) checkCursor(c uint64) error {
+	if c < st.cursor {
+		return fmt.Errorf("%w: %d is below the saved cursor %d", ErrBadCursor, c, st.cursor)
+	}
+	if c > st.head {
+		return fmt.Errorf("%w: %d is past the head %d", ErrBadCursor, c, st.head)
+	}
+	return nil
+}
+
+// groupLog adapts one group of a store to keyshared.Log.
+type groupLog struct {
+	s    logStore
+	name string
+}
+
+// logStore is what groupLog needs from a store.
+type logStore interface {
+	readFrom(group string, from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error)
+	head(group string) uint64
+	cursor(group string) (uint64, error)
+	saveCursor(group string, c uint64) error
+	addDeadLetter(group string, d keyshared.DeadLetter) error
+}
+
+var _ keyshared.Log = groupLog{}
+
+func (l groupLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
+	return l.s.readFrom(l.name, from, max, buf)
+}
+func (l groupLog) Head() uint64                   { return l.s.head(l.name) }
+func (l groupLog) LoadCursor() (uint64, error)    { return l.s.cursor(l.name) }
+func (l groupLog) SaveCursor(cursor uint64) error { return l.s.saveCursor(l.name, cursor) }
+func (l groupLog) DeadLetter(d keyshared.DeadLetter) error {
+	return l.s.addDeadLetter(l.name, d)
+}
+
+func groupNotFound(name string) error { return fmt.Errorf("%w: %q", ErrGroupNotFound, name) }
