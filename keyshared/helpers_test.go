@@ -42,8 +42,7 @@ func (l *memLog) append(key string, expiresAt time.Time) uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.head++
-	l.msgs = append(l.msgs, Message{Offset: l.head, Key: key, Topic: "t/" + key, QoS: 1, ExpiresAt: expiresAt,
-		Payload: []byte(fmt.Sprintf("%s#%d", key, l.head))})
+	l.msgs = append(l.msgs, Message{Offset: l.head, Key: key, Topic: key, QoS: 1, ExpiresAt: expiresAt, Payload: []byte(key)})
 	return l.head
 }
 
