@@ -58,14 +58,14 @@ type Broker struct {
 // New validates cfg, opens the data file, binds every listener and returns a
 // broker ready to Start. A nil logger discards logs. On error nothing is left
 // open.
-func New(cfg Config, logger *slog.Logger) (b *Broker, err error) {
+func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	b = &Broker{cfg: cfg, log: logger, stopped: make(chan struct{})}
+	b := &Broker{cfg: cfg, log: logger, stopped: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			b.closeResources()

@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/gorilla/websocket"
@@ -65,7 +66,9 @@ func Dial(t testing.TB, transport Transport, addr string, tlsConf *tls.Config) n
 	if err != nil {
 		t.Fatalf("dial %s %s: %v", transport, addr, err)
 	}
-	return c
+	// paho.golang writes one packet in several Write calls and from several
+	// goroutines; it holds the conn's lock around a packet when it has one.
+	return packets.NewThreadSafeConn(c)
 }
 
 // wsConn is a client-side WebSocket connection as a net.Conn.
@@ -251,8 +254,17 @@ func (c *V3) Subscribe(t testing.TB, filter string, qos byte) byte {
 	if !tok.WaitTimeout(Timeout) {
 		t.Fatalf("subscribe %s: no SUBACK within %v", filter, Timeout)
 	}
-	st := tok.(*mqtt3.SubscribeToken)
-	return st.Result()[filter]
+	res := tok.(*mqtt3.SubscribeToken).Result()
+	qos, ok := res[filter]
+	if !ok && len(res) == 1 { // paho keys a $share/<g>/<f> result by <f>
+		for _, q := range res {
+			qos, ok = q, true
+		}
+	}
+	if !ok {
+		t.Fatalf("subscribe %s: SUBACK result %v has no entry for the filter (error %v)", filter, res, tok.Error())
+	}
+	return qos
 }
 
 // Publish publishes and waits for the flow to complete.

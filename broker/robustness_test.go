@@ -1,0 +1,191 @@
+package broker
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+func appendVarint(b []byte, n int) []byte {
+	for {
+		d := byte(n % 128)
+		n /= 128
+		if n > 0 {
+			d |= 0x80
+		}
+		b = append(b, d)
+		if n == 0 {
+			return b
+		}
+	}
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// rawConnect opens a TCP connection and completes an MQTT 3.1.1 CONNECT by hand.
+func rawConnect(t *testing.T, addr, clientID string) net.Conn {
+	t.Helper()
+	c := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
+	t.Cleanup(func() { c.Close() })
+	body := appendString(nil, "MQTT")
+	body = append(body, 4, 0x02, 0, 60) // level 4, clean session, keepalive 60 s
+	body = appendString(body, clientID)
+	pkt := appendVarint([]byte{0x10}, len(body))
+	if _, err := c.Write(append(pkt, body...)); err != nil {
+		t.Fatalf("write CONNECT: %v", err)
+	}
+	ack := make([]byte, 4)
+	_ = c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+	if _, err := io.ReadFull(c, ack); err != nil || !bytes.Equal(ack, []byte{0x20, 2, 0, 0}) {
+		t.Fatalf("CONNACK = %x, %v", ack, err)
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	return c
+}
+
+func rawPublish(topic string, payload []byte) []byte {
+	body := append(appendString(nil, topic), payload...)
+	return append(appendVarint([]byte{0x30}, len(body)), body...)
+}
+
+// TestBadConnectionsCloseOnlyThemselves sends garbage and oversized packets
+// and checks that only the offending connection closes.
+func TestBadConnectionsCloseOnlyThemselves(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxPacketSize = 1024
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	sub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "bystander", CleanStart: true, KeepAlive: 30})
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "ok/#", QoS: 1})
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "good-publisher", CleanStart: true, KeepAlive: 30})
+
+	bad := map[string]func(t *testing.T) net.Conn{
+		"http request instead of CONNECT": func(t *testing.T) net.Conn {
+			c := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
+			_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+			return c
+		},
+		"random bytes after CONNECT": func(t *testing.T) net.Conn {
+			c := rawConnect(t, addr, "garbage")
+			_, _ = c.Write([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x02, 0x03})
+			return c
+		},
+		"second CONNECT": func(t *testing.T) net.Conn {
+			c := rawConnect(t, addr, "twice")
+			body := append(appendString(nil, "MQTT"), 4, 0x02, 0, 60)
+			body = appendString(body, "twice")
+			_, _ = c.Write(append(appendVarint([]byte{0x10}, len(body)), body...))
+			return c
+		},
+		"publish larger than max-packet-size": func(t *testing.T) net.Conn {
+			c := rawConnect(t, addr, "oversized")
+			_, _ = c.Write(rawPublish("ok/big", make([]byte, 4096)))
+			return c
+		},
+		"remaining length beyond the protocol's maximum": func(t *testing.T) net.Conn {
+			c := rawConnect(t, addr, "malformed-length")
+			_, _ = c.Write([]byte{0x30, 0xff, 0xff, 0xff, 0xff, 0x7f})
+			return c
+		},
+	}
+	i := 0
+	for name, open := range bad {
+		t.Run(name, func(t *testing.T) {
+			c := open(t)
+			if !mqtttest.IsClosed(c) {
+				t.Fatal("the broker kept the connection open")
+			}
+			// Everyone else carries on.
+			i++
+			want := fmt.Sprintf("after %d", i)
+			if rc := pub.Publish(t, &paho.Publish{Topic: "ok/x", QoS: 1, Payload: []byte(want)}); rc != 0 {
+				t.Fatalf("publish after bad connection: reason %#x", rc)
+			}
+			if m := sub.Next(t); string(m.Payload) != want {
+				t.Fatalf("bystander got %q, want %q", m.Payload, want)
+			}
+		})
+	}
+	// The oversized message must not have been delivered to anyone.
+	select {
+	case m := <-sub.Msgs:
+		t.Fatalf("unexpected delivery %s %d bytes", m.Topic, len(m.Payload))
+	default:
+	}
+}
+
+// TestSessionAndRetainedSurviveGracefulRestart restarts the broker on the same
+// data dir. (integration/ does the same with SIGKILL against the binary.)
+func TestSessionAndRetainedSurviveGracefulRestart(t *testing.T) {
+	cfg := testConfig(t)
+	b1, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	addr := b1.Addr("tcp")
+	expiry := uint32(3600)
+	persistent := &paho.Connect{ClientID: "worker-1", CleanStart: false, KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}
+	sub, err := mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), persistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "jobs/#", QoS: 1})
+	sub.Close() // the session stays
+
+	pub, err := mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		pub.Publish(t, &paho.Publish{Topic: "jobs/a", QoS: 1, Payload: fmt.Appendf(nil, "job-%d", i)})
+	}
+	pub.Publish(t, &paho.Publish{Topic: "config/a", QoS: 1, Retain: true, Payload: []byte("retained-v1")})
+	pub.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b1.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+
+	b2 := startBroker(t, cfg) // same data dir
+	addr = b2.Addr("tcp")
+	resumed := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), persistent)
+	if !resumed.Connack.SessionPresent {
+		t.Fatal("CONNACK session present = false after restart")
+	}
+	// mochi resends a resumed session's inflight messages sorted by their
+	// creation second, so messages from one second may come in any order.
+	got, ids := map[string]bool{}, map[uint16]bool{}
+	for range 3 {
+		m := resumed.Next(t)
+		if m.QoS != 1 || m.PacketID == 0 || ids[m.PacketID] {
+			t.Fatalf("resumed session got %q qos %d packet id %d: want QoS 1 and a fresh non-zero packet id", m.Payload, m.QoS, m.PacketID)
+		}
+		got[string(m.Payload)], ids[m.PacketID] = true, true
+	}
+	for i := range 3 {
+		if want := fmt.Sprintf("job-%d", i); !got[want] {
+			t.Fatalf("resumed session got %v, missing %q", got, want)
+		}
+	}
+	fresh := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "reader", CleanStart: true, KeepAlive: 30})
+	fresh.Subscribe(t, paho.SubscribeOptions{Topic: "config/#", QoS: 1})
+	if m := fresh.Next(t); string(m.Payload) != "retained-v1" || !m.Retain {
+		t.Fatalf("retained after restart = %q retain=%v", m.Payload, m.Retain)
+	}
+}
