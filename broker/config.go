@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -180,8 +181,19 @@ func LoadConfigFile(path string, c *Config) error {
 func DecodeConfig(data []byte, c *Config) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.TrimPrefix(err.Error(), "yaml: "))
+	err := dec.Decode(c)
+	if err == nil || errors.Is(err, io.EOF) {
+		return nil
 	}
-	return nil
+	msgs := []string{strings.TrimPrefix(err.Error(), "yaml: ")}
+	if te := new(yaml.TypeError); errors.As(err, &te) {
+		msgs = te.Errors
+	}
+	for i, m := range msgs {
+		msgs[i] = unknownField.ReplaceAllString(m, `unknown key "$1"`)
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidConfig, strings.Join(msgs, "; "))
 }
+
+// unknownField matches yaml.v3's message for a key the target struct lacks.
+var unknownField = regexp.MustCompile(`field (\S+) not found in type \S+`)

@@ -63,11 +63,11 @@ func TestDecodeConfig(t *testing.T) {
 	}
 
 	for name, bad := range map[string]struct{ yaml, want string }{
-		"unknown key":   {"tcp: :1883\nlisten: :1884\n", "field listen not found"},
+		"unknown key":   {"tcp: :1883\nlisten: :1884\n", `unknown key "listen"`},
 		"wrong type":    {"max-deliveries: lots\n", "cannot unmarshal"},
 		"bad duration":  {"ack-timeout: soon\n", "soon"},
 		"not a mapping": {"- tcp\n", "cannot unmarshal"},
-		"auth typo":     {"auth:\n  users:\n    u:\n      passwd: x\n", "field passwd not found"},
+		"auth typo":     {"auth:\n  users:\n    u:\n      passwd: x\n", `unknown key "passwd"`},
 	} {
 		c := DefaultConfig()
 		if err := DecodeConfig([]byte(bad.yaml), &c); err == nil || !strings.Contains(err.Error(), bad.want) || !errors.Is(err, ErrInvalidConfig) {
