@@ -24,11 +24,13 @@ func compileFilters(patterns []string) (filterSet, error) {
 	if len(patterns) > MaxFilters {
 		return nil, fmt.Errorf("%w: %d filters, at most %d", ErrInvalidFilter, len(patterns), MaxFilters)
 	}
-	var fs filterSet
 	for _, p := range patterns {
 		if err := ValidateFilter(p); err != nil {
 			return nil, err
 		}
+	}
+	var fs filterSet
+	for _, p := range patterns {
 		if strings.Trim(p, "*") == "" {
 			return nil, nil
 		}
