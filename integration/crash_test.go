@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"fmt"
+	"sort"
+	"syscall"
+	"testing"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+// TestSigkillKeepsSessionsAndRetained kills the broker with SIGKILL and
+// restarts it on the same data dir: retained messages, persistent sessions
+// (MQTT 3.1.1 clean session false, MQTT 5 session expiry), their
+// subscriptions and their queued QoS 1 messages are all still there.
+func TestSigkillKeepsSessionsAndRetained(t *testing.T) {
+	dataDir := t.TempDir()
+	p := startKeyline(t, dataDir) // fsync on: the default
+	addr := p.addrs["tcp"]
+	url := mqtttest.V3URL(mqtttest.TCP, addr)
+
+	// Two persistent sessions subscribe, then go away.
+	v3 := mqtttest.ConnectV3(t, url, "device-fleet-agent", false, nil)
+	if qos := v3.Subscribe(t, "jobs/#", 1); qos != 1 {
+		t.Fatalf("v3 SUBACK %#x", qos)
+	}
+	v3.Disconnect(0)
+	expiry := uint32(3600)
+	v5connect := &paho.Connect{ClientID: "worker-5", CleanStart: false, KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}
+	v5, err := mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), v5connect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v5.Subscribe(t, paho.SubscribeOptions{Topic: "jobs/#", QoS: 1})
+	v5.Close()
+
+	// Queue messages for both while they are away, then a retained message.
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "publisher", CleanStart: true, KeepAlive: 30})
+	const queued = 5
+	for i := range queued {
+		pub.Publish(t, &paho.Publish{Topic: "jobs/build", QoS: 1, Payload: fmt.Appendf(nil, "job-%d", i)})
+	}
+	// A retained message is committed before its PUBACK, and the session
+	// store commits in order, so this PUBACK also means the queued messages
+	// above are on disk.
+	if rc := pub.Publish(t, &paho.Publish{Topic: "config/site", QoS: 1, Retain: true, Payload: []byte("v42")}); rc != 0 {
+		t.Fatalf("retained publish reason %#x", rc)
+	}
+	pub.Close()
+
+	if code := p.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit code %d, want -1 (killed)", code)
+	}
+
+	p = startKeyline(t, dataDir)
+	addr = p.addrs["tcp"]
+	want := make([]string, queued)
+	for i := range want {
+		want[i] = fmt.Sprintf("job-%d", i)
+	}
+	check := func(who string, got []string, ids []uint16) {
+		t.Helper()
+		sort.Strings(got) // mochi resends one second's messages in any order
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s got %v after restart, want %v", who, got, want)
+		}
+		seen := map[uint16]bool{}
+		for _, id := range ids {
+			if id == 0 || seen[id] {
+				t.Errorf("%s got packet ids %v: want distinct non-zero ids", who, ids)
+			}
+			seen[id] = true
+		}
+	}
+
+	v5 = mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), v5connect)
+	if !v5.Connack.SessionPresent {
+		t.Error("MQTT 5 session not present after SIGKILL")
+	}
+	var got []string
+	var ids []uint16
+	for range queued {
+		m := v5.Next(t)
+		got, ids = append(got, string(m.Payload)), append(ids, m.PacketID)
+	}
+	check("MQTT 5 session", got, ids)
+
+	v3 = mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "device-fleet-agent", false, nil)
+	got, ids = nil, nil
+	for range queued {
+		m := v3.Next(t)
+		got, ids = append(got, string(m.Payload())), append(ids, m.MessageID())
+	}
+	check("MQTT 3.1.1 session", got, ids)
+
+	// The subscriptions survived too: new messages still reach both sessions.
+	pub = mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "publisher", CleanStart: true, KeepAlive: 30})
+	pub.Publish(t, &paho.Publish{Topic: "jobs/deploy", QoS: 1, Payload: []byte("after")})
+	if m := v5.Next(t); string(m.Payload) != "after" {
+		t.Errorf("MQTT 5 session got %q after restart, want the new message", m.Payload)
+	}
+	if m := v3.Next(t); string(m.Payload()) != "after" {
+		t.Errorf("MQTT 3.1.1 session got %q after restart, want the new message", m.Payload())
+	}
+
+	reader := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "reader", CleanStart: true, KeepAlive: 30})
+	reader.Subscribe(t, paho.SubscribeOptions{Topic: "config/#", QoS: 1})
+	if m := reader.Next(t); string(m.Payload) != "v42" || !m.Retain {
+		t.Errorf("retained after SIGKILL = %q retain=%v, want v42", m.Payload, m.Retain)
+	}
+}
+
