@@ -111,4 +111,3 @@ func TestSigkillKeepsSessionsAndRetained(t *testing.T) {
 		t.Errorf("retained after SIGKILL = %q retain=%v, want v42", m.Payload, m.Retain)
 	}
 }
-
