@@ -57,7 +57,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("persistence: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
-	b, err := bolt.Open(path, 0o600, &bolt.Options{
+	b, err := openBolt(path, &bolt.Options{
 		Timeout:        opts.OpenTimeout,
 		NoSync:         opts.NoSync,
 		FreelistType:   bolt.FreelistMapType,
@@ -67,8 +67,11 @@ func Open(dir string, opts Options) (*DB, error) {
 		switch {
 		case errors.Is(err, berrors.ErrTimeout):
 			return nil, fmt.Errorf("%w: %s (is another keyline running on this data dir?)", ErrLocked, path)
+		case errors.Is(err, ErrCorrupt):
+			return nil, err
 		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
-			errors.Is(err, berrors.ErrChecksum):
+			errors.Is(err, berrors.ErrChecksum),
+			strings.HasPrefix(err.Error(), "file size too small"): // bbolt has no sentinel for a truncated file
 			return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 		}
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
@@ -81,6 +84,17 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// openBolt opens the file, turning a bbolt panic over a damaged page (its
+// freelist scan walks every page) into ErrCorrupt.
+func openBolt(path string, o *bolt.Options) (b *bolt.DB, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b, err = nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, r)
+		}
+	}()
+	return bolt.Open(path, 0o600, o)
 }
 
 // Path returns the database file's path.
