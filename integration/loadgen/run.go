@@ -1,0 +1,1028 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// How a publisher is held back so that it measures sustained throughput
+// instead of filling the broker's queues.
+const (
+	gateNone  = iota
+	gateMin   // may run at most --ahead messages past its slowest reading subscriber
+	gateGroup // may run at most --ahead messages past what its group has consumed
+)
+
+// tmpl is one pre-encoded PUBLISH frame: a stream of messages from one
+// publisher to one topic (and key), with the packet id and payload patched in.
+type tmpl struct {
+	frame  []byte
+	pidOff int // -1 at QoS 0
+	payOff int
+	stream uint32 // written to the payload's key field: key index or topic index
+	fan    int    // deliveries expected per message (reading subscribers, or 1 for a group)
+}
+
+type run struct {
+	cfg      config
+	runID    uint32
+	winStart int64 // measured window, ns since epoch (send time for latency, receive time for rates)
+	winEnd   int64
+	stop     atomic.Bool
+	stopCh   chan struct{}
+	closing  atomic.Bool
+	gate     int
+	pubs     []*publisher
+	subs     []*subscriber
+	checker  *orderChecker
+	keyNames []string
+	streams  int // distinct stream ids (for per-subscriber sequence tracking)
+}
+
+type publisher struct {
+	r       *run
+	idx     int
+	m       *mconn
+	tmpls   []tmpl
+	next    int      // next template (round robin)
+	shuffle bool     // pick templates at random instead (keyed streams)
+	rng     uint64   // xorshift state for shuffle
+	timer   *time.Timer
+	tseq    []uint32 // per template sequence
+	seq     uint64   // per publisher sequence (messages appended)
+	pid     uint16
+	buf     []byte
+	tsOffs  []int
+	pendT   []int32
+	sentWin []uint64 // per template, stamped inside the window
+	sentAll []uint64 // per template, all
+	slots   chan struct{}
+	wake    chan struct{}
+	// gateGroup
+	consumed atomic.Uint64
+	wakeAt   atomic.Uint64
+	// gateMin cache
+	minSeen uint64
+	nacks   atomic.Uint64
+	err     error
+	ackErr  error
+	done    chan struct{}
+	ackDone chan struct{}
+}
+
+type subscriber struct {
+	r        *run
+	idx      int
+	m        *mconn
+	filter   string
+	stalled  bool
+	consumer int // index inside the $share group, -1 if not a group member
+	// per publisher
+	lastLocal []uint64
+	last      []atomic.Uint64
+	wakeAt    []atomic.Uint64
+	consumed  []uint64
+	// per (publisher, stream): next expected sequence
+	nextSeq []uint32
+
+	h        hist
+	recvWin  uint64 // received inside the window (by receive time)
+	winMsgs  uint64 // received messages that were sent inside the window
+	total    uint64
+	gaps     uint64
+	reorders uint64
+	foreign  uint64
+	keyMiss  uint64
+	dups     uint64
+	viol     uint64
+	totalA   atomic.Uint64
+	err      error
+	done     chan struct{}
+}
+
+// ---------------------------------------------------------------- setup
+
+func newRun(cfg config) *run {
+	return &run{cfg: cfg, runID: rand.Uint32() | 1, stopCh: make(chan struct{})}
+}
+
+func (r *run) dialOpts() dialOpts {
+	return dialOpts{proto: r.cfg.proto, timeout: r.cfg.timeout, readBuf: r.cfg.readBuf}
+}
+
+func (r *run) clientID(role string, i int) string {
+	return fmt.Sprintf("lg%08x-%s%d", r.runID, role, i)
+}
+
+// newPublisher builds the templates for (topic, key) streams.
+type streamSpec struct {
+	topic  string
+	key    string // MQTT 5 user property value ("" for none)
+	stream uint32
+	fan    int
+}
+
+func (r *run) addPublisher(specs []streamSpec) *publisher {
+	p := &publisher{r: r, idx: len(r.pubs), wake: make(chan struct{}, 1), done: make(chan struct{}), ackDone: make(chan struct{})}
+	for _, s := range specs {
+		frame, off := appendPublish(nil, r.cfg.proto, s.topic, r.cfg.qos, 0, s.key, r.cfg.payload)
+		for i := off + payloadMin; i < len(frame); i++ {
+			frame[i] = 'x'
+		}
+		t := tmpl{frame: frame, pidOff: -1, payOff: off, stream: s.stream, fan: s.fan}
+		if r.cfg.qos > 0 {
+			t.pidOff = off - 2
+			if r.cfg.proto == 5 {
+				pl := propsLen(s.key)
+				t.pidOff = off - pl - varintLen(pl) - 2
+			}
+		}
+		p.tmpls = append(p.tmpls, t)
+		if s.stream >= uint32(r.streams) {
+			r.streams = int(s.stream) + 1
+		}
+	}
+	p.tseq = make([]uint32, len(p.tmpls))
+	p.sentWin = make([]uint64, len(p.tmpls))
+	p.sentAll = make([]uint64, len(p.tmpls))
+	r.pubs = append(r.pubs, p)
+	return p
+}
+
+func (r *run) addSubscriber(filter string, stalled bool, consumer int) *subscriber {
+	s := &subscriber{r: r, idx: len(r.subs), filter: filter, stalled: stalled, consumer: consumer, done: make(chan struct{})}
+	r.subs = append(r.subs, s)
+	return s
+}
+
+// connectAll dials every subscriber (and subscribes) and every publisher,
+// at most cfg.conc at a time.
+func (r *run) connectAll(ctx context.Context) error {
+	np := len(r.pubs)
+	for _, s := range r.subs {
+		s.lastLocal = make([]uint64, np)
+		s.last = make([]atomic.Uint64, np)
+		s.wakeAt = make([]atomic.Uint64, np)
+		s.consumed = make([]uint64, np)
+		s.nextSeq = make([]uint32, np*r.streams)
+		for i := range s.nextSeq {
+			s.nextSeq[i] = 1
+		}
+	}
+	type job func() error
+	var jobs []job
+	for _, s := range r.subs {
+		jobs = append(jobs, func() error {
+			o := r.dialOpts()
+			if s.stalled {
+				o.rcvbuf = r.cfg.stallRcvbuf
+			}
+			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("s", s.idx), o)
+			if err != nil {
+				return err
+			}
+			if err := m.subscribe(s.filter, r.cfg.qos, r.cfg.timeout); err != nil {
+				m.abort()
+				return err
+			}
+			s.m = m
+			return nil
+		})
+	}
+	for _, p := range r.pubs {
+		jobs = append(jobs, func() error {
+			o := r.dialOpts()
+			o.readBuf = 16 << 10
+			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("p", p.idx), o)
+			if err != nil {
+				return err
+			}
+			p.m = m
+			if r.cfg.qos > 0 {
+				w := min(r.cfg.inflight, int(m.recvMax))
+				p.slots = make(chan struct{}, max(w, 1))
+			}
+			return nil
+		})
+	}
+	return parallel(ctx, r.cfg.conc, len(jobs), func(i int) error { return jobs[i]() })
+}
+
+// parallel runs f(0..n-1) with at most conc running, stopping at the first error.
+func parallel(ctx context.Context, conc, n int, f func(i int) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		next    atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		first   error
+	)
+	for w := 0; w < min(conc, n); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := f(i); err != nil {
+					errOnce.Do(func() { first = err; cancel() })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		first = ctx.Err()
+	}
+	return first
+}
+
+// ---------------------------------------------------------------- publisher
+
+func (p *publisher) run(t0 time.Time) {
+	defer close(p.done)
+	r := p.r
+	cfg := r.cfg
+	flushAt := cfg.flushBytes
+	rate := cfg.rate / float64(len(r.pubs))
+	for !r.stop.Load() {
+		if rate > 0 {
+			due := uint64(rate * time.Since(t0).Seconds())
+			if p.seq >= due {
+				if err := p.flush(); err != nil {
+					p.err = err
+					return
+				}
+				wait := time.Duration(float64(p.seq+1-due) / rate * float64(time.Second))
+				time.Sleep(max(wait, 200*time.Microsecond))
+				continue
+			}
+		}
+		if r.gate != gateNone && cfg.ahead > 0 && p.seq+1 > uint64(cfg.ahead) {
+			if !p.waitGate(p.seq + 1 - uint64(cfg.ahead)) {
+				break
+			}
+		}
+		if p.slots != nil {
+			select {
+			case p.slots <- struct{}{}:
+			default:
+				if err := p.flush(); err != nil {
+					p.err = err
+					return
+				}
+				select {
+				case p.slots <- struct{}{}:
+				case <-r.stopCh:
+					p.flush()
+					return
+				}
+			}
+		}
+		p.appendOne()
+		if len(p.buf) >= flushAt {
+			if err := p.flush(); err != nil {
+				p.err = err
+				return
+			}
+		}
+	}
+	if err := p.flush(); err != nil {
+		p.err = err
+	}
+}
+
+func (p *publisher) appendOne() {
+	ti := p.next
+	if p.shuffle {
+		p.rng ^= p.rng << 13
+		p.rng ^= p.rng >> 7
+		p.rng ^= p.rng << 17
+		ti = int(p.rng % uint64(len(p.tmpls)))
+	} else if p.next++; p.next == len(p.tmpls) {
+		p.next = 0
+	}
+	t := &p.tmpls[ti]
+	start := len(p.buf)
+	p.buf = append(p.buf, t.frame...)
+	p.seq++
+	p.tseq[ti]++
+	if t.pidOff >= 0 {
+		p.pid++
+		if p.pid == 0 {
+			p.pid = 1
+		}
+		binary.BigEndian.PutUint16(p.buf[start+t.pidOff:], p.pid)
+	}
+	putPayload(p.buf[start+t.payOff:], payloadInfo{run: p.r.runID, pub: uint32(p.idx), seq: p.seq, key: t.stream, keySeq: p.tseq[ti]})
+	p.tsOffs = append(p.tsOffs, start+t.payOff+offTS)
+	p.pendT = append(p.pendT, int32(ti))
+}
+
+// flush stamps every pending message with the current time and writes them
+// with one syscall.
+func (p *publisher) flush() error {
+	if len(p.buf) == 0 {
+		return nil
+	}
+	t := now()
+	in := t >= p.r.winStart && t < p.r.winEnd
+	for i, off := range p.tsOffs {
+		binary.LittleEndian.PutUint64(p.buf[off:], uint64(t))
+		ti := p.pendT[i]
+		p.sentAll[ti]++
+		if in {
+			p.sentWin[ti]++
+		}
+	}
+	_, err := p.m.c.Write(p.buf)
+	p.buf = p.buf[:0]
+	p.tsOffs = p.tsOffs[:0]
+	p.pendT = p.pendT[:0]
+	return err
+}
+
+// waitGate blocks until the readers have come within --ahead of this
+// publisher: progress >= target. It returns false if the run stopped. Once
+// blocked, it waits for a quarter of the window to free up, so that a
+// publisher held by the gate still writes in batches.
+func (p *publisher) waitGate(target uint64) bool {
+	r := p.r
+	slack := uint64(max(r.cfg.ahead/4, 1)) - 1
+	if r.gate == gateGroup {
+		if p.consumed.Load() >= target {
+			return true
+		}
+		target += slack
+		for p.consumed.Load() < target {
+			if err := p.flush(); err != nil {
+				p.err = err
+				return false
+			}
+			p.wakeAt.Store(target)
+			if p.consumed.Load() >= target {
+				p.wakeAt.Store(0)
+				break
+			}
+			if !p.sleep() {
+				return false
+			}
+		}
+		return true
+	}
+	// gateMin: the slowest gated subscriber's highest sequence from us.
+	if p.minSeen >= target {
+		return true
+	}
+	blocked := false
+	for {
+		minV, minS := uint64(1<<63), (*subscriber)(nil)
+		for _, s := range r.subs {
+			if s.stalled || s.consumer >= 0 {
+				continue
+			}
+			if v := s.last[p.idx].Load(); v < minV {
+				minV, minS = v, s
+			}
+		}
+		if minS == nil {
+			return true
+		}
+		p.minSeen = minV
+		if minV >= target {
+			return true
+		}
+		if !blocked {
+			blocked = true
+			target += slack
+			continue
+		}
+		if err := p.flush(); err != nil {
+			p.err = err
+			return false
+		}
+		minS.wakeAt[p.idx].Store(target)
+		if minS.last[p.idx].Load() >= target {
+			minS.wakeAt[p.idx].Store(0)
+			continue
+		}
+		if !p.sleep() {
+			return false
+		}
+	}
+}
+
+func (p *publisher) sleep() bool {
+	if p.timer == nil {
+		p.timer = time.NewTimer(50 * time.Millisecond)
+	} else {
+		p.timer.Reset(50 * time.Millisecond)
+	}
+	select {
+	case <-p.wake:
+	case <-p.timer.C:
+	case <-p.r.stopCh:
+		return false
+	}
+	return !p.r.stop.Load()
+}
+
+// readAcks reads what the broker sends a publisher: PUBACK/PUBREC/PUBCOMP
+// release window slots; PUBREC is answered with PUBREL.
+func (p *publisher) readAcks() {
+	defer close(p.ackDone)
+	var out []byte
+	for {
+		pk, err := p.m.fr.next()
+		if err != nil {
+			if !p.r.closing.Load() && !isClosedErr(err) {
+				p.ackErr = err
+			} else if !p.r.closing.Load() {
+				p.ackErr = fmt.Errorf("broker closed the publisher's connection: %w", err)
+			}
+			return
+		}
+		switch pk.typ {
+		case pktPuback, pktPubcomp:
+			if _, rc, err := ackID(pk); err == nil && rc >= 0x80 {
+				p.nacks.Add(1)
+			}
+			p.release()
+		case pktPubrec:
+			id, rc, err := ackID(pk)
+			if err != nil {
+				p.ackErr = err
+				return
+			}
+			if rc >= 0x80 {
+				p.nacks.Add(1)
+				p.release()
+			} else {
+				out = appendAck(out, pktPubrel, id)
+			}
+		}
+		if len(out) > 0 && !p.m.fr.buffered() {
+			if _, err := p.m.c.Write(out); err != nil {
+				return
+			}
+			out = out[:0]
+		}
+	}
+}
+
+func (p *publisher) release() {
+	if p.slots == nil {
+		return
+	}
+	select {
+	case <-p.slots:
+	default:
+	}
+}
+
+// ---------------------------------------------------------------- subscriber
+
+func (s *subscriber) run() {
+	defer close(s.done)
+	r := s.r
+	proto := r.cfg.proto
+	var out []byte
+	for {
+		pk, err := s.m.fr.next()
+		if err != nil {
+			if !r.closing.Load() {
+				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
+			}
+			s.endBatch()
+			return
+		}
+		switch pk.typ {
+		case pktPublish:
+			m, err := decodePublish(pk, proto)
+			if err != nil {
+				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
+				s.endBatch()
+				return
+			}
+			s.handle(&m)
+			switch m.qos {
+			case 1:
+				out = appendAck(out, pktPuback, m.id)
+			case 2:
+				out = appendAck(out, pktPubrec, m.id)
+			}
+		case pktPubrel:
+			if id, _, err := ackID(pk); err == nil {
+				out = appendAck(out, pktPubcomp, id)
+			}
+		}
+		if !s.m.fr.buffered() {
+			if len(out) > 0 {
+				if _, err := s.m.c.Write(out); err != nil && !r.closing.Load() {
+					s.err = err
+				}
+				out = out[:0]
+			}
+			s.endBatch()
+		}
+	}
+}
+
+func (s *subscriber) handle(m *publish) {
+	r := s.r
+	rt := now()
+	pi, ok := getPayload(m.payload)
+	if !ok || pi.run != r.runID || int(pi.pub) >= len(r.pubs) {
+		s.foreign++
+		return
+	}
+	s.total++
+	if rt >= r.winStart && rt < r.winEnd {
+		s.recvWin++
+	}
+	if pi.ts >= r.winStart && pi.ts < r.winEnd {
+		s.winMsgs++
+		s.h.record(rt - pi.ts)
+	}
+	if s.consumer >= 0 {
+		s.consumed[pi.pub]++
+		if r.checker != nil {
+			dup, viol := r.checker.observe(pi.key, pi.keySeq, s.consumer)
+			if dup {
+				s.dups++
+			}
+			if viol {
+				s.viol++
+			}
+			if r.cfg.keyMode == "prop" && (!m.hasKey || int(pi.key) >= len(r.keyNames) || string(m.keyProp) != r.keyNames[pi.key]) {
+				s.keyMiss++
+			}
+		}
+		return
+	}
+	if pi.seq > s.lastLocal[pi.pub] {
+		s.lastLocal[pi.pub] = pi.seq
+	}
+	if int(pi.key) < r.streams {
+		i := int(pi.pub)*r.streams + int(pi.key)
+		n := s.nextSeq[i]
+		switch {
+		case pi.keySeq == n:
+			s.nextSeq[i] = n + 1
+		case pi.keySeq > n:
+			s.gaps += uint64(pi.keySeq - n)
+			s.nextSeq[i] = pi.keySeq + 1
+		default:
+			s.reorders++
+		}
+	}
+}
+
+// endBatch publishes this subscriber's progress when its input buffer is
+// empty (before it blocks on the socket) and wakes a publisher waiting on it.
+func (s *subscriber) endBatch() {
+	r := s.r
+	s.totalA.Store(s.total)
+	if s.consumer >= 0 {
+		for i, c := range s.consumed {
+			if c == 0 {
+				continue
+			}
+			s.consumed[i] = 0
+			p := r.pubs[i]
+			v := p.consumed.Add(c)
+			if w := p.wakeAt.Load(); w != 0 && v >= w && p.wakeAt.CompareAndSwap(w, 0) {
+				signal(p.wake)
+			}
+		}
+		return
+	}
+	for i, v := range s.lastLocal {
+		if s.last[i].Load() != v {
+			s.last[i].Store(v)
+		}
+		if w := s.wakeAt[i].Load(); w != 0 && v >= w && s.wakeAt[i].CompareAndSwap(w, 0) {
+			signal(r.pubs[i].wake)
+		}
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// ---------------------------------------------------------------- the measured run
+
+type result struct {
+	Scenario  string   `json:"scenario"`
+	Label     string   `json:"label,omitempty"`
+	Addr      string   `json:"addr"`
+	Args      []string `json:"args"`
+	OK        bool     `json:"ok"`
+	Errors    []string `json:"errors,omitempty"`
+	Notes     []string `json:"notes,omitempty"`
+	Proto     int      `json:"proto"`
+	QoS       int      `json:"qos"`
+	Payload   int      `json:"payload"`
+	Pubs      int      `json:"publishers"`
+	Subs      int      `json:"subscribers"`
+	Stalled   int      `json:"stalled,omitempty"`
+	Consumers int      `json:"consumers,omitempty"`
+	Topics    int      `json:"topics,omitempty"`
+	KeyMode   string   `json:"key_mode,omitempty"`
+	Rate      float64  `json:"rate"`
+	Ahead     int      `json:"ahead"`
+	Window    float64  `json:"window_s"`
+
+	Published       uint64      `json:"published"`
+	PublishedPerS   float64     `json:"published_per_s"`
+	Delivered       uint64      `json:"delivered"`
+	DeliveredPerS   float64     `json:"delivered_per_s"`
+	Expected        uint64      `json:"expected"`
+	DeliveredRatio  float64     `json:"delivered_ratio"`
+	Latency         latencyJSON `json:"latency_us"`
+	Gaps            uint64      `json:"gaps"`
+	Reorders        uint64      `json:"reorders"`
+	Foreign         uint64      `json:"foreign,omitempty"`
+	PubNacks        uint64      `json:"pub_nacks,omitempty"`
+	PublishedAll    uint64      `json:"published_all"`
+	DeliveredAll    uint64      `json:"delivered_all"`
+	Order           *orderJSON  `json:"order,omitempty"`
+	KeyPropMissing  uint64      `json:"key_prop_missing,omitempty"`
+	MsgsPerConsumer []uint64    `json:"msgs_per_consumer,omitempty"`
+	CPU             cpuJSON     `json:"cpu"`
+	RSS             *rssJSON    `json:"broker_rss,omitempty"`
+	Connections     *connJSON   `json:"connections,omitempty"`
+	ElapsedS        float64     `json:"elapsed_s"`
+}
+
+func (r *run) execute(ctx context.Context, res *result) {
+	cfg := r.cfg
+	started := time.Now()
+	if err := r.connectAll(ctx); err != nil {
+		res.Errors = append(res.Errors, "connect: "+err.Error())
+		r.closeAll()
+		return
+	}
+	for _, s := range r.subs {
+		if !s.stalled {
+			go s.run()
+		} else {
+			close(s.done)
+		}
+	}
+	for _, p := range r.pubs {
+		go p.readAcks()
+	}
+	rss := startRSS(cfg.brokerPID, cfg.rssEvery)
+
+	t0 := time.Now()
+	r.winStart = now() + int64(cfg.warmup)
+	r.winEnd = r.winStart + int64(cfg.duration)
+	for _, p := range r.pubs {
+		go p.run(t0)
+	}
+	time.Sleep(cfg.warmup)
+	c0 := snapCPU(cfg.brokerPID)
+	recv0 := r.received()
+	time.Sleep(cfg.duration)
+	c1 := snapCPU(cfg.brokerPID)
+	recv1 := r.received()
+	r.stop.Store(true)
+	close(r.stopCh)
+	for _, p := range r.pubs {
+		<-p.done
+	}
+
+	// Drain: wait until every expected delivery arrived or progress stops.
+	expAll := r.expectedAll()
+	deadline := time.Now().Add(cfg.drain)
+	lastN, lastChange := r.received(), time.Now()
+	for time.Now().Before(deadline) {
+		n := r.received()
+		if n >= expAll {
+			break
+		}
+		if n != lastN {
+			lastN, lastChange = n, time.Now()
+		} else if time.Since(lastChange) > time.Second {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	res.RSS = rss.finish(cfg.scenario == "slowsub")
+	r.closeAll()
+
+	// Collect.
+	w := cfg.duration.Seconds()
+	var h hist
+	for _, p := range r.pubs {
+		if p.err != nil && !isClosedErr(p.err) {
+			res.Errors = append(res.Errors, fmt.Sprintf("publisher %d: %v", p.idx, p.err))
+		}
+		if p.ackErr != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("publisher %d: %v", p.idx, p.ackErr))
+		}
+		res.PubNacks += p.nacks.Load()
+		for ti, t := range p.tmpls {
+			res.Published += p.sentWin[ti]
+			res.PublishedAll += p.sentAll[ti]
+			res.Expected += p.sentWin[ti] * uint64(t.fan)
+		}
+	}
+	for _, s := range r.subs {
+		if s.stalled {
+			continue
+		}
+		if s.err != nil {
+			res.Errors = append(res.Errors, s.err.Error())
+		}
+		h.merge(&s.h)
+		res.Delivered += s.winMsgs
+		res.DeliveredAll += s.total
+		res.Gaps += s.gaps
+		res.Reorders += s.reorders
+		res.Foreign += s.foreign
+		res.KeyPropMissing += s.keyMiss
+		if s.consumer >= 0 {
+			res.MsgsPerConsumer = append(res.MsgsPerConsumer, s.total)
+		}
+	}
+	res.PublishedPerS = round3(float64(res.Published) / w)
+	res.DeliveredPerS = round3(float64(recv1-recv0) / c1.wall.Sub(c0.wall).Seconds())
+	if res.Expected > 0 {
+		res.DeliveredRatio = round3(float64(res.Delivered) / float64(res.Expected))
+	}
+	res.Latency = h.summary()
+	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), recv1-recv0)
+	if r.checker != nil {
+		o := r.checker.result(res.PublishedAll)
+		res.Order = &o
+	}
+	res.ElapsedS = round3(time.Since(started).Seconds())
+}
+
+// received is the number of deliveries so far to reading subscribers
+// (updated by each subscriber at the end of every read batch).
+func (r *run) received() uint64 {
+	var n uint64
+	for _, s := range r.subs {
+		if !s.stalled {
+			n += s.totalA.Load()
+		}
+	}
+	return n
+}
+
+func (r *run) expectedAll() uint64 {
+	var n uint64
+	for _, p := range r.pubs {
+		for ti, t := range p.tmpls {
+			n += p.sentAll[ti] * uint64(t.fan)
+		}
+	}
+	return n
+}
+
+func (r *run) closeAll() {
+	r.closing.Store(true)
+	if !r.stop.Load() {
+		r.stop.Store(true)
+		close(r.stopCh)
+	}
+	for _, p := range r.pubs {
+		if p.m != nil {
+			p.m.close()
+		}
+	}
+	for _, s := range r.subs {
+		if s.m == nil {
+			continue
+		}
+		if s.stalled {
+			s.m.abort() // its socket is full: a DISCONNECT could block
+		} else {
+			s.m.close()
+		}
+	}
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	for _, s := range r.subs {
+		if s.m == nil {
+			continue
+		}
+		select {
+		case <-s.done:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+// ---------------------------------------------------------------- scenarios
+
+func setupFanout(r *run) error {
+	cfg := r.cfg
+	t := max(cfg.topics, 1)
+	fan := make([]int, t)
+	for j := 0; j < cfg.subs; j++ {
+		fan[j%t]++
+		r.addSubscriber(fanoutTopic(j%t), false, -1)
+	}
+	for j := 0; j < cfg.stalled; j++ {
+		r.addSubscriber(fanoutTopic(j%t), true, -1)
+	}
+	for i := 0; i < cfg.pubs; i++ {
+		specs := make([]streamSpec, t)
+		for k := range specs {
+			specs[k] = streamSpec{topic: fanoutTopic(k), stream: uint32(k), fan: fan[k]}
+		}
+		r.addPublisher(specs)
+	}
+	r.gate = gateMin
+	if cfg.ahead > 0 && cfg.ahead < 2*t {
+		r.cfg.ahead = 2 * t
+	}
+	return nil
+}
+
+func fanoutTopic(i int) string { return "bench/fanout/" + strconv.Itoa(i) }
+
+func setupFanin(r *run) error {
+	cfg := r.cfg
+	filter := "bench/fanin/+"
+	fan := cfg.subs
+	if cfg.group {
+		filter = "$share/lg/" + filter
+		fan = 1
+		r.gate = gateGroup
+	} else {
+		r.gate = gateMin
+	}
+	for j := 0; j < cfg.subs; j++ {
+		c := -1
+		if cfg.group {
+			c = j
+		}
+		r.addSubscriber(filter, false, c)
+	}
+	for i := 0; i < cfg.pubs; i++ {
+		r.addPublisher([]streamSpec{{topic: "bench/fanin/" + strconv.Itoa(i), stream: 0, fan: fan}})
+	}
+	return nil
+}
+
+func setupShared(r *run) error {
+	cfg := r.cfg
+	if cfg.keyMode == "prop" && cfg.proto != 5 {
+		return fmt.Errorf("--key-mode prop needs --proto 5 (user properties are MQTT 5)")
+	}
+	if cfg.keys < 1 || cfg.consumers < 1 {
+		return fmt.Errorf("--keys and --consumers must be at least 1")
+	}
+	r.keyNames = make([]string, cfg.keys)
+	for k := range r.keyNames {
+		r.keyNames[k] = "k" + strconv.Itoa(k)
+	}
+	filter := "$share/lg/bench/shared"
+	if cfg.keyMode == "topic" {
+		filter += "/+"
+	}
+	for j := 0; j < cfg.consumers; j++ {
+		r.addSubscriber(filter, false, j)
+	}
+	pubs := min(cfg.pubs, cfg.keys)
+	r.cfg.pubs = pubs
+	for i := 0; i < pubs; i++ {
+		var specs []streamSpec
+		for k := i; k < cfg.keys; k += pubs {
+			s := streamSpec{topic: "bench/shared", stream: uint32(k), fan: 1}
+			if cfg.keyMode == "topic" {
+				s.topic = "bench/shared/" + r.keyNames[k]
+			} else {
+				s.key = r.keyNames[k]
+			}
+			specs = append(specs, s)
+		}
+		p := r.addPublisher(specs)
+		p.shuffle, p.rng = true, uint64(r.runID)<<32|uint64(i+1)
+	}
+	r.checker = newOrderChecker(cfg.keys, cfg.consumers)
+	r.gate = gateGroup
+	return nil
+}
+
+// ---------------------------------------------------------------- connections
+
+type connJSON struct {
+	Requested     int     `json:"requested"`
+	Opened        int     `json:"opened"`
+	Failed        int     `json:"failed"`
+	FirstError    string  `json:"first_error,omitempty"`
+	ConnectS      float64 `json:"connect_s"`
+	ConnectPerS   float64 `json:"connect_per_s"`
+	Alive         int     `json:"alive"`
+	RSSBeforeKB   int64   `json:"rss_before_kb"`
+	RSSAfterKB    int64   `json:"rss_after_kb"`
+	RSSPerConnKB  float64 `json:"rss_per_conn_kb"`
+	FDLimit       int     `json:"fd_limit"`
+	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
+}
+
+func runConnections(ctx context.Context, cfg config, res *result) {
+	started := time.Now()
+	cj := &connJSON{Requested: cfg.conns, FDLimit: raiseFDLimit(), BrokerFDLimit: procFDLimit(cfg.brokerPID)}
+	res.Connections = cj
+	n := cfg.conns
+	if lim := cj.FDLimit - 64; n > lim {
+		n = lim
+	}
+	if cj.BrokerFDLimit > 0 && n > cj.BrokerFDLimit-64 {
+		n = cj.BrokerFDLimit - 64
+	}
+	if n < cfg.conns {
+		res.Notes = append(res.Notes, fmt.Sprintf("file descriptor limits allow %d of the %d connections asked for", n, cfg.conns))
+	}
+	r := newRun(cfg)
+	conns := make([]*mconn, n)
+	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
+	c0 := snapCPU(cfg.brokerPID)
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256}
+	_ = parallel(ctx, cfg.conc, n, func(i int) error {
+		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
+		if err != nil {
+			failed.Add(1)
+			firstErr.CompareAndSwap(nil, err.Error())
+			return nil
+		}
+		conns[i] = m
+		return nil
+	})
+	c1 := snapCPU(cfg.brokerPID)
+	el := c1.wall.Sub(c0.wall).Seconds()
+	cj.Failed = int(failed.Load())
+	cj.Opened = n - cj.Failed
+	if s, ok := firstErr.Load().(string); ok {
+		cj.FirstError = s
+	}
+	cj.ConnectS = round3(el)
+	if el > 0 {
+		cj.ConnectPerS = round3(float64(cj.Opened) / el)
+	}
+	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
+
+	// Let the broker settle, then read RSS: the stable value after the burst.
+	time.Sleep(cfg.settle)
+	cj.RSSAfterKB = rssKB(cfg.brokerPID)
+	if cj.Opened > 0 && cj.RSSAfterKB > 0 {
+		cj.RSSPerConnKB = round3(float64(cj.RSSAfterKB-cj.RSSBeforeKB) / float64(cj.Opened))
+	}
+
+	// Prove the connections are served: PINGREQ on each, count PINGRESPs.
+	var alive atomic.Int64
+	_ = parallel(ctx, cfg.conc, n, func(i int) error {
+		m := conns[i]
+		if m == nil {
+			return nil
+		}
+		m.c.SetDeadline(time.Now().Add(cfg.timeout))
+		if _, err := m.c.Write(appendPingreq(nil)); err != nil {
+			return nil
+		}
+		if p, err := m.fr.next(); err == nil && p.typ == pktPingresp {
+			alive.Add(1)
+		}
+		return nil
+	})
+	cj.Alive = int(alive.Load())
+	for _, m := range conns {
+		if m != nil {
+			m.abort()
+		}
+	}
+	if cj.Opened == 0 {
+		res.Errors = append(res.Errors, "no connection opened")
+	} else if cj.Alive < cj.Opened {
+		res.Errors = append(res.Errors, fmt.Sprintf("%d of %d connections did not answer PINGREQ", cj.Opened-cj.Alive, cj.Opened))
+	}
+	if cj.Failed > 0 {
+		res.Errors = append(res.Errors, fmt.Sprintf("%d connections failed: %s", cj.Failed, cj.FirstError))
+	}
+	res.ElapsedS = round3(time.Since(started).Seconds())
+}
