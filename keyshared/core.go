@@ -284,7 +284,7 @@ func (c *core) serviceMember(m *member, now time.Time) {
 // waits for a retry (or is poisoned) after member had it last. Anything else
 // is a stale ack and is only counted.
 func (c *core) ack(member string, offset uint64, now time.Time) {
-	e := c.w.byOffset[offset]
+	e := c.w.byOffset.get(offset)
 	if e == nil || e.ks.head != e {
 		c.st.staleAcks++
 		return
@@ -309,7 +309,7 @@ func (c *core) ack(member string, offset uint64, now time.Time) {
 
 // inflightOn returns the entry of offset if it is in flight on member.
 func (c *core) inflightOn(member string, offset uint64) *entry {
-	e := c.w.byOffset[offset]
+	e := c.w.byOffset.get(offset)
 	if e == nil || e.state != entryInflight || e.holder.id != member {
 		return nil
 	}

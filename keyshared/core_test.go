@@ -322,8 +322,8 @@ func TestEvictionRequeuesInKeyOrder(t *testing.T) {
 			t.Fatalf("requeued to %q", d.member)
 		}
 	}
-	if h.c.w.byOffset[offs[0]].attempts != 1 || len(h.out.revoked) != 2 || h.c.st.evictions != 1 || h.c.st.losses != 2 {
-		t.Fatalf("attempts %d revoked %v stats %+v", h.c.w.byOffset[offs[0]].attempts, h.out.revoked, h.c.stats())
+	if h.c.w.byOffset.get(offs[0]).attempts != 1 || len(h.out.revoked) != 2 || h.c.st.evictions != 1 || h.c.st.losses != 2 {
+		t.Fatalf("attempts %d revoked %v stats %+v", h.c.w.byOffset.get(offs[0]).attempts, h.out.revoked, h.c.stats())
 	}
 	if h.c.cursor() != 0 {
 		t.Fatalf("cursor %d: lost messages were treated as acked", h.c.cursor())

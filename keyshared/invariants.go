@@ -39,7 +39,7 @@ func (c *core) checkInvariants() error {
 			if prev != nil && e.msg.Offset <= prev.msg.Offset {
 				bad("key %q: offset %d after %d", key, e.msg.Offset, prev.msg.Offset)
 			}
-			if w.byOffset[e.msg.Offset] != e {
+			if w.byOffset.get(e.msg.Offset) != e {
 				bad("offset %d: missing from the offset index", e.msg.Offset)
 			}
 			if e != ks.head && e.state != entryWaiting {
@@ -102,8 +102,8 @@ func (c *core) checkInvariants() error {
 			bad("key %q: head state %d but on a wait list", key, h.state)
 		}
 	}
-	if entries != w.count || len(w.byOffset) != w.count {
-		bad("window count %d, keys hold %d, offset index %d", w.count, entries, len(w.byOffset))
+	if entries != w.count || w.byOffset.n != w.count {
+		bad("window count %d, keys hold %d, offset index %d", w.count, entries, w.byOffset.n)
 	}
 	if w.count > c.cfg.Window {
 		bad("window holds %d > %d", w.count, c.cfg.Window)

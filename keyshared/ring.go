@@ -36,6 +36,11 @@ type ring struct {
 	// filtered counts members that declare key filters. When it is zero every
 	// member is eligible for every key and pick takes the direct path.
 	filtered int
+	// index[b] is the first point whose hash's top bits are >= b, so that a
+	// lookup searches only the few points of its bucket (a plain binary search
+	// over the whole ring costs a dozen unpredictable branches).
+	index []int32
+	shift uint
 }
 
 // buildRing builds the ring for members; ids must be unique.
@@ -64,6 +69,19 @@ func buildRing(members []ringMember) *ring {
 	for i, p := range packed {
 		r.vnodes[i] = vnode{hash: uint32(p >> 32), idx: int32(uint32(p))}
 	}
+	bits := uint(1)
+	for 1<<bits < 2*len(r.vnodes) && bits < 16 {
+		bits++
+	}
+	r.shift = 32 - bits
+	r.index = make([]int32, 1<<bits+1)
+	j := 0
+	for b := range r.index {
+		for j < len(r.vnodes) && uint64(r.vnodes[j].hash)>>r.shift < uint64(b) {
+			j++
+		}
+		r.index[b] = int32(j)
+	}
 	return r
 }
 
@@ -80,8 +98,9 @@ func (r *ring) pick(key string) int {
 		return -1
 	}
 	h := hashKey(key)
-	// Binary search for the first point >= h.
-	lo, hi := 0, n
+	// Binary search for the first point >= h, within h's bucket.
+	b := h >> r.shift
+	lo, hi := int(r.index[b]), int(r.index[b+1])
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if r.vnodes[mid].hash < h {

@@ -165,3 +165,24 @@ func BenchmarkRingPick(b *testing.B) {
 		})
 	}
 }
+
+// TestRingPickMatchesLinearScan checks the bucketed search against the
+// definition: the first point clockwise at or after the key's hash.
+func TestRingPickMatchesLinearScan(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 7, 40} {
+		r := ringOf(n)
+		for _, k := range testKeys(20000) {
+			h := hashKey(k)
+			want := r.vnodes[0].idx
+			for _, v := range r.vnodes {
+				if v.hash >= h {
+					want = v.idx
+					break
+				}
+			}
+			if got := r.pick(k); got != int(want) {
+				t.Fatalf("N=%d key %q: pick %d, linear scan %d", n, k, got, want)
+			}
+		}
+	}
+}

@@ -237,7 +237,7 @@ func (h retryHeap) peek() *entry {
 type window struct {
 	// byOffset finds an entry by offset for acks. Every entry of the window is
 	// in it exactly once.
-	byOffset map[uint64]*entry
+	byOffset offsetIndex
 	// keys holds the queue of every key with messages in the window; a key's
 	// queue is in log order and only its head may be in flight (invariant 1).
 	keys map[string]*keyState
@@ -261,7 +261,7 @@ type window struct {
 }
 
 func newWindow() window {
-	return window{byOffset: make(map[uint64]*entry), keys: make(map[string]*keyState)}
+	return window{byOffset: offsetIndex{chunks: make(map[uint64]*offsetChunk)}, keys: make(map[string]*keyState)}
 }
 
 // add appends m to the window and its key's queue. It reports whether m is
@@ -296,7 +296,7 @@ func (w *window) add(m *Message) (*entry, bool) {
 	ks.tail = e
 	ks.n++
 	w.order.push(e)
-	w.byOffset[m.Offset] = e
+	w.byOffset.put(m.Offset, e)
 	w.count++
 	w.markKey(ks)
 	return e, ks.head == e
@@ -313,7 +313,7 @@ func (w *window) removeHead(e *entry) {
 	}
 	ks.n--
 	w.order.remove(e)
-	delete(w.byOffset, e.msg.Offset)
+	w.byOffset.del(e.msg.Offset)
 	w.count--
 	w.markKey(ks)
 	*e = entry{heapIdx: -1, knext: w.freeEntries}
@@ -336,6 +336,91 @@ func (w *window) markKey(ks *keyState) {
 			w.stalledKeys++
 		} else {
 			w.stalledKeys--
+		}
+	}
+}
+
+// offsetIndex maps offsets to window entries. Offsets are read in ascending
+// order and resolved roughly so, which turns a plain map into a sliding
+// window of inserts and deletes, a worst case for its probing. Instead the
+// index keeps fixed arrays of 1<<chunkBits slots, one per offset range that
+// has entries, found through a small map by range (one map insert and delete
+// per 256 offsets) and a cache of the range used last.
+type offsetIndex struct {
+	chunks map[uint64]*offsetChunk
+	n      int
+	lastID uint64
+	last   *offsetChunk
+	spare  []*offsetChunk // freed chunks kept for reuse
+}
+
+const chunkBits = 8
+
+type offsetChunk struct {
+	n int
+	e [1 << chunkBits]*entry
+}
+
+func (x *offsetIndex) chunk(id uint64) *offsetChunk {
+	if x.last != nil && x.lastID == id {
+		return x.last
+	}
+	ch := x.chunks[id]
+	if ch != nil {
+		x.last, x.lastID = ch, id
+	}
+	return ch
+}
+
+func (x *offsetIndex) get(off uint64) *entry {
+	ch := x.chunk(off >> chunkBits)
+	if ch == nil {
+		return nil
+	}
+	return ch.e[off&(1<<chunkBits-1)]
+}
+
+func (x *offsetIndex) put(off uint64, e *entry) {
+	id := off >> chunkBits
+	ch := x.chunk(id)
+	if ch == nil {
+		if k := len(x.spare); k > 0 {
+			ch = x.spare[k-1]
+			x.spare = x.spare[:k-1]
+		} else {
+			ch = new(offsetChunk)
+		}
+		x.chunks[id] = ch
+		x.last, x.lastID = ch, id
+	}
+	slot := &ch.e[off&(1<<chunkBits-1)]
+	if *slot == nil {
+		ch.n++
+		x.n++
+	}
+	*slot = e
+}
+
+func (x *offsetIndex) del(off uint64) {
+	id := off >> chunkBits
+	ch := x.chunk(id)
+	if ch == nil {
+		return
+	}
+	slot := &ch.e[off&(1<<chunkBits-1)]
+	if *slot == nil {
+		return
+	}
+	*slot = nil
+	ch.n--
+	x.n--
+	if ch.n == 0 {
+		delete(x.chunks, id)
+		if x.last == ch {
+			x.last = nil
+		}
+		if len(x.spare) < 16 {
+			x.spare = append(x.spare, ch)
 		}
 	}
 }
