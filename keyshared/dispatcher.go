@@ -40,6 +40,8 @@ type Dispatcher struct {
 	wg       sync.WaitGroup
 
 	board board
+	// afterIter, when set (tests), runs on the loop after every iteration.
+	afterIter func(*core)
 }
 
 type cmdKind uint8
@@ -110,6 +112,12 @@ func (q *resultQueue) take(spare []result) []result {
 // dispatch loop, which at once reads whatever the log holds past the cursor.
 // Deliveries go out through out. Close stops the loop.
 func New(cfg Config, log Log, out Deliverer) (*Dispatcher, error) {
+	return start(cfg, log, out, nil)
+}
+
+// start is New with a hook the loop calls after every iteration (tests use
+// it to check invariants on the live loop).
+func start(cfg Config, log Log, out Deliverer, afterIter func(*core)) (*Dispatcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -121,14 +129,15 @@ func New(cfg Config, log Log, out Deliverer) (*Dispatcher, error) {
 		return nil, err
 	}
 	d := &Dispatcher{
-		cfg:     cfg,
-		clock:   cfg.clock(),
-		core:    c,
-		cmds:    make(chan command),
-		results: resultQueue{signal: make(chan struct{}, 1)},
-		notifyC: make(chan struct{}, 1),
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
+		cfg:       cfg,
+		clock:     cfg.clock(),
+		core:      c,
+		cmds:      make(chan command),
+		results:   resultQueue{signal: make(chan struct{}, 1)},
+		notifyC:   make(chan struct{}, 1),
+		closing:   make(chan struct{}),
+		done:      make(chan struct{}),
+		afterIter: afterIter,
 	}
 	d.board.publish(c)
 	t := d.clock.NewTicker(cfg.Heartbeat)
@@ -305,6 +314,9 @@ func (d *Dispatcher) run(t Ticker) {
 		}
 		c.saveDue(now)
 		d.board.publish(c)
+		if d.afterIter != nil {
+			d.afterIter(c)
+		}
 		if reply != nil {
 			reply <- err
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -62,11 +63,13 @@ func (d *chanDeliverer) none(t *testing.T) {
 }
 
 type loopHarness struct {
-	t     *testing.T
-	clock *fakeClock
-	log   *memLog
-	out   *chanDeliverer
-	d     *Dispatcher
+	t *testing.T
+	// broken holds the first invariant violation the loop found.
+	broken atomic.Pointer[error]
+	clock  *fakeClock
+	log    *memLog
+	out    *chanDeliverer
+	d      *Dispatcher
 }
 
 func newLoop(t *testing.T, mod func(*Config)) *loopHarness {
@@ -79,7 +82,11 @@ func newLoop(t *testing.T, mod func(*Config)) *loopHarness {
 	if mod != nil {
 		mod(&cfg)
 	}
-	d, err := New(cfg, h.log, h.out)
+	d, err := start(cfg, h.log, h.out, func(c *core) {
+		if err := c.checkInvariants(); err != nil {
+			h.broken.CompareAndSwap(nil, &err)
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +101,9 @@ func (h *loopHarness) close() {
 	defer cancel()
 	if err := h.d.Close(ctx); err != nil {
 		h.t.Fatal(err)
+	}
+	if err := h.broken.Load(); err != nil {
+		h.t.Fatalf("invariants broken on the loop: %v", *err)
 	}
 }
 

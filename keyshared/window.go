@@ -238,8 +238,10 @@ type window struct {
 	// byOffset finds an entry by offset for acks. Every entry of the window is
 	// in it exactly once.
 	byOffset offsetIndex
-	// keys holds the queue of every key with messages in the window; a key's
-	// queue is in log order and only its head may be in flight (invariant 1).
+	// keys holds the queue of every key with messages in the window. A key's
+	// queue is in log order and only its head is ever delivered, retried or
+	// requeued, so its messages go out in log order (invariant 2) and at most
+	// one of them is in flight (invariant 1).
 	keys map[string]*keyState
 	// order is every entry in ascending offset order; order.head is the lowest
 	// unresolved offset, which the cursor must stay below (invariant 3).
