@@ -432,11 +432,12 @@ func (m *model) step() {
 		o := uint64(1 + m.rng.IntN(len(m.log.msgs)))
 		ids := sortedKeys(m.members)
 		id := ids[m.rng.IntN(len(ids))]
-		if _, held := m.holding[o]; held {
+		holder, held := m.holding[o]
+		if held && holder == id {
 			return
 		}
 		// Acceptable only from the member that had it last, while nobody holds it.
-		ok := m.last[o] == id
+		ok := !held && m.last[o] == id
 		if ok {
 			m.mayAck[o] = true
 		}
