@@ -3,6 +3,7 @@ package persistence
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -167,17 +168,60 @@ func (s *Groups) run() {
 		if len(ops) == 0 && closed {
 			return
 		}
+		start := time.Now()
 		stalled = !s.commit(ops)
+		took := time.Since(start)
+		released := 0
 		for i, o := range ops {
 			// A flush waits for trimming; after a failed commit it reports the failure.
 			if o.flush && o.err == nil && len(s.trimQueue) > 0 && !stalled {
 				deferred = append(deferred, o)
 			} else {
+				if o.complete == nil {
+					released++
+				}
 				s.finish(o)
 			}
 			ops[i] = nil
 		}
 		s.flushNotices()
+		if released > 1 && !stalled {
+			s.q.linger(released, start.Add(took+took/lingerFraction))
+		}
+	}
+}
+
+// lingerFraction bounds how long the committer waits for released callers to
+// come back, as a fraction of the last commit's duration.
+const lingerFraction = 4
+
+// linger gives the callers that the last commit released a moment to submit
+// their next operation before the committer takes the next batch: without it,
+// N blocking appenders split into two cohorts that alternate, each commit
+// holding N/2 of them. It yields the processor (timers are too coarse here)
+// until released more ops have been queued than were queued on entry, until
+// a few yields in a row bring nothing new, until the deadline, or until the
+// queue closes.
+func (q *queue) linger(released int, deadline time.Time) {
+	const maxIdleYields = 3
+	want, last, idle := -1, -1, 0
+	for {
+		q.mu.Lock()
+		n, closed := len(q.mu.ops), q.mu.closed
+		q.mu.Unlock()
+		if want < 0 {
+			want = n + released
+		}
+		if n == last {
+			idle++
+		} else {
+			idle = 0
+		}
+		last = n
+		if n >= want || closed || idle > maxIdleYields || !time.Now().Before(deadline) {
+			return
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -214,6 +258,8 @@ func (s *Groups) commit(ops []*op) bool {
 		})
 		if err == nil {
 			s.publish(b)
+			s.commits.Add(1)
+			s.committedOps.Add(uint64(len(ops)))
 			return true
 		}
 		if b.culprit >= 0 && len(ops) > 1 {
@@ -222,6 +268,7 @@ func (s *Groups) commit(ops []*op) bool {
 			s.log.Error("operation aborted its transaction; retrying the rest of the batch", "err", err)
 			continue
 		}
+		s.commitErrors.Add(1)
 		err = fmt.Errorf("persistence: commit %s: %w", s.db.path, err)
 		s.log.Error("commit failed", "ops", len(ops), "err", err)
 		for _, o := range ops {

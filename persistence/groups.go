@@ -40,6 +40,22 @@ type Groups struct {
 	notify   *notifier
 	wg       sync.WaitGroup
 	closed   atomic.Bool
+
+	commits, commitErrors, committedOps atomic.Uint64
+}
+
+// CommitStats are the committer's counters since Open.
+type CommitStats struct {
+	// Commits counts transactions that committed; Ops the operations they held
+	// (an append to several groups counts once).
+	Commits, Ops uint64
+	// Errors counts transactions that failed to commit (their operations failed).
+	Errors uint64
+}
+
+// Stats returns the committer's counters.
+func (s *Groups) Stats() CommitStats {
+	return CommitStats{Commits: s.commits.Load(), Ops: s.committedOps.Load(), Errors: s.commitErrors.Load()}
 }
 
 // group is one group's committed meta and state, guarded by Groups.mu.
