@@ -141,7 +141,7 @@ func TestDecodeMochiFrames(t *testing.T) {
 		Properties: packets.Properties{
 			MessageExpiryInterval: 60, ContentType: "bin", CorrelationData: []byte{1, 2},
 			SubscriptionIdentifier: []int{300},
-			User: []packets.UserProperty{{Key: "other", Val: "x"}, {Key: "key", Val: "k5"}},
+			User:                   []packets.UserProperty{{Key: "other", Val: "x"}, {Key: "key", Val: "k5"}},
 		},
 	}
 	stream = append(stream, encodeWithMochi(t, pub)...)
@@ -486,6 +486,3 @@ func TestPingNoBroker(t *testing.T) {
 		t.Errorf("stderr %q", errs.String())
 	}
 }
-
-
-

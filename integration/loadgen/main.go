@@ -63,6 +63,8 @@ type config struct {
 	readBuf     int
 	flushBytes  int
 	cpuProfile  string
+	tag         string
+	round       int
 }
 
 func main() {
@@ -122,6 +124,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port")
 	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub or connections")
 	fs.StringVar(&cfg.label, "label", "", "broker name echoed in the JSON")
+	fs.StringVar(&cfg.tag, "tag", "", "case name echoed in the JSON (the benchmark script's name for this run)")
+	fs.IntVar(&cfg.round, "round", 0, "round number echoed in the JSON")
 	fs.IntVar(&proto, "proto", 5, "MQTT protocol level: 4 (3.1.1) or 5")
 	fs.IntVar(&qos, "qos", -1, "QoS of publishes and subscriptions (default: 1 for shared, else 0)")
 	fs.IntVar(&cfg.payload, "payload", 64, fmt.Sprintf("payload bytes (at least %d: run id, publisher, timestamp, sequences, key)", payloadMin))
@@ -206,7 +210,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 }
 
 func runScenario(cfg config, args []string) *result {
-	res := &result{Scenario: cfg.scenario, Label: cfg.label, Addr: cfg.addr, Args: append([]string{}, args...),
+	res := &result{Scenario: cfg.scenario, Label: cfg.label, Tag: cfg.tag, Round: cfg.round, Addr: cfg.addr, Args: append([]string{}, args...),
 		Proto: int(cfg.proto), QoS: int(cfg.qos), Payload: cfg.payload, Pubs: cfg.pubs, Subs: cfg.subs,
 		Rate: cfg.rate, Ahead: cfg.ahead, Window: cfg.duration.Seconds()}
 	if res.Args == nil {

@@ -51,9 +51,9 @@ type publisher struct {
 	idx     int
 	m       *mconn
 	tmpls   []tmpl
-	next    int      // next template (round robin)
-	shuffle bool     // pick templates at random instead (keyed streams)
-	rng     uint64   // xorshift state for shuffle
+	next    int    // next template (round robin)
+	shuffle bool   // pick templates at random instead (keyed streams)
+	rng     uint64 // xorshift state for shuffle
 	timer   *time.Timer
 	tseq    []uint32 // per template sequence
 	seq     uint64   // per publisher sequence (messages appended)
@@ -630,6 +630,8 @@ func signal(c chan struct{}) {
 type result struct {
 	Scenario  string   `json:"scenario"`
 	Label     string   `json:"label,omitempty"`
+	Tag       string   `json:"tag,omitempty"`
+	Round     int      `json:"round,omitempty"`
 	Addr      string   `json:"addr"`
 	Args      []string `json:"args"`
 	OK        bool     `json:"ok"`
