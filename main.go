@@ -85,7 +85,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	g := func(title string) flagGroup {
 		return flagGroup{title, pflag.NewFlagSet(title, pflag.ContinueOnError)}
 	}
-	listen, store, mqttLimits, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Logs"), g("Key-Shared (reserved: accepted and validated, not yet applied)"), g("General")
+	listen, store, mqttLimits, fanout, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Fan-out (every connection's outbound queue)"), g("Logs"), g("Key-Shared (reserved: accepted and validated, not yet applied)"), g("General")
 
 	f := listen.fs
 	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
@@ -107,6 +107,12 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "cap on how long a disconnected persistent session is kept (0: as the client asks)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
 
+	f = fanout.fs
+	f.StringVar(&cfg.SlowPolicy, "slow-policy", cfg.SlowPolicy, "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest or disconnect")
+	f.Var(&cfg.ConnQueueSoft, "conn-queue-soft", "outbound queue size a client may exceed for --conn-queue-grace (e.g. 512KiB)")
+	f.Var(&cfg.ConnQueueHard, "conn-queue-hard", "outbound queue size never exceeded; acks and QoS 1/2 messages past it disconnect the client")
+	f.DurationVar(&cfg.ConnQueueGrace, "conn-queue-grace", cfg.ConnQueueGrace, "how long a queue may stay above --conn-queue-soft")
+
 	f = logs.fs
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
@@ -123,7 +129,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.BoolVarP(help, "help", "h", false, "show this help")
 	f.BoolVar(showVersion, "version", false, "print the version")
 
-	return []flagGroup{listen, store, mqttLimits, logs, keyshared, general}
+	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, general}
 }
 
 func newFlagSet(cfg *broker.Config, configPath *string, help, showVersion *bool) *pflag.FlagSet {

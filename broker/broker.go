@@ -25,6 +25,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/keyline-mq/keyline/broker/connq"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -45,6 +46,9 @@ type Broker struct {
 
 	httpLn  net.Listener
 	httpSrv *http.Server
+
+	connStats *connq.Stats // totals of every connection's outbound queue
+	fanout    *hooks.Fanout
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -117,10 +121,17 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		ClientNetWriteBufferSize: 4096,
 		ClientNetReadBufferSize:  4096,
 	})
+	info := b.server.Info
+	b.connStats = &connq.Stats{
+		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
+		InfoBytesSent: &info.BytesSent, InfoMessagesDropped: &info.MessagesDropped,
+	}
 	if err := b.addHooks(); err != nil {
 		return nil, err
 	}
 	for _, ln := range b.mqttLns {
+		limits, _ := cfg.connLimits(ln.id, "") // validated
+		ln.queue = func(c net.Conn) *connq.Conn { return connq.New(c, limits, b.connStats, logger) }
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -148,10 +159,13 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 }
 
 func (b *Broker) addHooks() error {
+	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
-		if err := b.server.AddHook(hooks.NewAuth(b.cfg.Auth), nil); err != nil {
+		a := hooks.NewAuth(b.cfg.Auth)
+		if err := b.server.AddHook(a, nil); err != nil {
 			return fmt.Errorf("broker: auth hook: %w", err)
 		}
+		canRead = func(cl *mqtt.Client, topic string) bool { return a.OnACLCheck(cl, topic, false) }
 	} else {
 		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
 			return fmt.Errorf("broker: allow-all hook: %w", err)
@@ -169,6 +183,13 @@ func (b *Broker) addHooks() error {
 	}
 	if err := b.server.AddHook(hooks.NewStorage(b.sessions), nil); err != nil {
 		return fmt.Errorf("broker: storage hook: %w", err)
+	}
+	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
+		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
+		return l
+	})
+	if err := b.server.AddHook(b.fanout, nil); err != nil {
+		return fmt.Errorf("broker: fan-out hook: %w", err)
 	}
 	return nil
 }
@@ -320,12 +341,10 @@ func (b *Broker) Addr(name string) string {
 func (b *Broker) Ready() bool { return b.ready.Load() }
 
 func (b *Broker) httpHandler() http.Handler {
-	reg := newRegistry(newBrokerCollector(
-		func() *mqtt.Server { return b.server },
-		func() *persistence.SessionStore { return b.sessions },
-		time.Now(),
-	))
+	reg := newRegistry(newBrokerCollector(b, time.Now()))
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/clients", b.handleClients)
+	mux.HandleFunc("GET /api/v1/clients/{id}", b.handleClient)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

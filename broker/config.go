@@ -13,6 +13,8 @@ import (
 
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"gopkg.in/yaml.v3"
+
+	"github.com/keyline-mq/keyline/broker/connq"
 )
 
 // ErrInvalidConfig wraps every error Validate and LoadConfigFile return.
@@ -47,6 +49,13 @@ type Config struct {
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
 	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
 
+	// Fan-out: every connection's outbound queue (see package connq).
+	SlowPolicy         string              `yaml:"slow-policy"`          // drop-oldest, drop-newest or disconnect, for QoS 0 frames that do not fit
+	ConnQueueSoft      ByteSize            `yaml:"conn-queue-soft"`      // may be exceeded for conn-queue-grace
+	ConnQueueHard      ByteSize            `yaml:"conn-queue-hard"`      // never exceeded; frames mochi writes past it cut the client
+	ConnQueueGrace     time.Duration       `yaml:"conn-queue-grace"`     // how long a queue may stay above the soft limit
+	ConnQueueOverrides []ConnQueueOverride `yaml:"conn-queue-overrides"` // per listener / client-id prefix; config file only
+
 	// Key-Shared dispatch (reserved: accepted and validated; dispatch itself is not wired yet).
 	KeyProperty   string        `yaml:"key-property"`
 	AckTimeout    time.Duration `yaml:"ack-timeout"`
@@ -56,6 +65,19 @@ type Config struct {
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
 	Auth *auth.Ledger `yaml:"auth"`
+}
+
+// ConnQueueOverride changes the queue settings of the connections it
+// matches: those on Listener ("tcp", "tls" or "ws"; empty: any) whose client
+// id starts with ClientPrefix (empty: any). The first matching override
+// applies; its unset (zero) fields keep the global values.
+type ConnQueueOverride struct {
+	Listener       string        `yaml:"listener"`
+	ClientPrefix   string        `yaml:"client-prefix"`
+	SlowPolicy     string        `yaml:"slow-policy"`
+	ConnQueueSoft  ByteSize      `yaml:"conn-queue-soft"`
+	ConnQueueHard  ByteSize      `yaml:"conn-queue-hard"`
+	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
 }
 
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
@@ -72,6 +94,10 @@ func DefaultConfig() Config {
 		ReceiveMaximum:   1024,
 		MaxSessionExpiry: 0,
 		ShutdownTimeout:  10 * time.Second,
+		SlowPolicy:       "drop-oldest",
+		ConnQueueSoft:    1 << 20,
+		ConnQueueHard:    8 << 20,
+		ConnQueueGrace:   10 * time.Second,
 		KeyProperty:      "key",
 		AckTimeout:       30 * time.Second,
 		MaxDeliveries:    5,
@@ -149,6 +175,17 @@ func (c *Config) Validate() error {
 	case c.MaxDeliveries < 1:
 		return fmt.Errorf("%w: max-deliveries must be at least 1", ErrInvalidConfig)
 	}
+	if _, err := c.connLimits("", ""); err != nil {
+		return err
+	}
+	for i, o := range c.ConnQueueOverrides {
+		if o.Listener != "" && o.Listener != "tcp" && o.Listener != "tls" && o.Listener != "ws" {
+			return fmt.Errorf("%w: conn-queue-overrides[%d]: listener %q is not one of tcp, tls, ws", ErrInvalidConfig, i, o.Listener)
+		}
+		if _, err := c.connLimits(o.Listener, o.ClientPrefix); err != nil {
+			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
+		}
+	}
 	if err := oneOf("log-level", c.LogLevel, LogLevels); err != nil {
 		return err
 	}
@@ -156,6 +193,48 @@ func (c *Config) Validate() error {
 		return err
 	}
 	return oneOf("poison-policy", c.PoisonPolicy, PoisonPolices)
+}
+
+// connLimits resolves the queue limits of a connection on listener whose
+// client id is clientID ("" before CONNECT).
+func (c *Config) connLimits(listener, clientID string) (connq.Limits, error) {
+	policy, soft, hard, grace := c.SlowPolicy, c.ConnQueueSoft, c.ConnQueueHard, c.ConnQueueGrace
+	for _, o := range c.ConnQueueOverrides {
+		if (o.Listener != "" && o.Listener != listener) || !strings.HasPrefix(clientID, o.ClientPrefix) {
+			continue
+		}
+		if o.ClientPrefix != "" && clientID == "" {
+			continue
+		}
+		if o.SlowPolicy != "" {
+			policy = o.SlowPolicy
+		}
+		if o.ConnQueueSoft != 0 {
+			soft = o.ConnQueueSoft
+		}
+		if o.ConnQueueHard != 0 {
+			hard = o.ConnQueueHard
+		}
+		if o.ConnQueueGrace != 0 {
+			grace = o.ConnQueueGrace
+		}
+		break
+	}
+	p, err := connq.ParsePolicy(policy)
+	if err != nil {
+		return connq.Limits{}, fmt.Errorf("%w: slow-policy %q is not one of %s", ErrInvalidConfig, policy, strings.Join(connq.Policies, ", "))
+	}
+	switch {
+	case hard <= 0:
+		return connq.Limits{}, fmt.Errorf("%w: conn-queue-hard must be positive", ErrInvalidConfig)
+	case soft < 0 || soft > hard:
+		return connq.Limits{}, fmt.Errorf("%w: conn-queue-soft (%v) must be between 0 and conn-queue-hard (%v)", ErrInvalidConfig, soft, hard)
+	case c.MaxPacketSize > 0 && int64(hard) < int64(c.MaxPacketSize):
+		return connq.Limits{}, fmt.Errorf("%w: conn-queue-hard (%v) is below max-packet-size (%v): one packet could never be sent", ErrInvalidConfig, hard, ByteSize(c.MaxPacketSize))
+	case grace < 0:
+		return connq.Limits{}, fmt.Errorf("%w: conn-queue-grace must not be negative", ErrInvalidConfig)
+	}
+	return connq.Limits{Soft: int(soft), Hard: int(hard), Grace: grace, Policy: p}, nil
 }
 
 // LoadConfigFile reads a YAML config file into c, over the values c already

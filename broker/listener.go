@@ -12,6 +12,8 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/mochi-mqtt/server/v2/listeners"
+
+	"github.com/keyline-mq/keyline/broker/connq"
 )
 
 // listener is an MQTT listener that binds its address when it is created, so
@@ -25,6 +27,8 @@ type listener struct {
 	log   *slog.Logger
 
 	establish listeners.EstablishFn
+	// queue wraps each accepted connection in its outbound queue; set before Serve.
+	queue func(c net.Conn) *connq.Conn
 	mu        struct {
 		sync.Mutex
 		closed bool
@@ -121,10 +125,18 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 	}
 }
 
+// connectTimeout bounds the wait for a new connection's CONNECT; mochi sets
+// the keepalive deadline once it has one.
+const connectTimeout = 10 * time.Second
+
 func (l *listener) handle(conn net.Conn) {
-	if err := l.establish(l.id, conn); err != nil && !errors.Is(err, io.EOF) {
+	_ = conn.SetReadDeadline(time.Now().Add(connectTimeout))
+	q := l.queue(conn)
+	if err := l.establish(l.id, q); err != nil && !errors.Is(err, io.EOF) {
 		l.log.Debug("connection ended", "remote", conn.RemoteAddr().String(), "error", err)
 	}
+	_ = q.Close() // mochi has closed it already unless CONNECT never came
+	<-q.Done()    // queued frames flushed (bounded by connq.FlushTimeout)
 }
 
 func (l *listener) upgrade(up *websocket.Upgrader, w http.ResponseWriter, r *http.Request) {

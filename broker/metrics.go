@@ -4,20 +4,16 @@ import (
 	"sync/atomic"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // brokerCollector exposes mochi's counters and Keyline's own at scrape time:
 // nothing is added to the publish path.
 type brokerCollector struct {
-	info     func() *mqtt.Server
-	sessions func() *persistence.SessionStore
-	started  time.Time
-	descs    map[string]*prometheus.Desc
+	b       *Broker
+	started time.Time
+	descs   map[string]*prometheus.Desc
 }
 
 type metricDef struct {
@@ -43,10 +39,19 @@ var brokerMetrics = []metricDef{
 	{"keyline_uptime_seconds", "Seconds since the broker started.", prometheus.GaugeValue},
 	{"keyline_session_store_commits_total", "Session-state transactions committed to the data file.", prometheus.CounterValue},
 	{"keyline_session_store_write_errors_total", "Session-state writes lost to a failed commit.", prometheus.CounterValue},
+	{"keyline_fanout_deliveries_total", "QoS 0 deliveries queued by the encode-once fan-out path.", prometheus.CounterValue},
+	{"keyline_fanout_encodes_total", "PUBLISH frames encoded by the fan-out path (one per message and frame variant).", prometheus.CounterValue},
+	{"keyline_fanout_too_large_total", "Fan-out deliveries skipped because the frame exceeded the client's maximum packet size.", prometheus.CounterValue},
+	{"keyline_conn_dropped_messages_total", "QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
+	{"keyline_conn_dropped_bytes_total", "Bytes of QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
+	{"keyline_conn_slow_disconnects_total", "Clients disconnected because their outbound queue overflowed.", prometheus.CounterValue},
+	{"keyline_conn_writes_total", "Socket writes (one writev per writer wakeup).", prometheus.CounterValue},
+	{"keyline_conn_frames_written_total", "MQTT frames written; divided by keyline_conn_writes_total, the frames per writev.", prometheus.CounterValue},
+	{"keyline_conn_queued_bytes", "Bytes waiting in connected clients' outbound queues.", prometheus.GaugeValue},
 }
 
-func newBrokerCollector(srv func() *mqtt.Server, sessions func() *persistence.SessionStore, started time.Time) *brokerCollector {
-	c := &brokerCollector{info: srv, sessions: sessions, started: started, descs: map[string]*prometheus.Desc{}}
+func newBrokerCollector(b *Broker, started time.Time) *brokerCollector {
+	c := &brokerCollector{b: b, started: started, descs: map[string]*prometheus.Desc{}}
 	for _, m := range brokerMetrics {
 		c.descs[m.name] = prometheus.NewDesc(m.name, m.help, nil, nil)
 	}
@@ -61,7 +66,7 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds()}
-	if s := c.info(); s != nil {
+	if s := c.b.server; s != nil {
 		i := s.Info
 		load := func(p *int64) float64 { return float64(atomic.LoadInt64(p)) }
 		connected := load(&i.ClientsConnected)
@@ -80,9 +85,26 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_inflight_messages"] = load(&i.Inflight)
 		values["keyline_subscriptions"] = load(&i.Subscriptions)
 	}
-	if st := c.sessions(); st != nil {
+	if st := c.b.sessions; st != nil {
 		values["keyline_session_store_commits_total"] = float64(st.Commits())
 		values["keyline_session_store_write_errors_total"] = float64(st.WriteErrors())
+	}
+	if f := c.b.fanout; f != nil {
+		values["keyline_fanout_deliveries_total"] = float64(f.Stats.Deliveries.Load())
+		values["keyline_fanout_encodes_total"] = float64(f.Stats.Encodes.Load())
+		values["keyline_fanout_too_large_total"] = float64(f.Stats.TooLarge.Load())
+	}
+	if cs := c.b.connStats; cs != nil {
+		values["keyline_conn_dropped_messages_total"] = float64(cs.DroppedMessages.Load())
+		values["keyline_conn_dropped_bytes_total"] = float64(cs.DroppedBytes.Load())
+		values["keyline_conn_slow_disconnects_total"] = float64(cs.SlowDisconnects.Load())
+		values["keyline_conn_writes_total"] = float64(cs.Writes.Load())
+		values["keyline_conn_frames_written_total"] = float64(cs.Frames.Load())
+		queued := 0
+		for _, v := range c.b.ClientViews() {
+			queued += v.QueuedBytes
+		}
+		values["keyline_conn_queued_bytes"] = float64(queued)
 	}
 	for _, m := range brokerMetrics {
 		if v, ok := values[m.name]; ok {

@@ -1,0 +1,440 @@
+// Package connq puts one bounded, byte-counted queue and one writer goroutine
+// in front of every client connection, so that no caller ever blocks on a
+// client's socket.
+//
+// Two kinds of frame enter the queue:
+//   - frames written by mochi through Write (CONNACK, acks, QoS 1/2 publishes it
+//     tracks, PINGRESP, DISCONNECT): copied, never dropped. If one would take
+//     the queue past its hard limit the connection is cut instead.
+//   - shared frames offered through Enqueue (QoS 0 publishes encoded once for
+//     many connections): queued by reference, never copied, and subject to the
+//     connection's overflow policy.
+//
+// The writer drains up to a byte budget per wakeup and sends it with one
+// writev (net.Buffers) on TCP, or one coalesced Write on TLS and WebSocket.
+//
+// Invariants:
+//   - frames leave in the order they entered (dropped ones aside);
+//   - queued bytes never exceed Limits.Hard (plus the one batch being written);
+//   - a mochi frame is never dropped: it is written, or the connection is closed.
+package connq
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Policy is what happens to a shared frame that does not fit.
+type Policy uint8
+
+const (
+	// DropOldest evicts the oldest queued shared frames to make room: the
+	// reader sees the newest data (state-like feeds).
+	DropOldest Policy = iota
+	// DropNewest drops the frame being offered.
+	DropNewest
+	// Disconnect cuts the connection; the client reconnects and resyncs.
+	Disconnect
+)
+
+// Policies lists the accepted policy names, in Policy order.
+var Policies = []string{"drop-oldest", "drop-newest", "disconnect"}
+
+func (p Policy) String() string {
+	if int(p) < len(Policies) {
+		return Policies[p]
+	}
+	return fmt.Sprintf("Policy(%d)", p)
+}
+
+// ErrUnknownPolicy is returned by ParsePolicy for a name it does not know.
+var ErrUnknownPolicy = errors.New("connq: unknown slow-consumer policy")
+
+// ParsePolicy returns the policy with the given name.
+func ParsePolicy(name string) (Policy, error) {
+	for i, n := range Policies {
+		if n == name {
+			return Policy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w %q (want drop-oldest, drop-newest or disconnect)", ErrUnknownPolicy, name)
+}
+
+// Limits bound one connection's queue.
+type Limits struct {
+	// Soft may be exceeded for at most Grace; after that shared frames are
+	// refused under the policy as if the hard limit were reached.
+	Soft  int
+	Grace time.Duration
+	// Hard is never exceeded.
+	Hard   int
+	Policy Policy
+}
+
+// ErrSlowConsumer is the cause of a connection cut because its queue overflowed.
+var ErrSlowConsumer = errors.New("connq: slow consumer: outbound queue full")
+
+// Stats are totals across connections, updated with atomics. The Info*
+// pointers, when set, receive the figures of shared frames actually written
+// (and dropped), so that counters kept elsewhere (mochi's $SYS) stay whole.
+type Stats struct {
+	DroppedMessages atomic.Uint64 // shared frames dropped by a policy
+	DroppedBytes    atomic.Uint64
+	SlowDisconnects atomic.Uint64 // connections cut for overflowing
+	Writes          atomic.Uint64 // writev (or coalesced Write) calls
+	Frames          atomic.Uint64 // frames written
+
+	InfoMessagesSent, InfoPacketsSent, InfoBytesSent, InfoMessagesDropped *int64
+}
+
+func addInfo(p *int64, n int64) {
+	if p != nil {
+		atomic.AddInt64(p, n)
+	}
+}
+
+// BatchBudget is the most bytes the writer takes per wakeup (a single frame
+// larger than this goes alone).
+const BatchBudget = 256 << 10
+
+// FlushTimeout bounds how long Close waits for queued frames to reach a peer.
+const FlushTimeout = time.Second
+
+type frame struct {
+	b      []byte
+	shared bool // offered through Enqueue: droppable, counted as a message
+}
+
+// Conn is a client connection whose writes are queued.
+type Conn struct {
+	net.Conn // the underlying connection: reads, addresses and deadlines go straight to it
+
+	stats *Stats
+	log   *slog.Logger
+	tcp   *net.TCPConn     // set when writev is available
+	now   func() time.Time // the clock for the soft limit's grace; tests replace it
+
+	mu struct {
+		sync.Mutex
+		q         []frame // q[head:] are queued; nil b marks a dropped frame
+		head      int
+		bytes     int // bytes of the frames in q[head:] not dropped
+		limits    Limits
+		overSoft  time.Time // when bytes last went above Soft; zero while under
+		scheduled bool      // the writer has been woken or is running
+		closing   bool
+		failed    error
+	}
+	wake chan struct{} // capacity 1
+	done chan struct{} // closed when the writer has exited
+
+	droppedMessages atomic.Uint64
+	droppedBytes    atomic.Uint64
+}
+
+// New wraps c and starts its writer goroutine. stats may be shared by many
+// connections; log may be nil.
+func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
+	if stats == nil {
+		stats = new(Stats)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q.tcp, _ = c.(*net.TCPConn)
+	q.mu.limits = limits
+	go q.run()
+	return q
+}
+
+// SetLimits replaces the connection's limits (for example once the client's
+// id is known and an override applies).
+func (c *Conn) SetLimits(l Limits) {
+	c.mu.Lock()
+	c.mu.limits = l
+	c.mu.Unlock()
+}
+
+// Limits returns the connection's limits.
+func (c *Conn) Limits() Limits {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.limits
+}
+
+// Write queues a copy of p, never dropping it, and returns without waiting
+// for the socket. If p would take the queue past the hard limit the
+// connection is cut and Write returns ErrSlowConsumer.
+func (c *Conn) Write(p []byte) (int, error) {
+	b := make([]byte, len(p))
+	copy(b, p)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.closedLocked(); err != nil {
+		return 0, err
+	}
+	if c.mu.bytes+len(b) > c.mu.limits.Hard {
+		c.failLocked(ErrSlowConsumer)
+		return 0, ErrSlowConsumer
+	}
+	c.pushLocked(frame{b: b})
+	return len(p), nil
+}
+
+// Enqueue offers a shared frame, queued by reference: the caller must not
+// modify b afterwards. It reports whether the frame was queued; a frame that
+// does not fit is handled by the connection's policy and counted.
+func (c *Conn) Enqueue(b []byte) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closedLocked() != nil {
+		return false
+	}
+	l := &c.mu.limits
+	if !c.fitsLocked(len(b)) {
+		switch l.Policy {
+		case DropNewest:
+			c.dropLocked(len(b))
+			return false
+		case Disconnect:
+			c.dropLocked(len(b))
+			c.failLocked(ErrSlowConsumer)
+			return false
+		case DropOldest:
+			c.evictLocked(len(b))
+			if c.mu.bytes+len(b) > l.Hard {
+				c.dropLocked(len(b)) // only unsheddable frames are queued, or b alone exceeds the limit
+				return false
+			}
+		}
+	}
+	c.pushLocked(frame{b: b, shared: true})
+	return true
+}
+
+// fitsLocked reports whether n more bytes are within the limits now.
+func (c *Conn) fitsLocked(n int) bool {
+	l := &c.mu.limits
+	after := c.mu.bytes + n
+	if after > l.Hard {
+		return false
+	}
+	if l.Soft <= 0 || after <= l.Soft {
+		return true
+	}
+	now := c.now() // only here: reading the clock on every frame costs more than the rest of Enqueue
+	if c.mu.overSoft.IsZero() {
+		c.mu.overSoft = now
+		return true
+	}
+	return now.Sub(c.mu.overSoft) <= l.Grace
+}
+
+// evictLocked drops the oldest shared frames until n more bytes fit under the
+// soft limit (or the hard limit, when the soft one is off).
+func (c *Conn) evictLocked(n int) {
+	l := &c.mu.limits
+	target := l.Hard
+	if l.Soft > 0 && l.Soft < target {
+		target = l.Soft
+	}
+	for i := c.mu.head; i < len(c.mu.q) && c.mu.bytes+n > target; i++ {
+		f := &c.mu.q[i]
+		if f.b == nil || !f.shared {
+			continue
+		}
+		c.mu.bytes -= len(f.b)
+		c.dropLocked(len(f.b))
+		f.b = nil
+	}
+	if c.mu.bytes <= l.Soft {
+		c.mu.overSoft = time.Time{}
+	}
+}
+
+func (c *Conn) dropLocked(n int) {
+	c.droppedMessages.Add(1)
+	c.droppedBytes.Add(uint64(n))
+	c.stats.DroppedMessages.Add(1)
+	c.stats.DroppedBytes.Add(uint64(n))
+	addInfo(c.stats.InfoMessagesDropped, 1)
+}
+
+func (c *Conn) pushLocked(f frame) {
+	c.mu.q = append(c.mu.q, f)
+	c.mu.bytes += len(f.b)
+	if !c.mu.scheduled {
+		c.mu.scheduled = true
+		c.wake <- struct{}{} // never blocks: only the holder of scheduled sends
+	}
+}
+
+func (c *Conn) closedLocked() error {
+	if c.mu.failed != nil {
+		return c.mu.failed
+	}
+	if c.mu.closing {
+		return net.ErrClosed
+	}
+	return nil
+}
+
+// failLocked cuts the connection at once: queued frames are discarded.
+func (c *Conn) failLocked(err error) {
+	if c.mu.failed != nil {
+		return
+	}
+	c.mu.failed = err
+	if errors.Is(err, ErrSlowConsumer) {
+		c.stats.SlowDisconnects.Add(1)
+		c.log.Warn("disconnecting slow consumer: outbound queue full",
+			"remote", c.RemoteAddr().String(), "queued_bytes", c.mu.bytes, "hard_limit", c.mu.limits.Hard)
+	}
+	_ = c.Conn.Close() // ends the reader and any blocked write
+	if !c.mu.scheduled {
+		c.mu.scheduled = true
+		c.wake <- struct{}{}
+	}
+}
+
+// Close flushes queued frames (for at most FlushTimeout), then closes the
+// underlying connection. It returns at once; Done reports the end.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.closing || c.mu.failed != nil {
+		return nil
+	}
+	c.mu.closing = true
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(FlushTimeout))
+	if !c.mu.scheduled {
+		c.mu.scheduled = true
+		c.wake <- struct{}{}
+	}
+	return nil
+}
+
+// Done is closed once the writer has exited and the connection is closed.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Queued returns the bytes waiting to be written.
+func (c *Conn) Queued() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.bytes
+}
+
+// Dropped returns the shared frames and bytes this connection's policy dropped.
+func (c *Conn) Dropped() (messages, bytes uint64) {
+	return c.droppedMessages.Load(), c.droppedBytes.Load()
+}
+
+// take moves up to BatchBudget bytes of frames into batch. It blocks until
+// there is something to do and reports false when the writer should exit.
+func (c *Conn) take(batch []frame) ([]frame, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for c.mu.head == len(c.mu.q) && c.mu.failed == nil && !c.mu.closing {
+		c.mu.scheduled = false
+		c.mu.Unlock()
+		<-c.wake
+		c.mu.Lock()
+	}
+	if c.mu.failed != nil || c.mu.head == len(c.mu.q) { // failed, or closing with nothing left
+		c.mu.q, c.mu.head, c.mu.bytes = nil, 0, 0
+		return batch, false
+	}
+	n := 0
+	for c.mu.head < len(c.mu.q) {
+		f := c.mu.q[c.mu.head]
+		if f.b != nil && n > 0 && n+len(f.b) > BatchBudget {
+			break
+		}
+		c.mu.q[c.mu.head] = frame{}
+		c.mu.head++
+		if f.b != nil {
+			batch = append(batch, f)
+			n += len(f.b)
+		}
+	}
+	c.mu.bytes -= n
+	if c.mu.head == len(c.mu.q) {
+		c.mu.q, c.mu.head = c.mu.q[:0], 0
+	} else if c.mu.head > 1024 && c.mu.head*2 > len(c.mu.q) {
+		c.mu.q = append(c.mu.q[:0], c.mu.q[c.mu.head:]...)
+		c.mu.head = 0
+	}
+	if c.mu.bytes <= c.mu.limits.Soft {
+		c.mu.overSoft = time.Time{}
+	}
+	return batch, true
+}
+
+func (c *Conn) run() {
+	defer close(c.done)
+	defer c.Conn.Close()
+	var (
+		batch    []frame
+		bufs     net.Buffers
+		coalesce []byte
+	)
+	for {
+		var ok bool
+		batch, ok = c.take(batch[:0])
+		if !ok {
+			return
+		}
+		var err error
+		if c.tcp != nil {
+			bufs = bufs[:0]
+			for _, f := range batch {
+				bufs = append(bufs, f.b)
+			}
+			_, err = bufs.WriteTo(c.tcp)
+		} else {
+			coalesce = coalesce[:0]
+			for _, f := range batch {
+				coalesce = append(coalesce, f.b...)
+			}
+			_, err = c.Conn.Write(coalesce)
+			if cap(coalesce) > 4*BatchBudget {
+				coalesce = nil // do not pin a one-off huge buffer
+			}
+		}
+		c.account(batch)
+		clear(batch) // drop references to shared frames
+		if err != nil {
+			c.mu.Lock()
+			c.failLocked(err)
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (c *Conn) account(batch []frame) {
+	c.stats.Writes.Add(1)
+	c.stats.Frames.Add(uint64(len(batch)))
+	var msgs, bytes int64
+	for _, f := range batch {
+		if f.shared {
+			msgs++
+			bytes += int64(len(f.b))
+		}
+	}
+	if msgs > 0 {
+		addInfo(c.stats.InfoMessagesSent, msgs)
+		addInfo(c.stats.InfoPacketsSent, msgs)
+		addInfo(c.stats.InfoBytesSent, bytes)
+	}
+}
+
+// SetDeadline sets the read deadline only (mochi uses it for keepalive):
+// write deadlines belong to the writer.
+func (c *Conn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }

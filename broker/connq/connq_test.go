@@ -1,0 +1,310 @@
+package connq
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// gatedConn is a net.Conn whose writes block until the test opens the gate,
+// so a test decides exactly when the writer makes progress.
+type gatedConn struct {
+	net.Conn // nil: only the methods below are used
+	gate     chan struct{}
+	mu       sync.Mutex
+	writes   [][]byte // one entry per Write call
+	closed   chan struct{}
+	once     sync.Once
+}
+
+func newGated() *gatedConn {
+	return &gatedConn{gate: make(chan struct{}), closed: make(chan struct{})}
+}
+
+func (g *gatedConn) Write(p []byte) (int, error) {
+	select {
+	case <-g.gate:
+	case <-g.closed:
+		return 0, net.ErrClosed
+	}
+	g.mu.Lock()
+	g.writes = append(g.writes, bytes.Clone(p))
+	g.mu.Unlock()
+	return len(p), nil
+}
+
+func (g *gatedConn) Close() error                     { g.once.Do(func() { close(g.closed) }); return nil }
+func (g *gatedConn) SetWriteDeadline(time.Time) error { return nil }
+func (g *gatedConn) SetReadDeadline(time.Time) error  { return nil }
+func (g *gatedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
+func (g *gatedConn) open()                            { close(g.gate) }
+
+func (g *gatedConn) written() []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return bytes.Join(g.writes, nil)
+}
+
+func (g *gatedConn) calls() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.writes)
+}
+
+func frameN(i int) []byte { return fmt.Appendf(nil, "[%03d]", i) } // 5 bytes
+
+// parked returns a Conn whose writer has taken the first frame and is stuck
+// writing it, so that every later frame stays queued.
+func parked(t *testing.T, l Limits) (*Conn, *gatedConn) {
+	t.Helper()
+	g := newGated()
+	c := New(g, l, nil, nil)
+	if _, err := c.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return c.Queued() == 0 }) // taken by the writer, blocked in Write
+	return c, g
+}
+
+// waitFor polls cond with a deadline; the writer runs on its own goroutine.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(5 * time.Second)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatal("condition not met within 5s")
+		}
+	}
+}
+
+func closeAndWait(t *testing.T, c *Conn) {
+	t.Helper()
+	_ = c.Close()
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("writer did not exit")
+	}
+}
+
+func TestOrderKeptAndBatched(t *testing.T) {
+	c, g := parked(t, Limits{Hard: 1 << 20})
+	var want bytes.Buffer
+	want.WriteString("first")
+	for i := range 100 {
+		if i%3 == 0 {
+			if _, err := c.Write(frameN(i)); err != nil {
+				t.Fatal(err)
+			}
+		} else if !c.Enqueue(frameN(i)) {
+			t.Fatalf("frame %d refused", i)
+		}
+		want.Write(frameN(i))
+	}
+	g.open()
+	waitFor(t, func() bool { return bytes.Equal(g.written(), want.Bytes()) })
+	if n := g.calls(); n != 2 {
+		t.Errorf("%d writes for 101 frames queued behind one: want 2 (the first, then one batch)", n)
+	}
+	closeAndWait(t, c)
+}
+
+func TestDropOldestKeepsTheNewest(t *testing.T) {
+	c, g := parked(t, Limits{Hard: 50, Policy: DropOldest}) // room for 10 frames
+	for i := range 30 {
+		if !c.Enqueue(frameN(i)) {
+			t.Fatalf("frame %d refused under drop-oldest", i)
+		}
+	}
+	if msgs, b := c.Dropped(); msgs != 20 || b != 100 {
+		t.Errorf("dropped %d frames / %d bytes, want 20 / 100", msgs, b)
+	}
+	g.open()
+	var want bytes.Buffer
+	want.WriteString("first")
+	for i := 20; i < 30; i++ {
+		want.Write(frameN(i))
+	}
+	waitFor(t, func() bool { return len(g.written()) >= want.Len() })
+	if got := g.written(); !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("written %q, want the 10 newest %q", got, want.Bytes())
+	}
+	closeAndWait(t, c)
+}
+
+func TestDropOldestNeverDropsMochiFrames(t *testing.T) {
+	c, g := parked(t, Limits{Hard: 50, Policy: DropOldest})
+	if _, err := c.Write([]byte("ack01")); err != nil { // unsheddable
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		c.Enqueue(frameN(i))
+	}
+	g.open()
+	waitFor(t, func() bool { return c.Queued() == 0 && g.calls() == 2 })
+	if got := string(g.written()); got[:10] != "firstack01" {
+		t.Errorf("written %q: the acknowledgement must survive eviction", got)
+	}
+	closeAndWait(t, c)
+}
+
+func TestDropNewest(t *testing.T) {
+	c, g := parked(t, Limits{Hard: 50, Policy: DropNewest})
+	accepted := 0
+	for i := range 30 {
+		if c.Enqueue(frameN(i)) {
+			accepted++
+		}
+	}
+	if accepted != 10 {
+		t.Errorf("accepted %d, want 10", accepted)
+	}
+	g.open()
+	var want bytes.Buffer
+	want.WriteString("first")
+	for i := range 10 {
+		want.Write(frameN(i))
+	}
+	waitFor(t, func() bool { return len(g.written()) >= want.Len() })
+	if got := g.written(); !bytes.Equal(got, want.Bytes()) {
+		t.Errorf("written %q, want the 10 oldest", got)
+	}
+	closeAndWait(t, c)
+}
+
+func TestDisconnectPolicyCutsTheConnection(t *testing.T) {
+	stats := new(Stats)
+	g := newGated()
+	c := New(g, Limits{Hard: 50, Policy: Disconnect}, stats, nil)
+	c.Write([]byte("first"))
+	waitFor(t, func() bool { return c.Queued() == 0 })
+	for i := range 10 {
+		if !c.Enqueue(frameN(i)) {
+			t.Fatalf("frame %d refused below the limit", i)
+		}
+	}
+	if c.Enqueue(frameN(10)) {
+		t.Fatal("frame past the hard limit accepted under disconnect")
+	}
+	select {
+	case <-g.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("underlying connection not closed")
+	}
+	<-c.Done()
+	if _, err := c.Write([]byte("late")); !errors.Is(err, ErrSlowConsumer) {
+		t.Errorf("Write after the cut = %v, want ErrSlowConsumer", err)
+	}
+	if stats.SlowDisconnects.Load() != 1 {
+		t.Errorf("SlowDisconnects = %d", stats.SlowDisconnects.Load())
+	}
+}
+
+func TestMochiFramePastHardLimitCutsTheConnection(t *testing.T) {
+	c, g := parked(t, Limits{Hard: 20, Policy: DropOldest})
+	if _, err := c.Write(make([]byte, 15)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Write(make([]byte, 15)); !errors.Is(err, ErrSlowConsumer) {
+		t.Fatalf("Write past the hard limit = %v, want ErrSlowConsumer", err)
+	}
+	select {
+	case <-g.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("underlying connection not closed")
+	}
+	<-c.Done()
+}
+
+func TestSoftLimitGrace(t *testing.T) {
+	c, g := parked(t, Limits{Soft: 20, Hard: 1000, Grace: 10 * time.Second, Policy: DropNewest})
+	now := time.Unix(1000, 0)
+	c.mu.Lock()
+	c.now = func() time.Time { return now }
+	c.mu.Unlock()
+	for i := range 8 { // 40 bytes: above soft, within grace
+		if !c.Enqueue(frameN(i)) {
+			t.Fatalf("frame %d refused within the grace period", i)
+		}
+	}
+	now = now.Add(11 * time.Second)
+	if c.Enqueue(frameN(8)) {
+		t.Fatal("frame accepted after the queue stayed above the soft limit past its grace")
+	}
+	g.open()
+	waitFor(t, func() bool { return c.Queued() == 0 })
+	if !c.Enqueue(frameN(9)) { // drained below soft: the clock restarts
+		t.Fatal("frame refused after the queue drained")
+	}
+	closeAndWait(t, c)
+}
+
+func TestCloseFlushesQueuedFrames(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
+	c.Write([]byte("CONNACK"))
+	c.Enqueue([]byte("-publish"))
+	c.Write([]byte("-DISCONNECT"))
+	c.Close()
+	got, err := io.ReadAll(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != "CONNACK-publish-DISCONNECT" {
+		t.Fatalf("peer read %q", got)
+	}
+	<-c.Done()
+	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Write after Close = %v, want net.ErrClosed", err)
+	}
+}
+
+func TestParsePolicy(t *testing.T) {
+	for i, name := range Policies {
+		p, err := ParsePolicy(name)
+		if err != nil || p != Policy(i) || p.String() != name {
+			t.Errorf("ParsePolicy(%q) = %v, %v", name, p, err)
+		}
+	}
+	if _, err := ParsePolicy("drop-all"); !errors.Is(err, ErrUnknownPolicy) {
+		t.Errorf("ParsePolicy(drop-all) = %v", err)
+	}
+}
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-accepted
+	if b == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
