@@ -29,7 +29,7 @@ type listener struct {
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
 	queue func(c net.Conn) *connq.Conn
-	mu        struct {
+	mu    struct {
 		sync.Mutex
 		closed bool
 		open   map[net.Conn]struct{} // connections being served, closed on Close
