@@ -439,6 +439,11 @@ func TestScenariosAgainstMochi(t *testing.T) {
 		t.Errorf("fanout: no CPU measured: %+v", r.CPU)
 	}
 
+	r = runArgs(t, "-addr", addr, "-scenario", "fanout", "-subs", "4", "-pubs", "2", "-count", "500", "-qos", "1", "-duration", "20s")
+	if r.PublishedAll != 1000 || r.Published != 1000 || r.Expected != 4000 || r.Delivered != 4000 || r.Gaps != 0 {
+		t.Errorf("fanout -count: published %d/%d expected %d delivered %d gaps %d", r.Published, r.PublishedAll, r.Expected, r.Delivered, r.Gaps)
+	}
+
 	r = runArgs(t, append(short, "-scenario", "fanout", "-subs", "2", "-qos", "2", "-proto", "4")...)
 	if r.Delivered != r.Expected || r.Expected == 0 || r.PubNacks != 0 {
 		t.Errorf("fanout qos 2: expected %d delivered %d nacks %d", r.Expected, r.Delivered, r.PubNacks)

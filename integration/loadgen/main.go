@@ -63,6 +63,7 @@ type config struct {
 	readBuf     int
 	flushBytes  int
 	cpuProfile  string
+	count       int
 	tag         string
 	round       int
 }
@@ -137,7 +138,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Float64Var(&cfg.rate, "rate", 0, "messages/s published in all (0: flood, as fast as the gate allows)")
 	fs.IntVar(&cfg.ahead, "ahead", 100, "a publisher may run at most this many messages ahead of its slowest reading subscriber (or its group); 0: no limit")
 	fs.IntVar(&cfg.inflight, "inflight", 1000, "QoS 1/2: unacknowledged publishes per publisher (capped by the broker's Receive Maximum)")
-	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured window")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured window (with -count: the longest the publishers may take)")
+	fs.IntVar(&cfg.count, "count", 0, "messages per publisher, instead of a timed window (no warm-up: every message counts)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "publishing before the measured window")
 	fs.DurationVar(&cfg.drain, "drain", 5*time.Second, "after publishing stops, longest wait for outstanding deliveries")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Second, "connect/subscribe timeout")
@@ -199,6 +201,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.scenario != "connections" && cfg.scenario != "shared" && cfg.subs < 1 {
 		return cfg, fmt.Errorf("-subs must be at least 1")
+	}
+	if cfg.count < 0 {
+		return cfg, fmt.Errorf("-count must not be negative")
 	}
 	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.drain < 0 {
 		return cfg, fmt.Errorf("-duration must be positive, -warmup and -drain not negative")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
@@ -257,6 +258,9 @@ func (p *publisher) run(t0 time.Time) {
 	flushAt := cfg.flushBytes
 	rate := cfg.rate / float64(len(r.pubs))
 	for !r.stop.Load() {
+		if cfg.count > 0 && p.seq >= uint64(cfg.count) {
+			break
+		}
 		if rate > 0 {
 			due := uint64(rate * time.Since(t0).Seconds())
 			if p.seq >= due {
@@ -693,17 +697,45 @@ func (r *run) execute(ctx context.Context, res *result) {
 	rss := startRSS(cfg.brokerPID, cfg.rssEvery)
 
 	t0 := time.Now()
-	r.winStart = now() + int64(cfg.warmup)
-	r.winEnd = r.winStart + int64(cfg.duration)
+	counted := cfg.count > 0
+	if counted {
+		// Count mode: every message counts; rates run over the whole run.
+		r.winStart, r.winEnd = now(), math.MaxInt64
+	} else {
+		r.winStart = now() + int64(cfg.warmup)
+		r.winEnd = r.winStart + int64(cfg.duration)
+	}
 	for _, p := range r.pubs {
 		go p.run(t0)
 	}
-	time.Sleep(cfg.warmup)
-	c0 := snapCPU(cfg.brokerPID)
-	recv0 := r.received()
-	time.Sleep(cfg.duration)
-	c1 := snapCPU(cfg.brokerPID)
-	recv1 := r.received()
+	var c0, c1 cpuSnap
+	var recv0, recv1 uint64
+	window := cfg.duration.Seconds()
+	if counted {
+		c0 = snapCPU(cfg.brokerPID)
+		allDone := make(chan struct{})
+		go func() {
+			for _, p := range r.pubs {
+				<-p.done
+			}
+			close(allDone)
+		}()
+		cap := time.NewTimer(cfg.duration)
+		select {
+		case <-allDone:
+		case <-cap.C:
+			res.Errors = append(res.Errors, fmt.Sprintf("publishers did not send -count %d messages within -duration %s", cfg.count, cfg.duration))
+		}
+		cap.Stop()
+		window = time.Since(t0).Seconds()
+	} else {
+		time.Sleep(cfg.warmup)
+		c0 = snapCPU(cfg.brokerPID)
+		recv0 = r.received()
+		time.Sleep(cfg.duration)
+		c1 = snapCPU(cfg.brokerPID)
+		recv1 = r.received()
+	}
 	r.stop.Store(true)
 	close(r.stopCh)
 	for _, p := range r.pubs {
@@ -726,11 +758,16 @@ func (r *run) execute(ctx context.Context, res *result) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	if counted {
+		c1 = snapCPU(cfg.brokerPID)
+		recv1 = r.received()
+	}
 	res.RSS = rss.finish(cfg.scenario == "slowsub")
 	r.closeAll()
 
 	// Collect.
-	w := cfg.duration.Seconds()
+	w := window
+	res.Window = round3(w)
 	var h hist
 	for _, p := range r.pubs {
 		if p.err != nil && !isClosedErr(p.err) {
