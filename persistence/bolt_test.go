@@ -583,7 +583,8 @@ func TestTrimKeepsFileBounded(t *testing.T) {
 	if info.StoredMessages != 0 || info.Head != uint64(n) {
 		t.Fatalf("info = %+v", info)
 	}
-	if late > early {
+	// Unbounded, the file would hold n entries of about 120 bytes each.
+	if late > 1<<20 || late > 2*early {
 		t.Fatalf("file grew from %d to %d bytes while everything was acked", early, late)
 	}
 }

@@ -133,7 +133,8 @@ type DeadLetterEntry struct {
 // store, one at a time, in the order the appends were submitted, after the
 // commit that covers them; never inside the call that submitted them, except
 // after Close, when they are called at once with ErrClosed. They should be
-// short; they may call the store (including the blocking methods).
+// short. They may call the store, blocking methods included, except Flush,
+// which waits for the callbacks and would wait for itself.
 type GroupStore interface {
 	// EnsureGroup creates the group if it does not exist, else updates its
 	// config; created reports which.
