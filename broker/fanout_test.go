@@ -1,0 +1,265 @@
+package broker
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+func TestFanoutDeliversEveryQoS0MessageInOrderToV3AndV5(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	addr := b.Addr("tcp")
+	const perKind, msgs = 4, 500
+	var v5s []*mqtttest.V5
+	var v3s []*mqtttest.V3
+	for i := range perKind {
+		s5 := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: fmt.Sprintf("v5-%d", i), CleanStart: true, KeepAlive: 30})
+		s5.Subscribe(t, paho.SubscribeOptions{Topic: "fan/t", QoS: 0})
+		v5s = append(v5s, s5)
+		s3 := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), fmt.Sprintf("v3-%d", i), true, nil)
+		s3.Subscribe(t, "fan/+", 0)
+		v3s = append(v3s, s3)
+	}
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for i := range msgs {
+		pub.Publish(t, &paho.Publish{Topic: "fan/t", QoS: 0, Payload: []byte(strconv.Itoa(i))})
+	}
+	for i := range msgs {
+		for j, s := range v5s {
+			if m := s.Next(t); string(m.Payload) != strconv.Itoa(i) || m.QoS != 0 {
+				t.Fatalf("v5-%d message %d = %q qos %d", j, i, m.Payload, m.QoS)
+			}
+		}
+		for j, s := range v3s {
+			if m := s.Next(t); string(m.Payload()) != strconv.Itoa(i) {
+				t.Fatalf("v3-%d message %d = %q", j, i, m.Payload())
+			}
+		}
+	}
+	// The messages went through the encode-once path: 2 variants per publish.
+	f := b.fanout.Stats
+	if d, e := f.Deliveries.Load(), f.Encodes.Load(); d != 2*perKind*msgs || e != 2*msgs {
+		t.Errorf("fan-out deliveries %d, encodes %d; want %d and %d", d, e, 2*perKind*msgs, 2*msgs)
+	}
+}
+
+func TestFanoutOverlapPropertiesRetainAndNoLocal(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	addr := b.Addr("tcp")
+	sub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "sub", CleanStart: true, KeepAlive: 30})
+	id1, id2 := 1, 2
+	for _, s := range []struct {
+		opts paho.SubscribeOptions
+		id   *int
+	}{
+		{paho.SubscribeOptions{Topic: "o/#", QoS: 0, RetainAsPublished: true}, &id1},
+		{paho.SubscribeOptions{Topic: "o/+", QoS: 0, RetainAsPublished: true}, &id2}, // mochi merges overlapping subscriptions' flags unevenly
+	} {
+		ctx := t.Context()
+		if _, err := sub.Client.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{s.opts}, Properties: &paho.SubscribeProperties{SubscriptionIdentifier: s.id}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v3 := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "v3", true, nil)
+	v3.Subscribe(t, "o/#", 0)
+	// sub publishes too, to a topic it follows with no-local.
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "mine/#", QoS: 0, NoLocal: true})
+
+	expiry := uint32(600)
+	props := &paho.PublishProperties{
+		ContentType: "text/plain", ResponseTopic: "r/1", CorrelationData: []byte{9, 8},
+		MessageExpiry: &expiry, User: paho.UserProperties{{Key: "key", Value: "k1"}, {Key: "key", Value: "k2"}},
+	}
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	pub.Publish(t, &paho.Publish{Topic: "o/x", QoS: 0, Retain: true, Payload: []byte("one"), Properties: props})
+	sub.Publish(t, &paho.Publish{Topic: "mine/x", QoS: 0, Payload: []byte("own")})
+	pub.Publish(t, &paho.Publish{Topic: "mine/x", QoS: 0, Payload: []byte("theirs")})
+	pub.Publish(t, &paho.Publish{Topic: "o/end", QoS: 0, Payload: []byte("sentinel")})
+
+	m := sub.Next(t)
+	if string(m.Payload) != "one" || !m.Retain {
+		t.Fatalf("first message %q retain=%v, want \"one\" with retain kept (retain-as-published)", m.Payload, m.Retain)
+	}
+	p := m.Properties
+	if p.ContentType != "text/plain" || p.ResponseTopic != "r/1" || string(p.CorrelationData) != "\x09\x08" ||
+		fmt.Sprint(p.User) != fmt.Sprint(props.User) || p.MessageExpiry == nil || *p.MessageExpiry == 0 || *p.MessageExpiry > 600 ||
+		p.SubscriptionIdentifier == nil {
+		t.Errorf("properties = %+v (expiry %v, sub id %v)", p, p.MessageExpiry, p.SubscriptionIdentifier)
+	}
+	// Overlapping subscriptions: one copy, then the other messages in order.
+	if m := sub.Next(t); string(m.Payload) != "theirs" {
+		t.Fatalf("second message %q, want \"theirs\" (one copy of \"one\"; own message held back by no-local)", m.Payload)
+	}
+	if m := sub.Next(t); string(m.Payload) != "sentinel" {
+		t.Fatalf("third message %q, want the sentinel", m.Payload)
+	}
+	if m := v3.Next(t); string(m.Payload()) != "one" || m.Retained() {
+		t.Errorf("MQTT 3.1.1 subscriber got %q retained=%v, want \"one\" without the retain flag", m.Payload(), m.Retained())
+	}
+}
+
+// rawSubscribe connects an MQTT 3.1.1 client by hand and subscribes it; the
+// test then decides when (and whether) it reads.
+func rawSubscribe(t *testing.T, addr, clientID, filter string, qos byte) net.Conn {
+	t.Helper()
+	c := rawConnect(t, addr, clientID)
+	body := binary.BigEndian.AppendUint16(nil, 1)
+	body = appendString(body, filter)
+	body = append(body, qos)
+	if _, err := c.Write(append(appendVarint([]byte{0x82}, len(body)), body...)); err != nil {
+		t.Fatal(err)
+	}
+	ack := make([]byte, 5)
+	if _, err := io.ReadFull(c, ack); err != nil || ack[0] != 0x90 || ack[4] != qos {
+		t.Fatalf("SUBACK %x: %v", ack, err)
+	}
+	return c
+}
+
+// readPublish reads one PUBLISH frame (QoS 0) and returns its payload.
+func readPublish(r *bufio.Reader) ([]byte, error) {
+	h, err := r.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	n, mult := 0, 1
+	for {
+		d, err := r.ReadByte()
+		if err != nil {
+			return nil, err
+		}
+		n += int(d&0x7f) * mult
+		mult *= 128
+		if d&0x80 == 0 {
+			break
+		}
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return nil, err
+	}
+	if h>>4 != 3 {
+		return nil, fmt.Errorf("packet type %d, want PUBLISH", h>>4)
+	}
+	tl := int(binary.BigEndian.Uint16(body))
+	return body[2+tl:], nil
+}
+
+func clientView(t *testing.T, b *Broker, id string) ClientView {
+	t.Helper()
+	code, body := httpGet(t, "http://"+b.Addr("http")+"/api/v1/clients/"+id)
+	if code != 200 {
+		t.Fatalf("GET /api/v1/clients/%s = %d %s", id, code, body)
+	}
+	var v ClientView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestSlowReadersFollowTheirPolicyAndHurtNobody(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.MaxPacketSize = 128 << 10
+	small := ByteSize(256 << 10)
+	cfg.ConnQueueOverrides = []ConnQueueOverride{
+		{ClientPrefix: "fast-", ConnQueueSoft: 64 << 20, ConnQueueHard: 64 << 20},
+		{ClientPrefix: "slow-drop-", SlowPolicy: "drop-oldest", ConnQueueSoft: small, ConnQueueHard: small},
+		{ClientPrefix: "slow-cut-", SlowPolicy: "disconnect", ConnQueueSoft: small, ConnQueueHard: small},
+		{ClientPrefix: "slow-q1-", ConnQueueSoft: small, ConnQueueHard: small},
+	}
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+
+	fast := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "fast-1", CleanStart: true, KeepAlive: 30})
+	fast.Subscribe(t, paho.SubscribeOptions{Topic: "big/#", QoS: 0})
+	dropper := rawSubscribe(t, addr, "slow-drop-1", "big/#", 0)
+	cutter := rawSubscribe(t, addr, "slow-cut-1", "big/#", 0)
+	q1 := rawSubscribe(t, addr, "slow-q1-1", "big/#", 1)
+
+	// 400 x 64 KiB = 25 MiB: far more than the stalled readers' socket
+	// buffers and queues hold.
+	const n = 400
+	payload := make([]byte, 64<<10)
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for i := range n {
+		copy(payload, fmt.Sprintf("%06d", i))
+		qos := byte(0)
+		if i%50 == 49 {
+			qos = 1 // the QoS 1 messages must be acknowledged: the publisher is never held up
+		}
+		if rc := pub.Publish(t, &paho.Publish{Topic: "big/data", QoS: qos, Payload: payload}); rc != 0 {
+			t.Fatalf("publish %d: reason %#x", i, rc)
+		}
+	}
+	// A QoS 1 sentinel: its PUBACK means every earlier publish has been fanned out.
+	pub.Publish(t, &paho.Publish{Topic: "big/end", QoS: 1, Payload: []byte("end")})
+
+	// The reading subscriber got everything, in order.
+	for i := range n {
+		if m := fast.Next(t); string(m.Payload[:6]) != fmt.Sprintf("%06d", i) {
+			t.Fatalf("fast subscriber message %d = %q", i, m.Payload[:6])
+		}
+	}
+	if m := fast.Next(t); string(m.Payload) != "end" {
+		t.Fatalf("fast subscriber last message %q", m.Payload)
+	}
+
+	t.Run("disconnect cuts the client", func(t *testing.T) {
+		if !mqtttest.IsClosed(cutter) {
+			t.Fatal("slow-cut-1 still connected")
+		}
+	})
+	t.Run("acks and QoS 1 frames past the hard limit cut the client", func(t *testing.T) {
+		if !mqtttest.IsClosed(q1) {
+			t.Fatal("slow-q1-1 still connected")
+		}
+	})
+	if got := b.connStats.SlowDisconnects.Load(); got != 2 {
+		t.Errorf("slow disconnects = %d, want 2", got)
+	}
+
+	t.Run("drop-oldest keeps the newest and counts the rest", func(t *testing.T) {
+		v := clientView(t, b, "slow-drop-1")
+		if v.DroppedMessages == 0 || v.SlowPolicy != "drop-oldest" || v.QueueHard != int(small) {
+			t.Fatalf("client view %+v: want drops under drop-oldest with a 256KiB hard limit", v)
+		}
+		// Now read: what arrives is in order, ends with the newest message,
+		// and with what was dropped adds up to what was published.
+		r := bufio.NewReader(dropper)
+		_ = dropper.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+		received, last := 0, -1
+		for {
+			p, err := readPublish(r)
+			if err != nil {
+				t.Fatalf("after %d messages: %v", received, err)
+			}
+			if string(p) == "end" {
+				break
+			}
+			seq, _ := strconv.Atoi(string(p[:6]))
+			if seq <= last {
+				t.Fatalf("message %d after %d: out of order", seq, last)
+			}
+			last = seq
+			received++
+		}
+		if last != n-1 {
+			t.Errorf("last message before the sentinel is %d, want the newest, %d", last, n-1)
+		}
+		if uint64(received)+v.DroppedMessages != n {
+			t.Errorf("received %d + dropped %d = %d, want %d published", received, v.DroppedMessages, uint64(received)+v.DroppedMessages, n)
+		}
+		t.Logf("slow reader: received %d, dropped %d (%d bytes)", received, v.DroppedMessages, v.DroppedBytes)
+	})
+}
