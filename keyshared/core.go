@@ -97,7 +97,7 @@ func newCore(cfg Config, log Log, out Deliverer) *core {
 		log:     log,
 		out:     out,
 		logger:  cfg.logger(),
-		w:       newWindow(),
+		w:       newWindow(cfg.Window),
 		members: make(map[string]*member),
 		ring:    buildRing(nil),
 	}

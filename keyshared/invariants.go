@@ -23,7 +23,12 @@ func (c *core) checkInvariants() error {
 	// Keys: log order, one in flight per key (invariant 1), live holders
 	// (invariant 4), nothing forgotten.
 	entries, inflight, stalled, retrying, poisoned, dlq := 0, 0, 0, 0, 0, 0
+	idle := 0
 	for key, ks := range w.keys {
+		if ks.head == nil && ks.list == &w.idle && ks.key == key && !ks.stalled && ks.n == 0 {
+			idle++
+			continue
+		}
 		if ks.key != key || ks.head == nil {
 			bad("key %q: bad queue (key %q, head %v)", key, ks.key, ks.head)
 			continue
@@ -101,6 +106,9 @@ func (c *core) checkInvariants() error {
 		if h.state != entryWaiting && ks.list != nil {
 			bad("key %q: head state %d but on a wait list", key, h.state)
 		}
+	}
+	if idle != w.idle.n || idle > w.idleMax {
+		bad("idle keys: %d in the map, %d listed, at most %d", idle, w.idle.n, w.idleMax)
 	}
 	if entries != w.count || w.byOffset.n != w.count {
 		bad("window count %d, keys hold %d, offset index %d", w.count, entries, w.byOffset.n)

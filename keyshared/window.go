@@ -258,12 +258,23 @@ type window struct {
 	// poisoned counts keys stopped by PoisonBlock.
 	poisoned int
 
+	// idle holds keys whose queue emptied, oldest first, still in keys: a
+	// key that comes back soon (as device ids do) then costs no map insert
+	// and delete, which a map under steady churn pays dearly for. At most
+	// idleMax are kept.
+	idle    keyList
+	idleMax int
+
 	freeEntries *entry
 	freeKeys    *keyState
 }
 
-func newWindow() window {
-	return window{byOffset: offsetIndex{chunks: make(map[uint64]*offsetChunk)}, keys: make(map[string]*keyState)}
+func newWindow(idleKeys int) window {
+	return window{
+		byOffset: offsetIndex{chunks: make(map[uint64]*offsetChunk)},
+		keys:     make(map[string]*keyState),
+		idleMax:  idleKeys,
+	}
 }
 
 // add appends m to the window and its key's queue. It reports whether m is
@@ -278,6 +289,9 @@ func (w *window) add(m *Message) (*entry, bool) {
 	}
 	e.msg = *m
 	ks := w.keys[m.Key]
+	if ks != nil && ks.head == nil {
+		w.idle.remove(ks)
+	}
 	if ks == nil {
 		ks = w.freeKeys
 		if ks != nil {
@@ -322,11 +336,20 @@ func (w *window) removeHead(e *entry) {
 	w.freeEntries = e
 }
 
-// releaseKey forgets ks, whose queue is empty.
+// releaseKey parks ks, whose queue is empty, on the idle list, and forgets
+// the oldest idle key when there are too many.
 func (w *window) releaseKey(ks *keyState) {
-	delete(w.keys, ks.key)
-	*ks = keyState{wnext: w.freeKeys}
-	w.freeKeys = ks
+	if ks.list == &w.idle {
+		return
+	}
+	w.idle.push(ks)
+	if w.idle.n <= w.idleMax {
+		return
+	}
+	old := w.idle.pop()
+	delete(w.keys, old.key)
+	*old = keyState{wnext: w.freeKeys}
+	w.freeKeys = old
 }
 
 // markKey recomputes whether ks counts as stalled (messages, none in flight).
