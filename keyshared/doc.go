@@ -57,6 +57,11 @@
 //     message. The cursor cannot pass it, so the key's later messages stay in
 //     the window and a busy key eventually fills it.
 //   - Offsets the log skips (gaps) are passed once a later message is read.
+//   - Ack, Nack and Reject queue without bound so that they never wait for
+//     the loop; the broker reports only answers to deliveries it made, of
+//     which at most Config.Window are outstanding.
+//   - A Deliverer is called on the loop goroutine and must not block: one
+//     slow Deliver stalls the whole group.
 //   - Router, the non-reliable (QoS 0) variant, keeps no state per message:
 //     what a member refuses is dropped.
 package keyshared

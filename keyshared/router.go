@@ -10,7 +10,8 @@ import (
 // hands it over at once, on the caller's goroutine. There is no window, no
 // ack, no retry and no cursor; a message the member refuses is dropped and
 // counted. Route never blocks and never allocates; membership changes copy
-// the ring (they are rare), so routing needs no lock.
+// the ring (they are rare), so routing needs no lock. Nothing waits for a
+// disconnected member here: remove it when its client goes away.
 type Router struct {
 	out  Deliverer
 	ring atomic.Pointer[ring]
