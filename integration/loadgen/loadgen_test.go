@@ -491,3 +491,21 @@ func TestPingNoBroker(t *testing.T) {
 		t.Errorf("stderr %q", errs.String())
 	}
 }
+
+func TestNullBroker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nb := &nullBroker{topics: map[string][]*nullConn{}}
+	done := make(chan struct{})
+	go func() { nb.serve(ln); close(done) }()
+	t.Cleanup(func() { ln.Close(); <-done })
+	for _, proto := range []string{"4", "5"} {
+		r := runArgs(t, "-addr", ln.Addr().String(), "-proto", proto, "-scenario", "fanout", "-subs", "5", "-topics", "2",
+			"-warmup", "100ms", "-duration", "300ms", "-drain", "3s")
+		if r.Expected == 0 || r.Delivered != r.Expected || r.Gaps != 0 || r.Reorders != 0 {
+			t.Errorf("proto %s: expected %d delivered %d gaps %d reorders %d", proto, r.Expected, r.Delivered, r.Gaps, r.Reorders)
+		}
+	}
+}

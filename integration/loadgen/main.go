@@ -8,6 +8,7 @@
 //	loadgen -scenario connections -conns 10000 -broker-pid 1234
 //	loadgen ping -addr 127.0.0.1:1883 -timeout 10s   (wait until a broker answers CONNECT)
 //	loadgen freeport                                 (print a free loopback TCP port)
+//	loadgen nullbroker -addr 127.0.0.1:1884          (calibration target: QoS 0 exact-topic forwarding, no MQTT semantics)
 //
 // Publishers, subscribers and consumers speak hand-encoded MQTT over one
 // bufio reader and one write buffer per connection; publishers stamp the
@@ -77,6 +78,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		switch args[0] {
 		case "ping":
 			return cmdPing(args[1:], stdout, stderr)
+		case "nullbroker":
+			return cmdNullBroker(args[1:], stdout, stderr)
 		case "freeport":
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

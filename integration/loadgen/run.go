@@ -607,7 +607,7 @@ func (s *subscriber) endBatch() {
 			p := r.pubs[i]
 			v := p.consumed.Add(c)
 			if w := p.wakeAt.Load(); w != 0 && v >= w && p.wakeAt.CompareAndSwap(w, 0) {
-				signal(p.wake)
+				notify(p.wake)
 			}
 		}
 		return
@@ -617,12 +617,12 @@ func (s *subscriber) endBatch() {
 			s.last[i].Store(v)
 		}
 		if w := s.wakeAt[i].Load(); w != 0 && v >= w && s.wakeAt[i].CompareAndSwap(w, 0) {
-			signal(r.pubs[i].wake)
+			notify(r.pubs[i].wake)
 		}
 	}
 }
 
-func signal(c chan struct{}) {
+func notify(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
 	default:

@@ -669,6 +669,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	}
 	p("\nHighest median loadgen share: %.0f%% of the machine (%s).\n\n", maxShare*100, maxCase)
 	writeCPUFindings(w, t)
+	writeCalibration(w, t)
 
 	// -------- method and commands
 	p("## Method\n\n")
@@ -781,6 +782,43 @@ func writeCPUFindings(w *strings.Builder, t *table) {
 	p("each side), which shows in `µs/msg`.\n\n")
 }
 
+func writeCalibration(w *strings.Builder, t *table) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	var rows []string
+	for _, cs := range t.cases {
+		c := t.get(cs, "nullbroker")
+		if len(c.ok()) == 0 {
+			continue
+		}
+		d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
+		best, bestB := 0.0, ""
+		for _, b := range t.brokers {
+			if v := t.get(cs, b).median(func(r *rec) float64 { return r.DeliveredPerS }); !math.IsNaN(v) && v > best {
+				best, bestB = v, b
+			}
+		}
+		rows = append(rows, fmt.Sprintf("| %s | %s | %s | %s | %s | %s (%s) | %s |", cs, num(d),
+			f2(c.median(func(r *rec) float64 { return r.CPU.Loadgen })),
+			f2(c.median(func(r *rec) float64 { return r.CPU.LoadgenUsPerMsg })),
+			f2(c.median(func(r *rec) float64 { return r.CPU.Other })),
+			num(best), bestB, ratio(d, best)))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("### The load generator's ceiling\n\n")
+	p("The QoS 0 fan-out cases also ran against `loadgen nullbroker`, a calibration target inside the load generator:\n")
+	p("it accepts CONNECT/SUBSCRIBE and forwards each publisher's read batch to every subscriber of the exact topic by\n")
+	p("reference with one writev per wakeup, and does nothing else an MQTT broker must do. What the load generator\n")
+	p("reaches against it is a lower bound on its own capacity here, to set beside the brokers' figures.\n\n")
+	p("| case | delivered msg/s (nullbroker) | loadgen cores | loadgen µs/msg | other cores | best broker | headroom |\n")
+	p("|---|---|---|---|---|---|---|\n")
+	for _, r := range rows {
+		p("%s\n", r)
+	}
+	p("\n")
+}
+
 // ---------------------------------------------------------------- charts
 
 var brokerColor = map[string]color.Color{
@@ -825,6 +863,7 @@ func chartFanout(t *table, path string) (bool, error) {
 	p.Legend.Top = true
 	p.Legend.Left = true
 	any := false
+	minY := math.Inf(1)
 	for _, b := range t.brokers {
 		var xys plotter.XYs
 		for _, cs := range t.cases {
@@ -838,6 +877,9 @@ func chartFanout(t *table, path string) (bool, error) {
 			continue
 		}
 		sort.Slice(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
+		for _, xy := range xys {
+			minY = math.Min(minY, xy.Y)
+		}
 		l, pts, err := plotter.NewLinePoints(xys)
 		if err != nil {
 			return false, err
@@ -851,7 +893,34 @@ func chartFanout(t *table, path string) (bool, error) {
 	if !any {
 		return false, nil
 	}
+	var ceil plotter.XYs
+	for _, cs := range t.cases {
+		c := t.get(cs, "nullbroker").ok()
+		if len(c) == 0 || c[0].Scenario != "fanout" || c[0].QoS != 0 {
+			continue
+		}
+		ceil = append(ceil, plotter.XY{X: float64(c[0].Subs), Y: c.median(func(r *rec) float64 { return r.DeliveredPerS })})
+	}
+	if len(ceil) >= 2 {
+		sort.Slice(ceil, func(i, j int) bool { return ceil[i].X < ceil[j].X })
+		p.Title.Text += "\n(dashed: the load generator against its null broker, for scale)"
+		l, pts, err := plotter.NewLinePoints(ceil)
+		if err != nil {
+			return false, err
+		}
+		l.Color, pts.Color = color.Gray{Y: 0x80}, color.Gray{Y: 0x80}
+		l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+		p.Add(l, pts)
+		p.Legend.Add("loadgen ceiling (nullbroker)", l, pts)
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Min = minY / 2
+		p.Y.Label.Text = "delivered msg/s (log scale)"
+	}
 	p.Y.Max *= 1.25 // room for the legend
+	if _, ok := p.Y.Scale.(plot.LogScale); ok {
+		p.Y.Max *= 3
+	}
 	p.Add(plotter.NewGrid())
 	return true, p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
