@@ -112,17 +112,20 @@ func (db *DB) Close() error {
 
 // Check runs bbolt's consistency check over the whole file (every page
 // reachable once, freelist consistent, keys ordered) and returns ErrCorrupt
-// listing what it found, or nil. It reads the whole file: for tests, tools and
-// an operator's request, not for every open.
+// listing what it found, or nil. It reads the whole file and holds off every
+// writer meanwhile: for tests, tools and an operator's request, not for every open.
 func (db *DB) Check() error {
+	// In a write transaction (rolled back): bbolt's check reads the freelist,
+	// which a concurrent writer would change under it.
 	var problems []string
-	err := db.bolt.View(func(tx *bolt.Tx) error {
+	errRollback := errors.New("rollback")
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
 		for err := range tx.Check() {
 			problems = append(problems, err.Error())
 		}
-		return nil
+		return errRollback
 	})
-	if err != nil {
+	if err != nil && err != errRollback {
 		return fmt.Errorf("persistence: check %s: %w", db.path, err)
 	}
 	if len(problems) > 0 {
