@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -586,5 +587,77 @@ func TestTrimKeepsFileBounded(t *testing.T) {
 	// Unbounded, the file would hold n entries of about 120 bytes each.
 	if late > 1<<20 || late > 2*early {
 		t.Fatalf("file grew from %d to %d bytes while everything was acked", early, late)
+	}
+}
+
+// An operation that fails in the middle of a transaction fails alone: the
+// rest of its batch is committed in a new transaction.
+func TestBatchAbortRetriesOthers(t *testing.T) {
+	db := openTestDB(t, t.TempDir(), Options{NoSync: true})
+	s := db.Groups()
+	const g = "abort/#"
+	ensure(t, s, g, GroupConfig{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	blockerDone := make(chan error, 1)
+	go func() {
+		blockerDone <- s.do(func(*batch) error { close(entered); <-release; return nil })
+	}()
+	<-entered // the committer is inside a transaction; what follows forms the next batch
+	type result struct {
+		off uint64
+		err error
+	}
+	results := make(chan result, 2)
+	cb := func(off uint64, err error) { results <- result{off, err} }
+	s.AppendAsync(g, msg("t", "before"), cb)
+	boom := errors.New("boom")
+	var ( // a blocking op that aborts its transaction after writing
+		abortErr  error
+		abortDone = make(chan struct{})
+	)
+	go func() {
+		defer close(abortDone)
+		abortErr = s.do(func(b *batch) error {
+			st, err := b.group(g)
+			if err != nil {
+				return err
+			}
+			if err := st.log.Put(be64(999), []byte("junk")); err != nil {
+				return fatal(err)
+			}
+			return fatal(boom)
+		})
+	}()
+	// Wait until the aborting op is queued behind the first append.
+	for {
+		s.q.mu.Lock()
+		n := len(s.q.mu.ops)
+		s.q.mu.Unlock()
+		if n == 2 {
+			break
+		}
+		runtime.Gosched()
+	}
+	s.AppendAsync(g, msg("t", "after"), cb)
+	close(release)
+	if err := <-blockerDone; err != nil {
+		t.Fatal(err)
+	}
+	<-abortDone
+	if !errors.Is(abortErr, boom) {
+		t.Fatalf("aborting op = %v, want boom", abortErr)
+	}
+	for range 2 {
+		if r := <-results; r.err != nil {
+			t.Fatalf("append in the aborted batch: %v", r.err)
+		}
+	}
+	l, _ := s.Log(g)
+	all := readAll(t, l, 0)
+	if len(all) != 2 || string(all[0].Payload) != "before" || string(all[1].Payload) != "after" {
+		t.Fatalf("log = %v (the aborted op's write must be gone)", all)
+	}
+	if st := s.Stats(); st.Errors != 0 {
+		t.Fatalf("stats = %+v", st)
 	}
 }

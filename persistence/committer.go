@@ -265,6 +265,9 @@ func (s *Groups) commit(ops []*op) bool {
 		if b.culprit >= 0 && len(ops) > 1 {
 			o := ops[b.culprit]
 			o.err, o.skip = fmt.Errorf("persistence: write: %w", err), true
+			for i := range o.res {
+				o.res[i].Offset, o.res[i].Err = 0, o.err
+			}
 			s.log.Error("operation aborted its transaction; retrying the rest of the batch", "err", err)
 			continue
 		}
