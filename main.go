@@ -85,7 +85,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	g := func(title string) flagGroup {
 		return flagGroup{title, pflag.NewFlagSet(title, pflag.ContinueOnError)}
 	}
-	listen, store, mqttLimits, fanout, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Fan-out (every connection's outbound queue)"), g("Logs"), g("Key-Shared (reserved: accepted and validated, not yet applied)"), g("General")
+	listen, store, mqttLimits, fanout, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Fan-out (every connection's outbound queue)"), g("Logs"), g("Key-Shared groups ($share/<group>/<filter>)"), g("General")
 
 	f := listen.fs
 	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
@@ -93,7 +93,8 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.TLS, "tls", cfg.TLS, "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
 	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls")
 	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls")
-	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz (empty disables)")
+	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz and the admin API (empty disables)")
+	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none)")
 
 	f = store.fs
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
@@ -120,8 +121,15 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f = keyshared.fs
 	f.StringVar(&cfg.KeyProperty, "key-property", cfg.KeyProperty, "MQTT 5 user property holding a message's routing key (else the topic)")
 	f.DurationVar(&cfg.AckTimeout, "ack-timeout", cfg.AckTimeout, "time a member has to acknowledge a message before it is retried")
-	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", cfg.MaxDeliveries, "deliveries of one message before the poison policy applies")
-	f.StringVar(&cfg.PoisonPolicy, "poison-policy", cfg.PoisonPolicy, "dead-letter, drop or block")
+	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", cfg.MaxDeliveries, "failed deliveries (nacks, timeouts, lost members) before the poison policy applies")
+	f.StringVar(&cfg.PoisonPolicy, "poison-policy", cfg.PoisonPolicy, "for a message past --max-deliveries: dead-letter, drop or block (only its key stops)")
+	f.DurationSliceVar(&cfg.RetryBackoff, "retry-backoff", cfg.RetryBackoff, "delay before a retry, doubling per attempt: base[,max]")
+	f.IntVar(&cfg.MemberMaxInflight, "member-max-inflight", cfg.MemberMaxInflight, "messages in flight per member (lowered to its Receive Maximum)")
+	f.IntVar(&cfg.Window, "window", cfg.Window, "messages in flight plus blocked per group; when full the group stops reading its log")
+	f.Uint64Var(&cfg.BacklogMaxMessages, "backlog-max-messages", cfg.BacklogMaxMessages, "unresolved messages a group keeps (0: no limit)")
+	f.Var(&cfg.BacklogMaxBytes, "backlog-max-bytes", "unresolved bytes a group keeps (0: no limit)")
+	f.StringVar(&cfg.BacklogPolicy, "backlog-policy", cfg.BacklogPolicy, "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
+	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group and its backlog after this long without members (0: never)")
 
 	f = general.fs
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")

@@ -66,7 +66,7 @@ func TestHelpGroupsEveryFlag(t *testing.T) {
 	}
 	out := stdout.String()
 	for _, want := range []string{
-		"Listeners:", "Storage:", "Logs:", "Key-Shared (reserved",
+		"Listeners:", "Storage:", "Logs:", "Key-Shared groups",
 		"--tcp string", `(default ":1883")`, "--ws string", "--tls string", "--tls-cert", "--tls-key",
 		"--http string", `(default "127.0.0.1:9883")`, "--data-dir string", `(default "./data")`,
 		"--config", "--log-level", "--log-format", "--key-property", "--ack-timeout", "--max-deliveries", "--poison-policy", "--fsync",

@@ -27,6 +27,7 @@ import (
 
 	"github.com/keyline-mq/keyline/broker/connq"
 	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -49,6 +50,8 @@ type Broker struct {
 
 	connStats *connq.Stats // totals of every connection's outbound queue
 	fanout    *hooks.Fanout
+	keyShared *hooks.KeyShared
+	stop      chan struct{} // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -69,7 +72,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	b := &Broker{cfg: cfg, log: logger, stopped: make(chan struct{})}
+	b := &Broker{cfg: cfg, log: logger, stopped: make(chan struct{}), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			b.closeResources()
@@ -155,6 +158,10 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
+	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
+	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
+	// is not a valid PUBACK reason: acks carry no properties and mean success.
+	c.Compatibilities.NoInheritedPropertiesOnAck = true
 	return c
 }
 
@@ -181,7 +188,21 @@ func (b *Broker) addHooks() error {
 				"listeners", strings.Join(exposed, ", "))
 		}
 	}
-	if err := b.server.AddHook(hooks.NewStorage(b.sessions), nil); err != nil {
+	b.keyShared = hooks.NewKeyShared(b.server, b.db.Groups(), hooks.KeySharedConfig{
+		KeyProperty: b.cfg.KeyProperty,
+		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
+			d, g, _ := b.cfg.groupSettings(name) // validated
+			d.Logger = b.log.With("group", name)
+			return d, g
+		},
+		CanRead: canRead,
+	})
+	if err := b.server.AddHook(b.keyShared, nil); err != nil {
+		return fmt.Errorf("broker: key-shared hook: %w", err)
+	}
+	storage := hooks.NewStorage(b.sessions)
+	storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	if err := b.server.AddHook(storage, nil); err != nil {
 		return fmt.Errorf("broker: storage hook: %w", err)
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
@@ -229,6 +250,13 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
+		if ttl := b.cfg.GroupIdleTTL; ttl > 0 {
+			b.bg.Add(1)
+			go func() {
+				defer b.bg.Done()
+				b.sweepIdleGroups(ttl)
+			}()
+		}
 		b.ready.Store(true)
 		attrs := []any{"data_dir", b.cfg.DataDir, "fsync", b.cfg.Fsync}
 		for _, ln := range b.mqttLns {
@@ -261,6 +289,7 @@ func (b *Broker) Run(ctx context.Context) error {
 func (b *Broker) Shutdown(ctx context.Context) error {
 	b.stopOnce.Do(func() {
 		b.ready.Store(false)
+		close(b.stop)
 		go func() {
 			defer close(b.stopped)
 			b.stopErr = b.shutdown()
@@ -286,6 +315,28 @@ func (b *Broker) shutdown() error {
 	b.bg.Wait()
 	b.log.Info("keyline stopped")
 	return err
+}
+
+// sweepIdleGroups deletes groups without members for ttl until Shutdown.
+func (b *Broker) sweepIdleGroups(ttl time.Duration) {
+	t := time.NewTicker(sweepInterval(ttl))
+	defer t.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case now := <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			swept, err := b.keyShared.SweepIdle(ctx, now, ttl)
+			cancel()
+			if err != nil {
+				b.log.Warn("sweeping idle groups", "error", err)
+			}
+			for _, name := range swept {
+				b.log.Info("deleted idle group", "group", name, "idle_ttl", ttl)
+			}
+		}
+	}
 }
 
 // closeResources closes what New opened, in reverse order.

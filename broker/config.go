@@ -56,15 +56,39 @@ type Config struct {
 	ConnQueueGrace     time.Duration       `yaml:"conn-queue-grace"`     // how long a queue may stay above the soft limit
 	ConnQueueOverrides []ConnQueueOverride `yaml:"conn-queue-overrides"` // per listener / client-id prefix; config file only
 
-	// Key-Shared dispatch (reserved: accepted and validated; dispatch itself is not wired yet).
-	KeyProperty   string        `yaml:"key-property"`
-	AckTimeout    time.Duration `yaml:"ack-timeout"`
-	MaxDeliveries int           `yaml:"max-deliveries"`
-	PoisonPolicy  string        `yaml:"poison-policy"`
+	// Key-Shared dispatch of $share/<group>/<filter> subscriptions.
+	KeyProperty    string           `yaml:"key-property"` // MQTT 5 user property holding the routing key
+	GroupSettings  `yaml:",inline"` // defaults for every group
+	GroupIdleTTL   time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
+	GroupOverrides []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
+	HTTPToken      string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
 	Auth *auth.Ledger `yaml:"auth"`
+}
+
+// GroupSettings tune Key-Shared dispatch and storage of a group.
+type GroupSettings struct {
+	AckTimeout         time.Duration   `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
+	MaxDeliveries      int             `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
+	PoisonPolicy       string          `yaml:"poison-policy"`        // dead-letter, drop or block
+	RetryBackoff       []time.Duration `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
+	MemberMaxInflight  int             `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
+	Window             int             `yaml:"window"`               // messages in flight plus blocked per group
+	BacklogMaxMessages uint64          `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
+	BacklogMaxBytes    ByteSize        `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
+	BacklogPolicy      string          `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
+}
+
+// GroupOverride changes the settings of the groups it names: Group is a full
+// group name "<share>/<filter>" (e.g. "workers/orders/#"), Share a share
+// name (every group of it). The first match applies; unset (zero) fields keep
+// the global values.
+type GroupOverride struct {
+	Group         string `yaml:"group"`
+	Share         string `yaml:"share"`
+	GroupSettings `yaml:",inline"`
 }
 
 // ConnQueueOverride changes the queue settings of the connections it
@@ -99,17 +123,24 @@ func DefaultConfig() Config {
 		ConnQueueHard:    8 << 20,
 		ConnQueueGrace:   10 * time.Second,
 		KeyProperty:      "key",
-		AckTimeout:       30 * time.Second,
-		MaxDeliveries:    5,
-		PoisonPolicy:     "dead-letter",
+		GroupSettings: GroupSettings{
+			AckTimeout:        30 * time.Second,
+			MaxDeliveries:     5,
+			PoisonPolicy:      "dead-letter",
+			RetryBackoff:      []time.Duration{time.Second, time.Minute},
+			MemberMaxInflight: 1000,
+			Window:            10000,
+			BacklogPolicy:     "reject",
+		},
 	}
 }
 
 // LogLevels and LogFormats are the accepted values of log-level and log-format.
 var (
-	LogLevels     = []string{"debug", "info", "warn", "error"}
-	LogFormats    = []string{"text", "json"}
-	PoisonPolices = []string{"dead-letter", "drop", "block"}
+	LogLevels      = []string{"debug", "info", "warn", "error"}
+	LogFormats     = []string{"text", "json"}
+	PoisonPolices  = []string{"dead-letter", "drop", "block"}
+	BacklogPolices = []string{"reject", "drop-oldest"}
 )
 
 func oneOf(name, v string, allowed []string) error {
@@ -170,10 +201,23 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
 	case c.KeyProperty == "":
 		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
-	case c.AckTimeout <= 0:
-		return fmt.Errorf("%w: ack-timeout must be positive", ErrInvalidConfig)
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("%w: max-deliveries must be at least 1", ErrInvalidConfig)
+	case c.GroupIdleTTL < 0:
+		return fmt.Errorf("%w: group-idle-ttl must not be negative", ErrInvalidConfig)
+	}
+	if _, _, err := c.groupSettings(""); err != nil {
+		return err
+	}
+	for i, o := range c.GroupOverrides {
+		if (o.Group == "") == (o.Share == "") {
+			return fmt.Errorf("%w: group-overrides[%d]: set exactly one of group and share", ErrInvalidConfig, i)
+		}
+		name := o.Group
+		if name == "" {
+			name = o.Share + "/#"
+		}
+		if _, _, err := c.groupSettings(name); err != nil {
+			return fmt.Errorf("group-overrides[%d]: %w", i, err)
+		}
 	}
 	if _, err := c.connLimits("", ""); err != nil {
 		return err
@@ -192,7 +236,7 @@ func (c *Config) Validate() error {
 	if err := oneOf("log-format", c.LogFormat, LogFormats); err != nil {
 		return err
 	}
-	return oneOf("poison-policy", c.PoisonPolicy, PoisonPolices)
+	return nil
 }
 
 // connLimits resolves the queue limits of a connection on listener whose

@@ -47,7 +47,7 @@ func TestFanoutDeliversEveryQoS0MessageInOrderToV3AndV5(t *testing.T) {
 		}
 	}
 	// The messages went through the encode-once path: 2 variants per publish.
-	f := b.fanout.Stats
+	f := &b.fanout.Stats
 	if d, e := f.Deliveries.Load(), f.Encodes.Load(); d != 2*perKind*msgs || e != 2*msgs {
 		t.Errorf("fan-out deliveries %d, encodes %d; want %d and %d", d, e, 2*perKind*msgs, 2*msgs)
 	}

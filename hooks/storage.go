@@ -25,6 +25,9 @@ import (
 type Storage struct {
 	mqtt.HookBase
 	store *persistence.SessionStore
+	// SkipInflight, when set, names inflight messages not to store (Key-Shared
+	// deliveries, whose durable copy is their group log).
+	SkipInflight func(client string, packetID uint16) bool
 }
 
 // NewStorage returns a storage hook writing to store.
@@ -243,7 +246,8 @@ func (h *Storage) OnRetainedExpired(topic string) {
 func (h *Storage) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, _ int) {
 	// mochi records its own PUBACK to a QoS 1 publisher and completes it at
 	// once; nothing about it needs to survive a restart.
-	if !persistent(cl) || pk.FixedHeader.Type == packets.Puback {
+	if !persistent(cl) || pk.FixedHeader.Type == packets.Puback ||
+		(h.SkipInflight != nil && h.SkipInflight(cl.ID, pk.PacketID)) {
 		return
 	}
 	m := storedMessage(pk)

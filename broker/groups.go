@@ -1,0 +1,106 @@
+package broker
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// merge returns s with o's set (non-zero) fields over it.
+func (s GroupSettings) merge(o GroupSettings) GroupSettings {
+	if o.AckTimeout != 0 {
+		s.AckTimeout = o.AckTimeout
+	}
+	if o.MaxDeliveries != 0 {
+		s.MaxDeliveries = o.MaxDeliveries
+	}
+	if o.PoisonPolicy != "" {
+		s.PoisonPolicy = o.PoisonPolicy
+	}
+	if len(o.RetryBackoff) > 0 {
+		s.RetryBackoff = o.RetryBackoff
+	}
+	if o.MemberMaxInflight != 0 {
+		s.MemberMaxInflight = o.MemberMaxInflight
+	}
+	if o.Window != 0 {
+		s.Window = o.Window
+	}
+	if o.BacklogMaxMessages != 0 {
+		s.BacklogMaxMessages = o.BacklogMaxMessages
+	}
+	if o.BacklogMaxBytes != 0 {
+		s.BacklogMaxBytes = o.BacklogMaxBytes
+	}
+	if o.BacklogPolicy != "" {
+		s.BacklogPolicy = o.BacklogPolicy
+	}
+	return s
+}
+
+// settingsFor returns the settings of group name ("<share>/<filter>"): the
+// global ones with the first matching override over them.
+func (c *Config) settingsFor(name string) GroupSettings {
+	share, _, _ := strings.Cut(name, "/")
+	for _, o := range c.GroupOverrides {
+		if (o.Group != "" && o.Group == name) || (o.Share != "" && o.Share == share) {
+			return c.GroupSettings.merge(o.GroupSettings)
+		}
+	}
+	return c.GroupSettings
+}
+
+// groupSettings resolves group name's dispatcher and storage settings.
+func (c *Config) groupSettings(name string) (keyshared.Config, persistence.GroupConfig, error) {
+	s := c.settingsFor(name)
+	bad := func(format string, a ...any) (keyshared.Config, persistence.GroupConfig, error) {
+		return keyshared.Config{}, persistence.GroupConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	policy, err := keyshared.ParsePoisonPolicy(s.PoisonPolicy)
+	if err != nil {
+		return bad("poison-policy %q is not one of %s", s.PoisonPolicy, strings.Join(PoisonPolices, ", "))
+	}
+	switch {
+	case s.AckTimeout <= 0:
+		return bad("ack-timeout must be positive")
+	case s.MaxDeliveries < 1:
+		return bad("max-deliveries must be at least 1")
+	case len(s.RetryBackoff) == 0 || len(s.RetryBackoff) > 2 || s.RetryBackoff[0] <= 0:
+		return bad("retry-backoff must be a positive base delay, optionally followed by a maximum (e.g. 1s,1m)")
+	case len(s.RetryBackoff) == 2 && s.RetryBackoff[1] < s.RetryBackoff[0]:
+		return bad("retry-backoff maximum %v is below its base %v", s.RetryBackoff[1], s.RetryBackoff[0])
+	case s.MemberMaxInflight < 1 || s.MemberMaxInflight > 65535:
+		return bad("member-max-inflight must be between 1 and 65535")
+	case s.Window < 1:
+		return bad("window must be at least 1")
+	case s.BacklogMaxBytes < 0:
+		return bad("backlog-max-bytes must not be negative")
+	}
+	if err := oneOf("backlog-policy", s.BacklogPolicy, BacklogPolices); err != nil {
+		return keyshared.Config{}, persistence.GroupConfig{}, err
+	}
+	d := keyshared.DefaultConfig()
+	d.Group = name
+	d.AckTimeout, d.MaxDeliveries, d.Poison = s.AckTimeout, s.MaxDeliveries, policy
+	d.RetryBackoffBase, d.RetryBackoffMax = s.RetryBackoff[0], s.RetryBackoff[0]
+	if len(s.RetryBackoff) == 2 {
+		d.RetryBackoffMax = s.RetryBackoff[1]
+	}
+	d.MemberMaxInflight, d.Window = s.MemberMaxInflight, s.Window
+	if err := d.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	g := persistence.GroupConfig{MaxMessages: s.BacklogMaxMessages, MaxBytes: uint64(s.BacklogMaxBytes), Policy: persistence.BacklogPolicy(s.BacklogPolicy)}
+	if err := g.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	return d, g, nil
+}
+
+// sweepInterval is how often idle groups are looked for.
+func sweepInterval(ttl time.Duration) time.Duration {
+	return min(max(ttl/4, time.Second), time.Minute)
+}

@@ -1,0 +1,87 @@
+package broker
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+// TestKeySharedKeepsKeyOrderAcrossMembers sends keyed QoS 1 messages to a
+// group of MQTT 5 members: every message arrives once, each key on one
+// member, in publish order, and the keys spread over all members.
+func TestKeySharedKeepsKeyOrderAcrossMembers(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	addr := b.Addr("tcp")
+	const members, keys, perKey = 4, 200, 20
+	type rec struct {
+		member string
+		key    string
+		seq    int
+	}
+	var mu sync.Mutex
+	var got []rec
+	done := make(chan struct{})
+	total := keys * perKey
+	for i := range members {
+		id := fmt.Sprintf("worker-%d", i)
+		c := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30})
+		c.Client.AddOnPublishReceived(func(r paho.PublishReceived) (bool, error) {
+			key, seq, _ := strings.Cut(string(r.Packet.Payload), ":")
+			n, _ := strconv.Atoi(seq)
+			mu.Lock()
+			got = append(got, rec{id, key, n})
+			if len(got) == total {
+				close(done)
+			}
+			mu.Unlock()
+			return true, nil
+		})
+		if rc := c.Subscribe(t, paho.SubscribeOptions{Topic: "$share/workers/orders/#", QoS: 1}); rc[0] != 1 {
+			t.Fatalf("SUBACK %#x", rc[0])
+		}
+	}
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for s := range perKey {
+		for k := range keys {
+			key := fmt.Sprintf("k%03d", k)
+			rc := pub.Publish(t, &paho.Publish{Topic: "orders/new", QoS: 1, Payload: fmt.Appendf(nil, "%s:%d", key, s),
+				Properties: &paho.PublishProperties{User: paho.UserProperties{{Key: "key", Value: key}}}})
+			if rc != 0 {
+				t.Fatalf("publish reason %#x", rc)
+			}
+		}
+	}
+	select {
+	case <-done:
+	case <-t.Context().Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != total {
+		t.Fatalf("received %d of %d", len(got), total)
+	}
+	owner := map[string]string{}
+	next := map[string]int{}
+	perMember := map[string]int{}
+	for _, r := range got {
+		if o, ok := owner[r.key]; ok && o != r.member {
+			t.Fatalf("key %s went to %s and %s", r.key, o, r.member)
+		}
+		owner[r.key] = r.member
+		if r.seq != next[r.key] {
+			t.Fatalf("key %s: got seq %d, want %d", r.key, r.seq, next[r.key])
+		}
+		next[r.key]++
+		perMember[r.member]++
+	}
+	if len(perMember) != members {
+		t.Errorf("keys spread over %d members, want %d: %v", len(perMember), members, perMember)
+	}
+	t.Logf("messages per member: %v", perMember)
+}
