@@ -214,14 +214,25 @@ func (c cell) ok() cell {
 	return o
 }
 
+// safe evaluates f on r, NaN where a field is missing (a nil section).
+func safe(f func(*rec) float64, r *rec) (v float64) {
+	defer func() {
+		if recover() != nil {
+			v = math.NaN()
+		}
+	}()
+	return f(r)
+}
+
 func (c cell) median(f func(*rec) float64) float64 {
-	ok := c.ok()
-	if len(ok) == 0 {
-		return math.NaN()
+	var v []float64
+	for _, r := range c.ok() {
+		if x := safe(f, r); !math.IsNaN(x) {
+			v = append(v, x)
+		}
 	}
-	v := make([]float64, len(ok))
-	for i, r := range ok {
-		v[i] = f(r)
+	if len(v) == 0 {
+		return math.NaN()
 	}
 	sort.Float64s(v)
 	if len(v)%2 == 1 {
@@ -237,14 +248,19 @@ func (c cell) all(f func(*rec) float64, format func(float64) string) string {
 			s = append(s, "fail")
 			continue
 		}
-		s = append(s, format(f(r)))
+		s = append(s, format(safe(f, r)))
 	}
 	return strings.Join(s, ", ")
 }
 
 // medianRec returns the run whose f is the median (for series charts).
 func (c cell) medianRec(f func(*rec) float64) *rec {
-	ok := append(cell{}, c.ok()...)
+	var ok cell
+	for _, r := range c.ok() {
+		if !math.IsNaN(safe(f, r)) {
+			ok = append(ok, r)
+		}
+	}
 	if len(ok) == 0 {
 		return nil
 	}
@@ -463,6 +479,17 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("(`%s`, one loadgen JSON line per run). Every number below is a median over the rounds\n", t.resultsRel)
 	p("of a field of those lines; the command for each case is listed under [Commands](#commands).\n\n")
 
+	p("## How to run\n\n```\n")
+	p("integration/bench/run             # full: %s rounds, under 15 min; rewrites BENCHMARKS.md, integration/bench/charts/\n", "3")
+	p("                                  # and integration/bench/results.jsonl\n")
+	p("integration/bench/run --quick     # smoke test under 2 min, output in a temp dir; exits non-zero if a broker\n")
+	p("                                  # does not start or a run fails\n")
+	p("integration/bench/run --brokers \"keyline mosquitto\" --cases \"shared-prop shared-topic\" --rounds 5\n")
+	p("KEYLINE_BIN=/path/to/keyline integration/bench/run     # benchmark a prebuilt binary\n")
+	p("go run ./integration/loadgen -addr 127.0.0.1:1883 -scenario shared -consumers 8 -keys 64   # one run, any broker\n")
+	p("```\n\n")
+	p("It needs Linux (`/proc`), Go, and mosquitto (`apt-get install mosquitto` is run if it is missing). All traffic\n")
+	p("stays on 127.0.0.1. `loadgen -h` lists every knob; each run prints one JSON line.\n\n")
 	p("## Machine\n\n")
 	p("| | |\n|---|---|\n")
 	for _, k := range [][2]string{{"date", "date"}, {"cpu", "CPU"}, {"nproc", "cores (nproc)"}, {"memory", "memory"}, {"kernel", "kernel"},
@@ -585,8 +612,10 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 
 	p("## Slow subscriber\n\n")
 	p("One subscriber stops reading its socket (its receive buffer is 4 KiB, so the backlog sits in the broker); the\n")
-	p("others read normally while a publisher paces at a fixed rate. A broker that isolates the slow reader keeps the\n")
-	p("publisher at its rate and the others' latency low, with bounded memory.\n\n")
+	p("others read normally while a publisher paces at the target rate, held as everywhere within `ahead` messages of\n")
+	p("the slowest *reading* subscriber. A broker that isolates the slow reader keeps the publisher at the target, the\n")
+	p("readers' latency low and its own memory bounded; `published < target` means the broker could not deliver the\n")
+	p("target rate to the readers while one reader was stalled (or, with high `other cores`, lacked CPU).\n\n")
 	p("| case | broker | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range t.cases {
@@ -725,7 +754,7 @@ func writeOrderFindings(w *strings.Builder, t *table) {
 			}
 			withViol := 0
 			for _, r := range c {
-				if r.Order.OrderViolations > 0 {
+				if r.Order != nil && r.Order.OrderViolations > 0 {
 					withViol++
 				}
 			}
