@@ -444,6 +444,12 @@ func TestScenariosAgainstMochi(t *testing.T) {
 		t.Errorf("fanout -count: published %d/%d expected %d delivered %d gaps %d", r.Published, r.PublishedAll, r.Expected, r.Delivered, r.Gaps)
 	}
 
+	// Keep-alive pings (every 500 ms here) must not disturb a run.
+	r = runArgs(t, "-addr", addr, "-scenario", "fanout", "-subs", "2", "-qos", "1", "-keepalive", "1", "-rate", "2000", "-warmup", "0s", "-duration", "1200ms")
+	if r.Delivered != r.Expected || r.Expected == 0 {
+		t.Errorf("fanout with keep-alive: expected %d delivered %d", r.Expected, r.Delivered)
+	}
+
 	r = runArgs(t, append(short, "-scenario", "fanout", "-subs", "2", "-qos", "2", "-proto", "4")...)
 	if r.Delivered != r.Expected || r.Expected == 0 || r.PubNacks != 0 {
 		t.Errorf("fanout qos 2: expected %d delivered %d nacks %d", r.Expected, r.Delivered, r.PubNacks)

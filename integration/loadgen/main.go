@@ -65,6 +65,7 @@ type config struct {
 	flushBytes  int
 	cpuProfile  string
 	count       int
+	keepalive   uint16
 	tag         string
 	round       int
 }
@@ -142,6 +143,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.ahead, "ahead", 100, "a publisher may run at most this many messages ahead of its slowest reading subscriber (or its group); 0: no limit")
 	fs.IntVar(&cfg.inflight, "inflight", 1000, "QoS 1/2: unacknowledged publishes per publisher (capped by the broker's Receive Maximum)")
 	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured window (with -count: the longest the publishers may take)")
+	var keepalive uint
+	fs.UintVar(&keepalive, "keepalive", 60, "MQTT keep-alive in seconds sent in CONNECT (PINGREQ every half period; 0: none)")
 	fs.IntVar(&cfg.count, "count", 0, "messages per publisher, instead of a timed window (no warm-up: every message counts)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "publishing before the measured window")
 	fs.DurationVar(&cfg.drain, "drain", 5*time.Second, "after publishing stops, longest wait for outstanding deliveries")
@@ -205,6 +208,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.scenario != "connections" && cfg.scenario != "shared" && cfg.subs < 1 {
 		return cfg, fmt.Errorf("-subs must be at least 1")
 	}
+	if keepalive > 65535 {
+		return cfg, fmt.Errorf("-keepalive must be at most 65535")
+	}
+	cfg.keepalive = uint16(keepalive)
 	if cfg.count < 0 {
 		return cfg, fmt.Errorf("-count must not be negative")
 	}

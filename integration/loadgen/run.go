@@ -115,7 +115,33 @@ func newRun(cfg config) *run {
 }
 
 func (r *run) dialOpts() dialOpts {
-	return dialOpts{proto: r.cfg.proto, timeout: r.cfg.timeout, readBuf: r.cfg.readBuf}
+	return dialOpts{proto: r.cfg.proto, timeout: r.cfg.timeout, readBuf: r.cfg.readBuf, keepalive: r.cfg.keepalive}
+}
+
+// keepAlive sends PINGREQ on every connection each half keep-alive period
+// until stop is closed, so that runs longer than the keep-alive survive
+// connections that would otherwise send nothing (QoS 0 subscribers).
+func keepAlive(keepalive uint16, conns func() []*mconn, stop <-chan struct{}) {
+	if keepalive == 0 {
+		return
+	}
+	t := time.NewTicker(time.Duration(keepalive) * time.Second / 2)
+	defer t.Stop()
+	ping := appendPingreq(nil)
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			for _, m := range conns() {
+				if m != nil {
+					m.c.SetWriteDeadline(time.Now().Add(time.Second))
+					m.c.Write(ping)
+					m.c.SetWriteDeadline(time.Time{})
+				}
+			}
+		}
+	}
 }
 
 func (r *run) clientID(role string, i int) string {
@@ -695,6 +721,20 @@ func (r *run) execute(ctx context.Context, res *result) {
 		go p.readAcks()
 	}
 	rss := startRSS(cfg.brokerPID, cfg.rssEvery)
+	kaStop := make(chan struct{})
+	defer close(kaStop)
+	go keepAlive(cfg.keepalive, func() []*mconn {
+		var ms []*mconn
+		for _, p := range r.pubs {
+			ms = append(ms, p.m)
+		}
+		for _, s := range r.subs {
+			if !s.stalled { // a stalled reader's broker side may be blocked; it may time out
+				ms = append(ms, s.m)
+			}
+		}
+		return ms
+	}, kaStop)
 
 	t0 := time.Now()
 	counted := cfg.count > 0
@@ -1002,7 +1042,7 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 	c0 := snapCPU(cfg.brokerPID)
 	var failed atomic.Int64
 	var firstErr atomic.Value
-	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256}
+	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
 	_ = parallel(ctx, cfg.conc, n, func(i int) error {
 		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
 		if err != nil {
