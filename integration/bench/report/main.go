@@ -485,6 +485,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("integration/bench/run --quick     # smoke test under 2 min, output in a temp dir; exits non-zero if a broker\n")
 	p("                                  # does not start or a run fails\n")
 	p("integration/bench/run --brokers \"keyline mosquitto\" --cases \"shared-prop shared-topic\" --rounds 5\n")
+	p("integration/bench/run --keyline-rev HEAD   # build keyline from a commit (clean export), not the work tree\n")
 	p("KEYLINE_BIN=/path/to/keyline integration/bench/run     # benchmark a prebuilt binary\n")
 	p("go run ./integration/loadgen -addr 127.0.0.1:1883 -scenario shared -consumers 8 -keys 64   # one run, any broker\n")
 	p("```\n\n")
