@@ -237,7 +237,6 @@ func runScenario(cfg config, args []string) *result {
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	wd := time.AfterFunc(limit+10*time.Second, func() {
-		res.Errors = append(res.Errors, "watchdog: run exceeded "+limit.String())
 		b, _ := json.Marshal(map[string]any{"scenario": cfg.scenario, "label": cfg.label, "ok": false, "errors": []string{"watchdog: run exceeded " + limit.String()}})
 		fmt.Println(string(b))
 		os.Exit(1)

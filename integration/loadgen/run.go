@@ -824,7 +824,13 @@ func (r *run) execute(ctx context.Context, res *result) {
 		}
 	}
 	for _, s := range r.subs {
-		if s.stalled {
+		if s.stalled || s.m == nil {
+			continue
+		}
+		select {
+		case <-s.done:
+		default:
+			res.Errors = append(res.Errors, fmt.Sprintf("subscriber %d did not stop after its connection closed", s.idx))
 			continue
 		}
 		if s.err != nil {
