@@ -724,7 +724,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("- `shared-*` cases compare unlike guarantees: Keyline's `$share` groups are Key-Shared (per-key order, at most one\n")
 	p("  message per key in flight, appended to the group log before the PUBACK; here with `--fsync=false`), while\n")
 	p("  mosquitto and mochi hand each message to some member from memory. The order columns show what that buys.\n")
-	p("- mochi drops QoS 0 messages for a client whose outbound queue (8,192 packets) is full; such losses appear as\n")
+	p("- mochi drops a message for a client whose outbound queue (8,192 packets by default) is full; such losses appear as\n")
 	p("  `gaps` and as delivered/expected below 1.\n")
 	p("- Medians of %s rounds damp, but do not remove, the noise of a shared machine; each run's own figures are in the\n", kv["rounds"])
 	p("  results file, and the per-round columns show the spread.\n\n")
