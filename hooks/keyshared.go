@@ -537,10 +537,11 @@ func (h *KeyShared) message(pk packets.Packet) keyshared.Message {
 	return m
 }
 
-// OnPublish appends a QoS >= 1 publish to every matching group's log and
-// returns only when it is durable, before mochi acknowledges it; a QoS 0
-// publish is routed on each group's ring. A refused append is not
-// acknowledged as a success: MQTT 5 gets PUBACK 0x97 (backlog full) or 0x80,
+// OnPublish appends a QoS >= 1 publish to every matching group's log; the
+// publisher's PUBACK/PUBREC leaves only once the append is durable (it is
+// held in the connection's queue, or, without one, OnPublish waits). A QoS 0
+// publish is routed on each group's ring. A refused append is never
+// acknowledged as a success: MQTT 5 gets reason 0x97 (backlog full) or 0x80,
 // MQTT 3.1.1 is disconnected.
 func (h *KeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	groups := h.matchGroups(pk.TopicName)
@@ -558,28 +559,59 @@ func (h *KeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packe
 	for i, g := range groups {
 		names[i] = g.name
 	}
+	v5 := cl.Properties.ProtocolVersion == 5
+	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
+		// Do not make the publisher wait for the commit: mochi goes on reading
+		// while its acknowledgement waits in the connection's queue until the
+		// commit that covers this message is durable (or turns into a failure).
+		typ := packets.Puback
+		if pk.FixedHeader.Qos == 2 {
+			typ = packets.Pubrec
+		}
+		hold := q.HoldAck(typ, pk.PacketID, v5)
+		h.store.AppendMultiAsync(names, m, func(rs []persistence.AppendResult) {
+			if err := h.appendFailure(cl, pk.TopicName, rs); err != nil {
+				hold.Fail(refusalCode(err).Code)
+				return
+			}
+			hold.Release()
+		})
+		return pk, nil
+	}
+	failed := h.appendFailure(cl, pk.TopicName, h.store.AppendMulti(names, m))
+	if failed == nil {
+		return pk, nil
+	}
+	if v5 {
+		return pk, refusalCode(failed)
+	}
+	// MQTT 3.1.1 cannot refuse a publish: close the connection without acknowledging it.
+	cl.Stop(fmt.Errorf("keyshared: message not stored: %w", failed))
+	return pk, packets.ErrRejectPacket
+}
+
+// appendFailure logs and counts refused appends and returns the error to
+// report, if any (a full backlog wins: it is the one a publisher can act on).
+func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistence.AppendResult) error {
 	var failed error
-	for _, r := range h.store.AppendMulti(names, m) {
+	for _, r := range rs {
 		if r.Err != nil {
 			h.AppendErrors.Add(1)
-			h.Log.Warn("group refused a message", "group", r.Group, "topic", pk.TopicName, "client", cl.ID, "error", r.Err)
+			h.Log.Warn("group refused a message", "group", r.Group, "topic", topic, "client", cl.ID, "error", r.Err)
 			if failed == nil || errors.Is(r.Err, persistence.ErrBacklogFull) {
 				failed = r.Err
 			}
 		}
 	}
-	if failed == nil {
-		return pk, nil
+	return failed
+}
+
+// refusalCode is the MQTT 5 reason code for a refused append.
+func refusalCode(err error) packets.Code {
+	if errors.Is(err, persistence.ErrBacklogFull) {
+		return packets.ErrQuotaExceeded
 	}
-	if cl.Properties.ProtocolVersion == 5 {
-		if errors.Is(failed, persistence.ErrBacklogFull) {
-			return pk, packets.ErrQuotaExceeded
-		}
-		return pk, packets.ErrUnspecifiedError
-	}
-	// MQTT 3.1.1 cannot refuse a publish: close the connection without acknowledging it.
-	cl.Stop(fmt.Errorf("keyshared: message not stored: %w", failed))
-	return pk, packets.ErrRejectPacket
+	return packets.ErrUnspecifiedError
 }
 
 // --- delivery and acks ---

@@ -107,7 +107,8 @@ const FlushTimeout = time.Second
 
 type frame struct {
 	b      []byte
-	shared bool // offered through Enqueue: droppable, counted as a message
+	shared bool  // offered through Enqueue: droppable, counted as a message
+	hold   *Hold // when set and undecided, this frame and all after it wait
 }
 
 // Conn is a client connection whose writes are queued.
@@ -129,6 +130,7 @@ type Conn struct {
 		scheduled bool      // the writer has been woken or is running
 		closing   bool
 		failed    error
+		holds     []*Hold // holds whose frame has not been written by mochi yet
 	}
 	wake chan struct{} // capacity 1
 	done chan struct{} // closed when the writer has exited
@@ -183,7 +185,14 @@ func (c *Conn) Write(p []byte) (int, error) {
 		c.failLocked(ErrSlowConsumer)
 		return 0, ErrSlowConsumer
 	}
-	c.pushLocked(frame{b: b})
+	f := frame{b: b}
+	if len(c.mu.holds) > 0 {
+		c.attachLocked(&f)
+		if c.mu.failed != nil {
+			return 0, c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
+		}
+	}
+	c.pushLocked(f)
 	return len(p), nil
 }
 
@@ -335,12 +344,107 @@ func (c *Conn) Dropped() (messages, bytes uint64) {
 	return c.droppedMessages.Load(), c.droppedBytes.Load()
 }
 
+// Hold keeps one acknowledgement frame (a PUBACK or PUBREC that mochi is
+// about to write) from leaving until a durable write it depends on has
+// finished, without blocking mochi: frames queued after it wait behind it, so
+// the connection's order is kept. Release lets it go; Fail turns it into a
+// failure acknowledgement (MQTT 5) or cuts the connection (MQTT 3.1.1).
+type Hold struct {
+	c        *Conn
+	typ      byte   // MQTT packet type of the frame: 4 PUBACK, 5 PUBREC
+	id       uint16 // its packet id
+	v5       bool
+	replace  []byte // the failure acknowledgement sent instead, once Fail decided it
+	attached bool
+	decided  bool
+	failed   bool
+	code     byte
+}
+
+// HoldAck holds the next acknowledgement of type typ (4 PUBACK, 5 PUBREC)
+// for packet id that is written to c. v5 says whether a failure can be told
+// with a reason code.
+func (c *Conn) HoldAck(typ byte, id uint16, v5 bool) *Hold {
+	h := &Hold{c: c, typ: typ, id: id, v5: v5}
+	c.mu.Lock()
+	c.mu.holds = append(c.mu.holds, h)
+	c.mu.Unlock()
+	return h
+}
+
+// attachLocked gives f to the pending hold it acknowledges, if any.
+func (c *Conn) attachLocked(f *frame) {
+	b := f.b
+	if len(b) < 4 {
+		return
+	}
+	typ, id := b[0]>>4, uint16(b[2])<<8|uint16(b[3])
+	for i, h := range c.mu.holds {
+		if h.typ != typ || h.id != id {
+			continue
+		}
+		c.mu.holds = append(c.mu.holds[:i], c.mu.holds[i+1:]...)
+		h.attached = true
+		if !h.decided {
+			f.hold = h
+			return
+		}
+		if h.failed {
+			c.failFrameLocked(h)
+			if h.replace != nil {
+				f.b = h.replace
+			}
+		}
+		return
+	}
+}
+
+// Release lets the held frame go as mochi wrote it.
+func (h *Hold) Release() { h.decide(false, 0) }
+
+// Fail answers the held acknowledgement with reason code instead (MQTT 5),
+// or cuts the connection (MQTT 3.1.1, which cannot refuse a publish).
+func (h *Hold) Fail(code byte) { h.decide(true, code) }
+
+func (h *Hold) decide(failed bool, code byte) {
+	c := h.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.decided {
+		return
+	}
+	h.decided, h.failed, h.code = true, failed, code
+	if !h.attached {
+		if failed && !h.v5 {
+			c.failLocked(errors.New("connq: message not stored; MQTT 3.1.1 cannot refuse it"))
+		}
+		return // mochi has not written the frame yet: Write applies the decision
+	}
+	if failed {
+		c.failFrameLocked(h)
+	}
+	if !c.mu.scheduled {
+		c.mu.scheduled = true
+		c.wake <- struct{}{}
+	}
+}
+
+// failFrameLocked prepares the failure acknowledgement that replaces a held
+// frame (MQTT 5), or cuts the connection (MQTT 3.1.1).
+func (c *Conn) failFrameLocked(h *Hold) {
+	if !h.v5 {
+		c.failLocked(errors.New("connq: message not stored; MQTT 3.1.1 cannot refuse it"))
+		return
+	}
+	h.replace = []byte{h.typ << 4, 3, byte(h.id >> 8), byte(h.id), h.code}
+}
+
 // take moves up to BatchBudget bytes of frames into batch. It blocks until
 // there is something to do and reports false when the writer should exit.
 func (c *Conn) take(batch []frame) ([]frame, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.mu.head == len(c.mu.q) && c.mu.failed == nil && !c.mu.closing {
+	for c.mu.failed == nil && (c.mu.head == len(c.mu.q) && !c.mu.closing || c.heldLocked()) {
 		c.mu.scheduled = false
 		c.mu.Unlock()
 		<-c.wake
@@ -356,11 +460,17 @@ func (c *Conn) take(batch []frame) ([]frame, bool) {
 		if f.b != nil && n > 0 && n+len(f.b) > BatchBudget {
 			break
 		}
+		if f.hold != nil && !f.hold.decided {
+			break // it and everything after it wait for the decision
+		}
 		c.mu.q[c.mu.head] = frame{}
 		c.mu.head++
 		if f.b != nil {
+			n += len(f.b) // queued bytes were counted with the frame as written
+			if f.hold != nil && f.hold.replace != nil {
+				f.b = f.hold.replace
+			}
 			batch = append(batch, f)
-			n += len(f.b)
 		}
 	}
 	c.mu.bytes -= n
@@ -374,6 +484,15 @@ func (c *Conn) take(batch []frame) ([]frame, bool) {
 		c.mu.overSoft = time.Time{}
 	}
 	return batch, true
+}
+
+// heldLocked reports whether the next frame waits for a hold's decision.
+func (c *Conn) heldLocked() bool {
+	if c.mu.head == len(c.mu.q) {
+		return false
+	}
+	h := c.mu.q[c.mu.head].hold
+	return h != nil && !h.decided
 }
 
 func (c *Conn) run() {

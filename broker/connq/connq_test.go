@@ -308,3 +308,79 @@ func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a.(*net.TCPConn), b.(*net.TCPConn)
 }
+
+func TestHeldAckWaitsForItsDecisionAndKeepsOrder(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	r := bufioReader(b)
+
+	ok := c.HoldAck(4, 7, true)
+	bad := c.HoldAck(4, 8, true)
+	early := c.HoldAck(4, 9, true)
+	early.Fail(0x97)                // decided before mochi writes the frame
+	c.Write([]byte{0x40, 2, 0, 7})  // PUBACK 7: held
+	c.Enqueue([]byte("after-7"))    // waits behind it
+	c.Write([]byte{0x40, 2, 0, 8})  // PUBACK 8: held
+	c.Write([]byte{0x40, 2, 0, 9})  // PUBACK 9: already failed
+	c.Write([]byte{0x40, 2, 0, 10}) // not held
+	if got := r.peek(); got != 0 {
+		t.Fatalf("%d bytes left before any decision", got)
+	}
+	bad.Fail(0x97)
+	if got := r.peek(); got != 0 {
+		t.Fatalf("%d bytes left while PUBACK 7 is undecided", got)
+	}
+	ok.Release()
+	want := []byte{0x40, 2, 0, 7}
+	want = append(want, "after-7"...)
+	want = append(want, 0x40, 3, 0, 8, 0x97, 0x40, 3, 0, 9, 0x97, 0x40, 2, 0, 10)
+	if got := r.read(t, len(want)); !bytes.Equal(got, want) {
+		t.Fatalf("peer read % x\nwant          % x", got, want)
+	}
+}
+
+func TestFailedHoldCutsAnMQTT311Connection(t *testing.T) {
+	g := newGated()
+	c := New(g, Limits{Hard: 1 << 20}, nil, nil)
+	h := c.HoldAck(4, 1, false)
+	if _, err := c.Write([]byte{0x40, 2, 0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	h.Fail(0x80)
+	select {
+	case <-g.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection not cut")
+	}
+	<-c.Done()
+	if n := g.calls(); n != 0 {
+		t.Fatalf("%d writes: the held acknowledgement must never be sent", n)
+	}
+}
+
+// peerReader reads what a Conn sends, with a deadline.
+type peerReader struct{ c net.Conn }
+
+func bufioReader(c net.Conn) *peerReader { return &peerReader{c} }
+
+// peek reports how many bytes arrive within a short window; it is only used
+// to assert that nothing was sent yet, so a short window cannot cause a false pass
+// of a positive assertion.
+func (r *peerReader) peek() int {
+	_ = r.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	buf := make([]byte, 64)
+	n, _ := r.c.Read(buf)
+	_ = r.c.SetReadDeadline(time.Time{})
+	return n
+}
+
+func (r *peerReader) read(t *testing.T, n int) []byte {
+	t.Helper()
+	_ = r.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(r.c, buf); err != nil {
+		t.Fatalf("read %d bytes: %v", n, err)
+	}
+	return buf
+}
