@@ -392,10 +392,13 @@ func (b *Broker) Addr(name string) string {
 func (b *Broker) Ready() bool { return b.ready.Load() }
 
 func (b *Broker) httpHandler() http.Handler {
-	reg := newRegistry(newBrokerCollector(b, time.Now()))
+	groups := newGroupAdmin(b)
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
 	mux := http.NewServeMux()
+	registerDebug(mux)
 	mux.HandleFunc("GET /api/v1/clients", b.handleClients)
 	mux.HandleFunc("GET /api/v1/clients/{id}", b.handleClient)
+	groups.register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
@@ -407,7 +410,7 @@ func (b *Broker) httpHandler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return mux
+	return b.adminHandler(mux)
 }
 
 // NewLogger returns a slog logger writing to w at level in format, as the

@@ -62,6 +62,11 @@ type KeyShared struct {
 		index   *mqtt.TopicsIndex                 // group filters; "client id" = group name
 		members map[string]map[string]*membership // client id -> group name -> membership
 	}
+	// matches caches topic -> matching groups; indexVersion invalidates it
+	// (bumped under mu.Lock whenever the index changes).
+	matches      sync.Map // string -> cachedMatch
+	matchesSize  atomic.Int64
+	indexVersion atomic.Uint64
 
 	inflight struct {
 		sync.Mutex
@@ -72,6 +77,14 @@ type KeyShared struct {
 	// AppendErrors counts QoS >= 1 publishes a group log refused.
 	AppendErrors atomic.Uint64
 }
+
+type cachedMatch struct {
+	version uint64
+	groups  []*ksGroup
+}
+
+// maxCachedTopics bounds the topic -> groups cache; past it the cache starts over.
+const maxCachedTopics = 100_000
 
 type ksGroup struct {
 	name, share, filter string
@@ -199,6 +212,7 @@ func (h *KeyShared) ensureGroup(name, share, filter string) (*ksGroup, error) {
 	g.r = keyshared.NewRouter(&groupOut{h: h, g: g})
 	h.mu.groups[name] = g
 	h.mu.index.Subscribe(name, packets.Subscription{Filter: filter})
+	h.indexVersion.Add(1)
 	return g, nil
 }
 
@@ -214,6 +228,7 @@ func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 		}
 		delete(h.mu.groups, name)
 		h.mu.index.Unsubscribe(g.filter, name)
+		h.indexVersion.Add(1)
 	}
 	h.mu.Unlock()
 	if g != nil {
@@ -255,6 +270,7 @@ func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Durat
 		if g != nil {
 			delete(h.mu.groups, name)
 			h.mu.index.Unsubscribe(g.filter, name)
+			h.indexVersion.Add(1)
 		}
 		h.mu.Unlock()
 		if g != nil {
@@ -486,7 +502,23 @@ func (h *KeyShared) OnSelectSubscribers(subs *mqtt.Subscribers, _ packets.Packet
 
 // --- publishing into groups ---
 
+// matchGroups returns the groups whose filter matches topic. Results are
+// cached per topic: scanning the index costs more than the rest of a publish.
 func (h *KeyShared) matchGroups(topic string) []*ksGroup {
+	v := h.indexVersion.Load()
+	if c, ok := h.matches.Load(topic); ok && c.(cachedMatch).version == v {
+		return c.(cachedMatch).groups
+	}
+	groups := h.scanGroups(topic)
+	if h.matchesSize.Add(1) > maxCachedTopics {
+		h.matches.Clear()
+		h.matchesSize.Store(1)
+	}
+	h.matches.Store(topic, cachedMatch{version: v, groups: groups})
+	return groups
+}
+
+func (h *KeyShared) scanGroups(topic string) []*ksGroup {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	subs := h.mu.index.Subscribers(topic)
