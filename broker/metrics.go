@@ -113,10 +113,10 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func newRegistry(c prometheus.Collector) *prometheus.Registry {
+func newRegistry(cs ...prometheus.Collector) *prometheus.Registry {
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(cs...)
 	reg.MustRegister(
-		c,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
