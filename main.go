@@ -28,6 +28,9 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
+		return runCLI(args, stdout, stderr)
+	}
 	cfg, action, err := parseArgs(args)
 	if err != nil {
 		if errors.As(err, new(usageError)) || errors.Is(err, broker.ErrInvalidConfig) {
@@ -191,6 +194,9 @@ func printUsage(w io.Writer) {
 
 Usage:
   keyline [flags]
+  keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
+  keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
+      (admin subcommands: they call a running broker's admin API; see keyline groups --help)
 
 `)
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {

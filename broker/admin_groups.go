@@ -718,7 +718,11 @@ func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, strin
 		return http.StatusBadRequest, fmt.Sprintf("query parameter \"group\": %v", err)
 	case errors.Is(err, hooks.ErrGroupBusy):
 		ms := a.b.keyShared.Members(group)
-		return http.StatusConflict, fmt.Sprintf("group %q has %d members (%s); they must unsubscribe first", group, len(ms), strings.Join(ms, ", "))
+		noun := "members"
+		if len(ms) == 1 {
+			noun = "member"
+		}
+		return http.StatusConflict, fmt.Sprintf("group %q has %d %s (%s); they must unsubscribe first", group, len(ms), noun, strings.Join(ms, ", "))
 	case errors.Is(err, persistence.ErrBacklogFull):
 		return http.StatusConflict, fmt.Sprintf("group %q: backlog full: %v", group, err)
 	case errors.Is(err, persistence.ErrClosed):
