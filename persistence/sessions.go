@@ -35,6 +35,11 @@ const (
 	opDeletePrefix
 )
 
+type syncResult struct {
+	err   error
+	batch uint64 // the commit the waiter was released by
+}
+
 type sessionOp struct {
 	op   opKind
 	kind string
@@ -56,8 +61,13 @@ type SessionStore struct {
 	mu struct {
 		sync.Mutex
 		pending []sessionOp  // queued writes, in call order
-		waiters []chan error // Sync callers waiting for pending to commit
+		waiters []chan syncResult // Sync callers waiting for pending to commit
 		closed  bool
+		// unreported is the error of a failed commit that no Sync waited on
+		// (its writes were queued before any Sync call), and that commit's
+		// number: a later Sync reports it.
+		unreported      error
+		unreportedBatch uint64
 	}
 	kick chan struct{} // wakes the committer; capacity 1
 	done chan struct{} // closed when the committer has exited
@@ -127,7 +137,7 @@ func (s *SessionStore) wake() {
 // Sync waits until every write queued before the call is committed and
 // returns the commit's error, if any.
 func (s *SessionStore) Sync() error {
-	ch := make(chan error, 1)
+	ch := make(chan syncResult, 1)
 	s.mu.Lock()
 	if s.mu.closed {
 		s.mu.Unlock()
@@ -136,7 +146,19 @@ func (s *SessionStore) Sync() error {
 	s.mu.waiters = append(s.mu.waiters, ch)
 	s.mu.Unlock()
 	s.wake()
-	return <-ch
+	r := <-ch
+	if r.err != nil {
+		return r.err
+	}
+	// An earlier commit, which no Sync waited on, held writes queued before
+	// this call: report its failure.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.mu.unreported; err != nil && s.mu.unreportedBatch < r.batch {
+		s.mu.unreported = nil
+		return err
+	}
+	return nil
 }
 
 // Commits returns the number of transactions committed so far.
@@ -164,7 +186,9 @@ func (s *SessionStore) Close() error {
 
 func (s *SessionStore) run() {
 	defer close(s.done)
+	var batch uint64
 	for range s.kick {
+		batch++
 		s.mu.Lock()
 		ops, waiters, closed := s.mu.pending, s.mu.waiters, s.mu.closed
 		s.mu.pending, s.mu.waiters = nil, nil
@@ -179,8 +203,13 @@ func (s *SessionStore) run() {
 				s.commits.Add(1)
 			}
 		}
+		if err != nil && len(waiters) == 0 {
+			s.mu.Lock()
+			s.mu.unreported, s.mu.unreportedBatch = err, batch
+			s.mu.Unlock()
+		}
 		for _, w := range waiters {
-			w <- err
+			w <- syncResult{err, batch}
 		}
 		if closed {
 			return
