@@ -60,7 +60,7 @@ type SessionStore struct {
 
 	mu struct {
 		sync.Mutex
-		pending []sessionOp  // queued writes, in call order
+		pending []sessionOp       // queued writes, in call order
 		waiters []chan syncResult // Sync callers waiting for pending to commit
 		closed  bool
 		// unreported is the error of a failed commit that no Sync waited on
