@@ -135,7 +135,7 @@ func keyed(topic, key string, payload []byte, user ...string) *paho.Publish {
 	return p
 }
 
-// metricsHave reports the lines of want that /metrics lacks.
+// metricsLack reports the lines of want that /metrics lacks.
 func metricsLack(t *testing.T, base string, want []string) []string {
 	_, body := httpGet(t, base+"/metrics")
 	var missing []string
@@ -374,7 +374,11 @@ func TestAdminDeadLetters(t *testing.T) {
 	}
 	_, got2 := connectSilentMember(t, addr, "silent-2", filter)
 	pub.Publish(t, keyed("jobs/e", "k5", []byte("five")))
-	<-got2
+	select {
+	case <-got2:
+	case <-time.After(mqtttest.Timeout):
+		t.Fatal("silent-2 got nothing")
+	}
 	eventually(t, "a new dead letter", func() bool {
 		apiJSON(t, "GET", dlq+groupQuery(name), "", 200, &page)
 		return page.Total == 1
