@@ -24,7 +24,8 @@ import (
 const KeyFilterProperty = "key-filter"
 
 // DLQPrefix is the topic prefix dead letters are published under:
-// $dlq/<group>/<original topic>.
+// $dlq/<share name>/<original topic> (a group's full name holds its filter's
+// wildcards, which a topic name may not; the dlq-group property names it).
 const DLQPrefix = "$dlq/"
 
 // KeySharedConfig configures the Key-Shared hook.
@@ -813,7 +814,7 @@ func (h *KeyShared) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Pa
 // --- dead letters ---
 
 // dlqLog stores dead letters through the group log, then publishes each live
-// to $dlq/<group>/<original topic>.
+// to $dlq/<share name>/<original topic>.
 type dlqLog struct {
 	keyshared.Log
 	h     *KeyShared
@@ -832,7 +833,9 @@ func (h *KeyShared) publishDeadLetter(group string, d keyshared.DeadLetter) {
 	m := d.Message
 	m.QoS = 1
 	pk := publishPacket(&m, 1)
-	pk.TopicName = DLQPrefix + group + "/" + strings.TrimPrefix(m.Topic, "/")
+	pk.PacketID = 1 // mochi validates it; an inline client's publish tracks no packet id
+	share, _, _ := strings.Cut(group, "/")
+	pk.TopicName = DLQPrefix + share + "/" + strings.TrimPrefix(m.Topic, "/")
 	pk.Expiry = 0
 	pk.Properties.User = append(pk.Properties.User,
 		packets.UserProperty{Key: "dlq-group", Val: group},
