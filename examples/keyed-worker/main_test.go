@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/keyline-mq/keyline/broker"
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// output collects what run prints and signals when a line containing want
+// has been printed.
+type output struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (o *output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.buf.Write(p)
+	if strings.Contains(o.buf.String(), o.want) {
+		o.once.Do(func() { close(o.seen) })
+	}
+	return len(p), nil
+}
+
+func (o *output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
+
+// TestWorkerSmoke runs the worker against an in-process broker: it takes
+// keyed messages, nacks every 3rd (the broker retries it), acks the rest,
+// and finds every key in order.
+func TestWorkerSmoke(t *testing.T) {
+	cfg := broker.DefaultConfig()
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync = "127.0.0.1:0", "", t.TempDir(), false
+	cfg.RetryBackoff = []time.Duration{100 * time.Millisecond}
+	b, err := broker.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := b.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	}()
+	addr := b.Addr("tcp")
+
+	const keys, perKey = 3, 6
+	o, err := parseFlags([]string{"--broker", addr, "--group", "g", "--filter", "jobs/#", "--id", "w1",
+		"--fail-every", "3", "--count", fmt.Sprint(keys * perKey), "--report", "0", "-v"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &output{want: "member of $share/g/jobs/#", seen: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		s   Summary
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		s, err := run(ctx, o, out)
+		res <- result{s, err}
+	}()
+	select {
+	case <-out.seen:
+	case r := <-res:
+		t.Fatalf("worker ended before subscribing: %v\n%s", r.err, out)
+	case <-ctx.Done():
+		t.Fatalf("worker did not subscribe\n%s", out)
+	}
+
+	pub, err := mqtttest.DialWorker(addr, "pub", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	for seq := 1; seq <= perKey; seq++ {
+		for k := range keys {
+			key := fmt.Sprintf("order-%d", k)
+			rc, err := pub.Publish("jobs/new", fmt.Appendf(nil, `{"seq":%d}`, seq), 1, mqtttest.UserProperty{Key: "key", Value: key})
+			if err != nil || rc != 0 {
+				t.Fatalf("publish: 0x%02x %v", rc, err)
+			}
+		}
+	}
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatalf("worker did not ack %d messages\n%s", keys*perKey, out)
+	}
+	t.Logf("%s\n%s", r.s, out)
+	s := r.s
+	switch {
+	case r.err != nil:
+		t.Errorf("run: %v", r.err)
+	case s.Acked != keys*perKey || s.Keys != keys:
+		t.Errorf("acked %d messages of %d keys, want %d of %d", s.Acked, s.Keys, keys*perKey, keys)
+	case s.Nacked == 0 || s.Retries != s.Nacked:
+		t.Errorf("nacked %d, retries %d: want every nacked message back", s.Nacked, s.Retries)
+	case s.Violations != 0 || s.Gaps != 0 || s.Duplicates != 0:
+		t.Errorf("order violations %d, gaps %d, duplicates %d", s.Violations, s.Gaps, s.Duplicates)
+	}
+}
+
+func TestSeqOf(t *testing.T) {
+	for in, want := range map[string]int64{`{"device":"d","seq":42}`: 42, "7": 7, " 8\n": 8} {
+		if got, ok := seqOf([]byte(in)); !ok || got != want {
+			t.Errorf("seqOf(%q) = %d, %v", in, got, ok)
+		}
+	}
+	for _, in := range []string{`{"n":1}`, "x", ""} {
+		if _, ok := seqOf([]byte(in)); ok {
+			t.Errorf("seqOf(%q) found a sequence number", in)
+		}
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--key-filter", "a*", "--key-filter", "b?"}, &bytes.Buffer{})
+	if err != nil || len(o.keyFilters) != 2 || o.group != "workers" || o.filter != "telemetry/#" {
+		t.Fatalf("%+v %v", o, err)
+	}
+	for _, args := range [][]string{{"--group", "a/b"}, {"--qos", "3"}, {"--concurrency", "0"}, {"extra"}} {
+		if _, err := parseFlags(args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
