@@ -233,20 +233,15 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 	case wk.o.failEvery > 0 && n%wk.o.failEvery == 0:
 		action, reason = "nack 0x80", mqtttest.ReasonUnspecifiedError
 	}
-	err := w.Nack(m, reason) // reason 0: a plain ack
-
+	// Record the outcome before answering: the answer frees the key, and its
+	// next message may be in another goroutine's hands a moment later.
 	wk.mu.Lock()
-	defer wk.mu.Unlock()
 	if wk.o.verbose {
 		dup := ""
 		if m.Dup {
 			dup = " dup"
 		}
 		fmt.Fprintf(wk.out, "key=%s seq=%d topic=%s qos=%d%s %s -> %s\n", key, seq, m.Topic, m.QoS, dup, verdict, action)
-	}
-	if err != nil {
-		wk.s.AckErrors++
-		return
 	}
 	switch reason {
 	case mqtttest.ReasonSuccess:
@@ -270,6 +265,15 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 		if hasSeq {
 			ks.nacked = seq
 		}
+	}
+	wk.mu.Unlock()
+
+	if err := w.Nack(m, reason); err != nil { // reason 0: a plain ack
+		// The connection is gone: the broker delivers the message again
+		// (here after a reconnect, as a duplicate, or to another member).
+		wk.mu.Lock()
+		wk.s.AckErrors++
+		wk.mu.Unlock()
 	}
 }
 
