@@ -226,3 +226,75 @@ func TestWorkerThatCrashesOnAMessage(t *testing.T) {
 	}
 	t.Logf("the crashing message took down %d workers before it was dead-lettered", crashes)
 }
+
+// TestStalledMemberDoesNotHoldTheGroup: a member that stops reading its
+// socket keeps its keys only until their ack timeouts run out: its messages
+// are retried and, past --max-deliveries, dead-lettered, while the other
+// members' keys flow; the group's whole backlog resolves.
+func TestStalledMemberDoesNotHoldTheGroup(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--ack-timeout", "300ms", "--max-deliveries", "2", "--retry-backoff", "50ms")
+	addr := p.addrs["tcp"]
+	stalled, err := mqtttest.DialWorker(addr, "stalled", mqtttest.WorkerOptions{CleanStart: true, Buffer: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stalled.Vanish)
+	subscribeWorker(t, stalled, "$share/st/jobs/#") // and never reads a message
+	healthy := []*mqtttest.Worker{dialWorker(t, addr, "h1"), dialWorker(t, addr, "h2")}
+	for _, w := range healthy {
+		subscribeWorker(t, w, "$share/st/jobs/#")
+	}
+	pub := dialWorker(t, addr, "publisher")
+	const keys, perKey = 30, 10
+	for s := range perKey {
+		for k := range keys {
+			publishKey(t, pub, "jobs/z", fmt.Sprintf("k%02d", k), fmt.Sprintf("k%02d:%d", k, s))
+		}
+	}
+	// The healthy members ack what they get, in key order.
+	acked := make(chan string, keys*perKey)
+	for _, w := range healthy {
+		go func() {
+			for m := range w.Messages() {
+				if w.Ack(m) == nil {
+					acked <- string(m.Payload)
+				}
+			}
+		}()
+	}
+	// Poll the group until nothing is left unresolved.
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.Now().Add(60 * time.Second)
+	var detail string
+	for {
+		detail = cliRun(t, p, "groups", "show", "st/jobs/#", "--json")
+		if strings.Contains(detail, `"backlog": 0,`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("group never resolved its backlog:\n%s", detail)
+		}
+		<-poll.C
+	}
+	seen := map[string]int{}
+	last := map[string]int{}
+	for len(acked) > 0 {
+		key, seq, _ := strings.Cut(<-acked, ":")
+		n := 0
+		fmt.Sscan(seq, &n)
+		if prev, ok := last[key]; ok && n <= prev {
+			t.Errorf("key %s acknowledged %d after %d", key, n, prev)
+		}
+		last[key] = n
+		seen[key]++
+	}
+	if !strings.Contains(detail, `"dead_lettered": `) || strings.Contains(detail, `"dead_lettered": 0,`) {
+		t.Errorf("want the stalled member's messages dead-lettered after their timeouts:\n%s", detail)
+	}
+	total := 0
+	for _, n := range seen {
+		total += n
+	}
+	t.Logf("healthy members acknowledged %d of %d messages over %d keys; the rest timed out at the stalled member and were dead-lettered", total, keys*perKey, len(seen))
+}
