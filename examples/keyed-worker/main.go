@@ -4,11 +4,14 @@
 // backoff) or rejects it (PUBACK 0x99: dead-lettered at once), and checks that
 // every key's sequence numbers arrive in order.
 //
-// The broker hands each key to one member at a time, in publish order, so a
-// worker sees, per key: the next sequence number (in order), the same one
-// again after it nacked it (a retry), or a jump forward (a gap: the key came
-// from another member, or messages were dead-lettered). A number lower than
-// one already acked is an order violation, printed as ORDER.
+// The broker hands each key to one member at a time, in publish order, so per
+// key a worker sees: the next sequence number (in order); the one it nacked,
+// again (a retry); a jump forward (a gap: the key came from another member, or
+// messages were dead-lettered); a number it saw dead-lettered, again (a
+// replay, after `keyline dlq replay`); a number it acked, again (a duplicate:
+// delivery is at-least-once, e.g. after a broker restart). A number that a gap
+// skipped, arriving later, is out of order: it is printed as ORDER and makes
+// the worker exit with status 3.
 //
 // Sequence numbers are read from a JSON payload's "seq" field (what
 // examples/device-fleet sends) or from a payload that is just a number. The
@@ -127,27 +130,81 @@ type Summary struct {
 	Acked      int
 	Nacked     int // 0x80: the broker retries
 	Rejected   int // 0x99: the broker dead-letters
-	AckErrors  int // acks lost with the connection (the broker redelivers)
+	AckErrors  int // answers lost with the connection (the broker redelivers)
 	Keys       int // distinct keys seen
 	InOrder    int // the key's next sequence number (or its first)
 	Retries    int // the sequence number this worker nacked, again
-	Duplicates int // the sequence number this worker acked last, again
-	Gaps       int // a jump forward (key taken over, or messages dead-lettered)
-	Violations int // a sequence number below one already acked
+	Replays    int // a sequence number this worker saw dead-lettered, again (keyline dlq replay)
+	Duplicates int // a sequence number this worker acked before, again (at-least-once: after a restart or a lost ack)
+	Gaps       int // a jump forward (a key taken over, or messages dead-lettered elsewhere)
+	Violations int // a sequence number skipped by a gap arriving later: out of order
 	NoSeq      int // payloads without a sequence number
 	Reconnects int
 }
 
 func (s Summary) String() string {
-	return fmt.Sprintf("received=%d acked=%d nacked=%d rejected=%d keys=%d in-order=%d retries=%d duplicates=%d gaps=%d order-violations=%d",
-		s.Received, s.Acked, s.Nacked, s.Rejected, s.Keys, s.InOrder, s.Retries, s.Duplicates, s.Gaps, s.Violations)
+	return fmt.Sprintf("received=%d acked=%d nacked=%d rejected=%d keys=%d in-order=%d retries=%d replays=%d duplicates=%d gaps=%d order-violations=%d",
+		s.Received, s.Acked, s.Nacked, s.Rejected, s.Keys, s.InOrder, s.Retries, s.Replays, s.Duplicates, s.Gaps, s.Violations)
 }
 
-// keyState is what the worker knows of one key.
+// maxTracked bounds the sequence numbers remembered per key and kind.
+const maxTracked = 10000
+
+// keyState is what the worker knows of one key. Every number up to acked
+// was acked here, dead-lettered (dead), or skipped by a gap (skipped).
 type keyState struct {
-	acked  int64 // highest sequence number acked (valid when seen)
-	seen   bool
-	nacked int64 // sequence number last nacked, -1: none
+	acked   int64 // highest sequence number resolved here (valid when seen)
+	seen    bool
+	nacked  int64              // sequence number last nacked, -1: none
+	dead    map[int64]struct{} // rejected here, or nacked here and then passed over
+	skipped map[int64]struct{} // jumped over by a gap, never seen
+}
+
+func (ks *keyState) mark(set *map[int64]struct{}, seq int64) {
+	if *set == nil {
+		*set = map[int64]struct{}{}
+	}
+	if len(*set) < maxTracked {
+		(*set)[seq] = struct{}{}
+	}
+}
+
+// classify files seq, just received for ks, and returns the verdict.
+func (wk *worker) classify(key string, ks *keyState, seq int64, topic string) string {
+	if ks.nacked >= 0 && seq > ks.nacked {
+		// The key went on past the message we nacked: it was dead-lettered
+		// (or dropped) after its last attempt.
+		ks.mark(&ks.dead, ks.nacked)
+		ks.acked, ks.seen = max(ks.acked, ks.nacked), true
+		ks.nacked = -1
+	}
+	switch {
+	case seq == ks.nacked:
+		wk.s.Retries++
+		return "retry"
+	case !ks.seen || seq == ks.acked+1:
+		wk.s.InOrder++
+		return "in-order"
+	case seq > ks.acked+1:
+		wk.s.Gaps++
+		for n := ks.acked + 1; n < seq && n-ks.acked <= maxTracked; n++ {
+			ks.mark(&ks.skipped, n)
+		}
+		return fmt.Sprintf("gap: %d to %d", ks.acked, seq)
+	}
+	if _, ok := ks.dead[seq]; ok {
+		delete(ks.dead, seq)
+		wk.s.Replays++
+		return "replayed dead letter"
+	}
+	if _, ok := ks.skipped[seq]; ok {
+		delete(ks.skipped, seq)
+		wk.s.Violations++
+		fmt.Fprintf(wk.out, "ORDER key=%s seq=%d arrived after seq %d (topic %s)\n", key, seq, ks.acked, topic)
+		return fmt.Sprintf("ORDER: after %d", ks.acked)
+	}
+	wk.s.Duplicates++
+	return "duplicate"
 }
 
 // worker holds the counters and per-key state shared by the processing goroutines.
@@ -197,26 +254,11 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 		wk.keys[key] = ks
 		wk.s.Keys++
 	}
-	verdict := "in-order"
-	switch {
-	case !hasSeq:
-		verdict = "no-seq"
+	verdict := "no-seq"
+	if hasSeq {
+		verdict = wk.classify(key, ks, seq, m.Topic)
+	} else {
 		wk.s.NoSeq++
-	case seq == ks.nacked:
-		verdict = "retry"
-		wk.s.Retries++
-	case !ks.seen || seq == ks.acked+1:
-		wk.s.InOrder++
-	case seq == ks.acked:
-		verdict = "duplicate"
-		wk.s.Duplicates++
-	case seq > ks.acked+1:
-		verdict = fmt.Sprintf("gap: %d to %d", ks.acked, seq)
-		wk.s.Gaps++
-	default:
-		verdict = fmt.Sprintf("ORDER: after %d", ks.acked)
-		wk.s.Violations++
-		fmt.Fprintf(wk.out, "ORDER key=%s seq=%d arrived after seq %d was acked (topic %s)\n", key, seq, ks.acked, m.Topic)
 	}
 	wk.processed++
 	n := wk.processed
@@ -243,6 +285,20 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 		}
 		fmt.Fprintf(wk.out, "key=%s seq=%d topic=%s qos=%d%s %s -> %s\n", key, seq, m.Topic, m.QoS, dup, verdict, action)
 	}
+	wk.record(ks, seq, hasSeq, reason)
+	wk.mu.Unlock()
+
+	if err := w.Nack(m, reason); err != nil { // reason 0: a plain ack
+		// The connection is gone: the broker delivers the message again
+		// (here after a reconnect, as a duplicate, or to another member).
+		wk.mu.Lock()
+		wk.s.AckErrors++
+		wk.mu.Unlock()
+	}
+}
+
+// record files the answer to a message of ks; wk.mu is held.
+func (wk *worker) record(ks *keyState, seq int64, hasSeq bool, reason byte) {
 	switch reason {
 	case mqtttest.ReasonSuccess:
 		wk.s.Acked++
@@ -257,23 +313,20 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 		}
 	case mqtttest.ReasonPayloadFormatInvalid:
 		wk.s.Rejected++
-		if hasSeq && (!ks.seen || seq > ks.acked) { // dead-lettered: the key moves on past it
-			ks.acked, ks.seen = seq, true
+		if hasSeq { // dead-lettered: the key moves on past it
+			ks.mark(&ks.dead, seq)
+			if !ks.seen || seq > ks.acked {
+				ks.acked, ks.seen = seq, true
+			}
+			if seq == ks.nacked {
+				ks.nacked = -1
+			}
 		}
 	default:
 		wk.s.Nacked++
 		if hasSeq {
 			ks.nacked = seq
 		}
-	}
-	wk.mu.Unlock()
-
-	if err := w.Nack(m, reason); err != nil { // reason 0: a plain ack
-		// The connection is gone: the broker delivers the message again
-		// (here after a reconnect, as a duplicate, or to another member).
-		wk.mu.Lock()
-		wk.s.AckErrors++
-		wk.mu.Unlock()
 	}
 }
 

@@ -150,3 +150,47 @@ func TestParseFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestClassify drives one key's sequence checks through every verdict.
+func TestClassify(t *testing.T) {
+	var out bytes.Buffer
+	wk := &worker{out: &out, keys: map[string]*keyState{}, done: make(chan struct{})}
+	ks := &keyState{nacked: -1}
+	const (
+		ack    = mqtttest.ReasonSuccess
+		nack   = mqtttest.ReasonUnspecifiedError
+		reject = mqtttest.ReasonPayloadFormatInvalid
+	)
+	steps := []struct {
+		seq    int64
+		answer byte
+		want   string
+	}{
+		{1, ack, "in-order"},
+		{2, ack, "in-order"},
+		{4, ack, "gap: 2 to 4"},          // 3 skipped
+		{5, reject, "in-order"},          // dead-lettered here
+		{6, nack, "in-order"},            // retried...
+		{6, ack, "retry"},                // ...and acked
+		{7, nack, "in-order"},            // nacked, then passed over: dead-lettered after its last attempt
+		{8, ack, "in-order"},             // the key went on past 7
+		{5, ack, "replayed dead letter"}, // keyline dlq replay
+		{7, ack, "replayed dead letter"},
+		{2, ack, "duplicate"},      // acked before: at-least-once
+		{3, ack, "ORDER: after 8"}, // skipped by the gap, now behind 8
+	}
+	for i, st := range steps {
+		got := wk.classify("k", ks, st.seq, "t")
+		wk.record(ks, st.seq, true, st.answer)
+		if got != st.want {
+			t.Errorf("step %d: seq %d: %q, want %q", i, st.seq, got, st.want)
+		}
+	}
+	s := wk.s
+	if s.InOrder != 6 || s.Retries != 1 || s.Replays != 2 || s.Duplicates != 1 || s.Gaps != 1 || s.Violations != 1 {
+		t.Errorf("%s", s)
+	}
+	if !strings.Contains(out.String(), "ORDER key=k seq=3") {
+		t.Errorf("no ORDER line: %q", out.String())
+	}
+}
