@@ -30,6 +30,12 @@ const wait = 10 * time.Second
 // MQTT TCP address.
 func startBroker(t *testing.T, mod func(*broker.Config)) string {
 	t.Helper()
+	return newBroker(t, mod).Addr("tcp")
+}
+
+// newBroker is startBroker returning the broker.
+func newBroker(t *testing.T, mod func(*broker.Config)) *broker.Broker {
+	t.Helper()
 	cfg := broker.DefaultConfig()
 	cfg.TCP = "127.0.0.1:0"
 	cfg.HTTP = "127.0.0.1:0"
@@ -52,7 +58,7 @@ func startBroker(t *testing.T, mod func(*broker.Config)) string {
 			t.Errorf("Shutdown: %v", err)
 		}
 	})
-	return b.Addr("tcp")
+	return b
 }
 
 // fastRetries makes nacked messages come back after 100ms.
@@ -455,4 +461,18 @@ func TestWorkerBrokerGone(t *testing.T) {
 		t.Error("subscribe on a closed worker succeeded")
 	}
 	t.Logf("after broker shutdown: %v", w.Err())
+}
+
+// TestWorkerOverWebSocket: ConnectWorker speaks over any net.Conn.
+func TestWorkerOverWebSocket(t *testing.T) {
+	b := newBroker(t, func(c *broker.Config) { c.WS = "127.0.0.1:0" })
+	w, err := mqtttest.ConnectWorker(mqtttest.Dial(t, mqtttest.WS, b.Addr("ws"), nil), "ws-worker", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	subscribe(t, w, "$share/g/ws/#", 2)
+	pub := dial(t, b.Addr("tcp"), "pub", mqtttest.WorkerOptions{})
+	publish(t, pub, "ws/t", "k", "over-ws", 2)
+	ack(t, w, expect(t, w, "k", "over-ws"))
 }
