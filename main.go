@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/pflag"
@@ -18,7 +19,16 @@ import (
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
+// defaultGCPercent is the GC target keyline runs with unless GOGC is set.
+// A broker's live heap is small and its garbage is per message: collecting
+// at 4x the live heap instead of 2x cut the broker's CPU per fan-out delivery
+// by a quarter (loadgen fanout, 100 subscribers: 3.4 -> 2.6 us/delivery).
+const defaultGCPercent = 400
+
 func main() {
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(defaultGCPercent)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
