@@ -382,18 +382,21 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, page)
 }
 
-func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
+// dlqTarget reads the group= and optional id= parameters of a dead-letter action.
+func dlqTarget(r *http.Request) (name string, id uint64, one bool, err error) {
 	q, err := queryParams(r, "group", "id")
 	if err != nil {
-		badRequest(w, err)
-		return
+		return "", 0, false, err
 	}
-	name, err := groupParam(q)
-	if err != nil {
-		badRequest(w, err)
-		return
+	if name, err = groupParam(q); err != nil {
+		return "", 0, false, err
 	}
-	id, one, err := uintParam(q, "id")
+	id, one, err = uintParam(q, "id")
+	return name, id, one, err
+}
+
+func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
+	name, id, one, err := dlqTarget(r)
 	if err != nil {
 		badRequest(w, err)
 		return
@@ -457,17 +460,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
-	q, err := queryParams(r, "group", "id")
-	if err != nil {
-		badRequest(w, err)
-		return
-	}
-	name, err := groupParam(q)
-	if err != nil {
-		badRequest(w, err)
-		return
-	}
-	id, one, err := uintParam(q, "id")
+	name, id, one, err := dlqTarget(r)
 	if err != nil {
 		badRequest(w, err)
 		return
