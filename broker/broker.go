@@ -120,9 +120,8 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities: b.capabilities(),
 		Logger:       logger,
-		// Keep per-connection buffers small: devices are many and mostly idle.
-		ClientNetWriteBufferSize: 4096,
-		ClientNetReadBufferSize:  4096,
+		// mochi's default per-connection buffers (2 KiB each) stay: devices are
+		// many and mostly idle, and writes coalesce in the connection queue.
 	})
 	info := b.server.Info
 	b.connStats = &connq.Stats{
