@@ -208,6 +208,7 @@ func (b *Broker) addHooks() error {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	})
+	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
 	}

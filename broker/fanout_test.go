@@ -263,3 +263,76 @@ func TestSlowReadersFollowTheirPolicyAndHurtNobody(t *testing.T) {
 		t.Logf("slow reader: received %d, dropped %d (%d bytes)", received, v.DroppedMessages, v.DroppedBytes)
 	})
 }
+
+// TestFanoutRoutesFollowSubscriptionChanges drives the cached fast path
+// through subscribe, unsubscribe, a resumed session and a QoS 1 subscriber.
+func TestFanoutRoutesFollowSubscriptionChanges(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	addr := b.Addr("tcp")
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	send := func(payload string, qos byte) {
+		t.Helper()
+		if rc := pub.Publish(t, &paho.Publish{Topic: "r/t", QoS: qos, Payload: []byte(payload)}); rc >= 0x80 {
+			t.Fatalf("publish %s: %#x", payload, rc)
+		}
+	}
+	expect := func(c *mqtttest.V5, want string) {
+		t.Helper()
+		if m := c.Next(t); string(m.Payload) != want {
+			t.Fatalf("%s got %q, want %q", c.ClientID(), m.Payload, want)
+		}
+	}
+
+	a := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "a", CleanStart: true, KeepAlive: 30})
+	a.Subscribe(t, paho.SubscribeOptions{Topic: "r/#", QoS: 0})
+	send("1", 0) // builds the cached routes: a
+	expect(a, "1")
+
+	c := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "c", CleanStart: true, KeepAlive: 30})
+	c.Subscribe(t, paho.SubscribeOptions{Topic: "r/t", QoS: 0})
+	send("2", 0) // a new subscriber is seen at once
+	expect(a, "2")
+	expect(c, "2")
+
+	if _, err := a.Client.Unsubscribe(t.Context(), &paho.Unsubscribe{Topics: []string{"r/#"}}); err != nil {
+		t.Fatal(err)
+	}
+	send("3", 0) // an unsubscribed one gets nothing more
+	expect(c, "3")
+
+	// A persistent session goes away and resumes on a new connection.
+	expiry := uint32(60)
+	pcon := &paho.Connect{ClientID: "p", CleanStart: false, KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}
+	p1, err := mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), pcon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1.Subscribe(t, paho.SubscribeOptions{Topic: "r/t", QoS: 0})
+	send("4", 0)
+	expect(p1, "4")
+	expect(c, "4")
+	p1.Close()
+	send("5", 0) // QoS 0 for an offline session is dropped, as MQTT allows
+	expect(c, "5")
+	p2 := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), pcon)
+	send("6", 0)
+	expect(p2, "6")
+	expect(c, "6")
+
+	// A QoS 1 subscriber sends QoS 1 publishes mochi's way; both still get them.
+	q := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "q", CleanStart: true, KeepAlive: 30})
+	q.Subscribe(t, paho.SubscribeOptions{Topic: "r/t", QoS: 1})
+	send("7", 1)
+	expect(c, "7")
+	expect(p2, "7")
+	if m := q.Next(t); string(m.Payload) != "7" || m.QoS != 1 {
+		t.Fatalf("QoS 1 subscriber got %q at QoS %d", m.Payload, m.QoS)
+	}
+	send("8", 0) // QoS 0 publishes stay on the fast path with a QoS 1 subscriber
+	for _, s := range []*mqtttest.V5{c, p2, q} {
+		expect(s, "8")
+	}
+	if b.fanout.Stats.FastPath.Load() == 0 {
+		t.Error("no publish took the fast path")
+	}
+}

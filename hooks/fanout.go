@@ -3,6 +3,7 @@ package hooks
 import (
 	"bytes"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ type FanoutStats struct {
 	Deliveries atomic.Uint64 // QoS 0 frames queued for a connection
 	Encodes    atomic.Uint64 // frames encoded (one per publish and variant)
 	TooLarge   atomic.Uint64 // deliveries skipped: above the client's maximum packet size
+	FastPath   atomic.Uint64 // publishes routed from the cached routes, never seen by mochi's router
 }
 
 // Fanout takes QoS 0 deliveries to ordinary subscriptions over from mochi.
@@ -39,7 +41,14 @@ type Fanout struct {
 	canRead func(cl *mqtt.Client, topic string) bool
 	// limits gives a client's queue limits once its id is known.
 	limits func(cl *mqtt.Client) connq.Limits
-	Stats  FanoutStats
+	// SharedElsewhere says another hook delivers $share subscriptions (Key-Shared),
+	// so they do not keep a publish on mochi's path.
+	SharedElsewhere bool
+	Stats           FanoutStats
+
+	routes        sync.Map // topic -> *routes
+	routesSize    atomic.Int64
+	routesVersion atomic.Uint64 // bumped whenever mochi's topic index may have changed
 }
 
 // NewFanout returns a fan-out hook for server. canRead (nil: allow all)
@@ -54,7 +63,10 @@ func (h *Fanout) ID() string { return "keyline-fanout" }
 
 // Provides reports which hook methods Fanout implements.
 func (h *Fanout) Provides(b byte) bool {
-	return b == mqtt.OnSelectSubscribers || b == mqtt.OnSessionEstablish
+	return bytes.Contains([]byte{
+		mqtt.OnSelectSubscribers, mqtt.OnSessionEstablish, mqtt.OnPublish,
+		mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished, mqtt.OnStarted, mqtt.OnClientExpired,
+	}, []byte{b})
 }
 
 // OnSessionEstablish applies the queue limits that match the client's id.
@@ -77,8 +89,9 @@ type variant struct {
 	frame   []byte
 }
 
-// OnSelectSubscribers delivers the QoS 0 part of a publish and leaves the
-// rest of subs to mochi.
+// OnSelectSubscribers delivers the QoS 0 part of a publish that mochi
+// routes itself (retained publishes, QoS 1/2 subscribers, $SYS) and leaves
+// the rest of subs to mochi.
 func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
 	delete(subs.Shared, placeholderFilter)
 	if len(subs.Shared) > 0 {
@@ -103,35 +116,143 @@ func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) 
 			continue
 		}
 		delete(subs.Subscriptions, id)
-		if cl.Closed() || (sub.NoLocal && pk.Origin == cl.ID) {
-			continue // mochi drops QoS 0 for a disconnected session too
-		}
 		if h.canRead != nil && !h.canRead(cl, pk.TopicName) {
 			continue
 		}
-		v := cl.Properties.ProtocolVersion
-		retain := pk.FixedHeader.Retain && v == 5 && sub.RetainAsPublished
-		var ids []int
-		if v == 5 && len(sub.Identifiers) > 0 {
-			for _, i := range sub.Identifiers {
-				ids = append(ids, i)
-			}
-			slices.Sort(ids)
-		}
-		frame := h.frame(&variants, pk, v, retain, ids)
-		if frame == nil {
-			continue
-		}
-		if max := cl.Properties.Props.MaximumPacketSize; max > 0 && uint32(len(frame)) > max {
-			h.Stats.TooLarge.Add(1)
-			continue
-		}
-		if q.Enqueue(frame) {
-			h.Stats.Deliveries.Add(1)
-		}
+		h.deliver(&variants, pk, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
 	}
 	return subs
 }
+
+// route is one subscriber of a topic, as the fast path caches it.
+type route struct {
+	cl  *mqtt.Client
+	q   *connq.Conn // nil: not a live connection (an offline session)
+	sub packets.Subscription
+	ids []int // MQTT 5 subscription identifiers, sorted
+}
+
+func sortedIDs(cl *mqtt.Client, sub packets.Subscription) []int {
+	if cl.Properties.ProtocolVersion != 5 || len(sub.Identifiers) == 0 {
+		return nil
+	}
+	ids := make([]int, 0, len(sub.Identifiers))
+	for _, i := range sub.Identifiers {
+		if i > 0 {
+			ids = append(ids, i)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// deliver queues pk at QoS 0 for one subscriber, applying no-local,
+// retain-as-published and the client's maximum packet size.
+func (h *Fanout) deliver(variants *[]variant, pk packets.Packet, r route) {
+	cl := r.cl
+	if r.q == nil || cl.Closed() || (r.sub.NoLocal && pk.Origin == cl.ID) {
+		return // mochi drops QoS 0 for a disconnected session too
+	}
+	v := cl.Properties.ProtocolVersion
+	retain := pk.FixedHeader.Retain && v == 5 && r.sub.RetainAsPublished
+	frame := h.frame(variants, pk, v, retain, r.ids)
+	if frame == nil {
+		return
+	}
+	if max := cl.Properties.Props.MaximumPacketSize; max > 0 && uint32(len(frame)) > max {
+		h.Stats.TooLarge.Add(1)
+		return
+	}
+	if r.q.Enqueue(frame) {
+		h.Stats.Deliveries.Add(1)
+	}
+}
+
+// --- the fast path: publishes mochi never has to route ---
+
+// routes is the subscribers of one topic, derived from mochi's topic index
+// and valid while the index has not changed since (version).
+type routes struct {
+	version uint64
+	// mochiOnly: something only mochi can deliver matches (an inline
+	// subscription, or a shared one nobody else takes).
+	mochiOnly bool
+	maxQoS    byte // highest granted QoS among the subscribers
+	subs      []route
+}
+
+// maxCachedRoutes bounds the topic -> routes cache; past it the cache starts over.
+const maxCachedRoutes = 100_000
+
+// invalidate marks every cached route stale: mochi's topic index changed.
+func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
+
+// routesFor returns topic's subscribers, scanning mochi's index only when
+// it changed since the last scan of this topic.
+func (h *Fanout) routesFor(topic string) *routes {
+	v := h.routesVersion.Load()
+	if r, ok := h.routes.Load(topic); ok && r.(*routes).version == v {
+		return r.(*routes)
+	}
+	subs := h.server.Topics.Subscribers(topic)
+	delete(subs.Shared, placeholderFilter)
+	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.SharedElsewhere)}
+	for id, sub := range subs.Subscriptions {
+		cl, ok := h.server.Clients.Get(id)
+		if !ok {
+			continue
+		}
+		r.maxQoS = max(r.maxQoS, sub.Qos)
+		if h.canRead != nil && !h.canRead(cl, topic) {
+			continue // the ACL is fixed for the broker's life, and so is this client
+		}
+		q, _ := cl.Net.Conn.(*connq.Conn)
+		r.subs = append(r.subs, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
+	}
+	if h.routesSize.Add(1) > maxCachedRoutes {
+		h.routes.Clear()
+		h.routesSize.Store(1)
+	}
+	h.routes.Store(topic, r)
+	return r
+}
+
+// OnPublish delivers a publish whose every matching subscriber takes it at
+// QoS 0 straight from the cached routes and tells mochi to skip routing it
+// (mochi's own routing rebuilds the subscriber set on every publish). Retained
+// publishes and those some subscriber takes at QoS 1/2 go mochi's way.
+func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Retain || cl.Net.Inline {
+		return pk, nil
+	}
+	r := h.routesFor(pk.TopicName)
+	if r.mochiOnly || (pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
+		return pk, nil
+	}
+	var variants []variant
+	for _, rt := range r.subs {
+		h.deliver(&variants, pk, rt)
+	}
+	h.Stats.FastPath.Add(1)
+	return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
+}
+
+// OnSubscribed, OnUnsubscribed, OnSessionEstablished (a resumed session's
+// subscriptions are re-indexed), OnStarted (stored subscriptions were loaded)
+// and OnClientExpired follow every change of mochi's topic index.
+func (h *Fanout) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.invalidate() }
+
+// OnUnsubscribed invalidates the cached routes.
+func (h *Fanout) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.invalidate() }
+
+// OnSessionEstablished invalidates the cached routes.
+func (h *Fanout) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.invalidate() }
+
+// OnStarted invalidates the cached routes.
+func (h *Fanout) OnStarted() { h.invalidate() }
+
+// OnClientExpired invalidates the cached routes.
+func (h *Fanout) OnClientExpired(*mqtt.Client) { h.invalidate() }
 
 // frame returns the encoded QoS 0 PUBLISH for one variant, encoding it on first use.
 func (h *Fanout) frame(variants *[]variant, pk packets.Packet, version byte, retain bool, ids []int) []byte {
