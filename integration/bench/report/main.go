@@ -1002,14 +1002,18 @@ func chartFanout(t *table, path string) (bool, error) {
 	return true, p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }
 
-func chartLatency(t *table, path string) (bool, error) {
-	var cs string
+// firstCase returns the first case of the given kind, "" if there is none.
+func firstCase(t *table, kind string) string {
 	for _, c := range t.cases {
-		if caseKind(t, c) == "latency" {
-			cs = c
-			break
+		if caseKind(t, c) == kind {
+			return c
 		}
 	}
+	return ""
+}
+
+func chartLatency(t *table, path string) (bool, error) {
+	cs := firstCase(t, "latency")
 	if cs == "" {
 		return false, nil
 	}
@@ -1065,13 +1069,7 @@ func chartLatency(t *table, path string) (bool, error) {
 }
 
 func chartRSS(t *table, path string) (bool, error) {
-	var cs string
-	for _, c := range t.cases {
-		if caseKind(t, c) == "slowsub" {
-			cs = c
-			break
-		}
-	}
+	cs := firstCase(t, "slowsub")
 	if cs == "" {
 		return false, nil
 	}
