@@ -85,3 +85,62 @@ func TestKeySharedKeepsKeyOrderAcrossMembers(t *testing.T) {
 	}
 	t.Logf("messages per member: %v", perMember)
 }
+
+// TestEvictedMemberDoesNotGetItsOldMessageOnResume: a persistent-session
+// member vanishes holding a message; after the eviction grace the message
+// goes to another member, and when the first resumes its session mochi
+// must not resend it (the hook removed it from the session's inflight state).
+func TestEvictedMemberDoesNotGetItsOldMessageOnResume(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	addr := b.Addr("tcp")
+	opts := mqtttest.WorkerOptions{SessionExpiry: 300, KeepAlive: 30}
+	w1, err := mqtttest.DialWorker(addr, "w1", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := w1.Subscribe("$share/ev/jobs/#", 1); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	if rc, err := w1.Subscribe("sync/w1", 0); err != nil || rc != 0 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	pub.Publish(t, &paho.Publish{Topic: "jobs/a", QoS: 1, Payload: []byte("job-1")})
+	if m := w1.Next(mqtttest.Timeout); m == nil || string(m.Payload) != "job-1" {
+		t.Fatalf("w1 got %+v", m)
+	}
+	w1.Vanish() // holding job-1, unacknowledged
+
+	w2, err := mqtttest.DialWorker(addr, "w2", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w2.Close)
+	if rc, err := w2.Subscribe("$share/ev/jobs/#", 1); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	m := w2.Next(3 * mqtttest.Timeout) // after the 3 s eviction grace
+	if m == nil || string(m.Payload) != "job-1" {
+		t.Fatalf("w2 got %+v, want job-1 after w1's eviction", m)
+	}
+	if err := w2.Ack(m); err != nil {
+		t.Fatal(err)
+	}
+
+	// w1 resumes its session. mochi resends a session's inflight messages
+	// right after CONNACK, before it reads anything: a sentinel published
+	// after the resume must be the first thing w1 sees.
+	opts.CleanStart = false
+	w1, err = mqtttest.DialWorker(addr, "w1", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w1.Close)
+	if !w1.Connack().SessionPresent {
+		t.Fatal("session not present on resume")
+	}
+	pub.Publish(t, &paho.Publish{Topic: "sync/w1", QoS: 0, Payload: []byte("sentinel")})
+	if m := w1.Next(mqtttest.Timeout); m == nil || string(m.Payload) != "sentinel" {
+		t.Fatalf("w1 got %+v first after resuming, want the sentinel (job-1 belongs to w2 now)", m)
+	}
+}
