@@ -194,7 +194,8 @@ func (b *Broker) addHooks() error {
 			d.Logger = b.log.With("group", name)
 			return d, g
 		},
-		CanRead: canRead,
+		CanRead:  canRead,
+		Sessions: b.sessions,
 	})
 	if err := b.server.AddHook(b.keyShared, nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)

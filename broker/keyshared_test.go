@@ -1,11 +1,13 @@
 package broker
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 
@@ -143,4 +145,76 @@ func TestEvictedMemberDoesNotGetItsOldMessageOnResume(t *testing.T) {
 	if m := w1.Next(mqtttest.Timeout); m == nil || string(m.Payload) != "sentinel" {
 		t.Fatalf("w1 got %+v first after resuming, want the sentinel (job-1 belongs to w2 now)", m)
 	}
+}
+
+// TestKeyFiltersOfAPersistentMemberSurviveARestart: a persistent member's
+// key filters come back with its session after the broker restarts.
+func TestKeyFiltersOfAPersistentMemberSurviveARestart(t *testing.T) {
+	cfg := testConfig(t)
+	b1, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b1.Start(); err != nil {
+		t.Fatal(err)
+	}
+	opts := mqtttest.WorkerOptions{SessionExpiry: 300, KeepAlive: 30}
+	w1, err := mqtttest.DialWorker(b1.Addr("tcp"), "w1", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc, err := w1.Subscribe("$share/kf/jobs/#", 1, "a*"); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	_ = w1.Disconnect()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b1.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	b2 := startBroker(t, cfg)
+	addr := b2.Addr("tcp")
+	opts.CleanStart = false
+	w1, err = mqtttest.DialWorker(addr, "w1", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w1.Close)
+	w2, err := mqtttest.DialWorker(addr, "w2", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w2.Close)
+	if rc, err := w2.Subscribe("$share/kf/jobs/#", 1); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for i := range 20 {
+		for _, prefix := range []string{"a", "b"} {
+			key := fmt.Sprintf("%s%02d", prefix, i)
+			pub.Publish(t, &paho.Publish{Topic: "jobs/x", QoS: 1, Payload: []byte(key),
+				Properties: &paho.PublishProperties{User: paho.UserProperties{{Key: "key", Value: key}}}})
+		}
+	}
+	got := map[string]int{}
+	for got["w1"]+got["w2"] < 40 {
+		select {
+		case m := <-w1.Messages():
+			if !strings.HasPrefix(m.Key, "a") {
+				t.Fatalf("w1 (key filter a*) got key %s after the restart", m.Key)
+			}
+			got["w1"]++
+			_ = w1.Ack(m)
+		case m := <-w2.Messages():
+			got["w2"]++
+			_ = w2.Ack(m)
+		case <-time.After(mqtttest.Timeout):
+			t.Fatalf("stalled after %v", got)
+		}
+	}
+	if got["w1"] == 0 {
+		t.Fatalf("the resumed member got nothing: %v", got)
+	}
+	t.Logf("deliveries: %v", got)
 }

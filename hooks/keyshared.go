@@ -3,6 +3,7 @@ package hooks
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -38,6 +39,9 @@ type KeySharedConfig struct {
 	GroupSettings func(group string) (keyshared.Config, persistence.GroupConfig)
 	// CanRead reports whether a client may receive a message on a topic; nil allows all.
 	CanRead func(cl *mqtt.Client, topic string) bool
+	// Sessions, when set, keeps the key filters of persistent sessions'
+	// memberships, so that a session resumed after a restart keeps them.
+	Sessions *persistence.SessionStore
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
@@ -378,7 +382,46 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			continue
 		}
 		h.join(cl, share, inner, &membership{qos: reasonCodes[i], keyFilters: filters})
+		h.saveKeyFilters(cl, f.Filter, filters)
 	}
+}
+
+// saveKeyFilters records a persistent session's key filters for a shared
+// subscription (queued before the storage hook's commit of the subscription
+// itself, so the SUBACK covers both).
+func (h *KeyShared) saveKeyFilters(cl *mqtt.Client, filter string, filters []string) {
+	if h.cfg.Sessions == nil || !persistent(cl) {
+		return
+	}
+	key := subscriptionKey(cl.ID, filter)
+	if len(filters) == 0 {
+		h.cfg.Sessions.Delete(persistence.KindKeyFilters, key)
+		return
+	}
+	data, err := json.Marshal(filters)
+	if err != nil {
+		h.Log.Error("encode key filters", "client", cl.ID, "error", err)
+		return
+	}
+	h.cfg.Sessions.Put(persistence.KindKeyFilters, key, data)
+}
+
+// storedKeyFilters returns the key filters recorded for a persistent session's
+// shared subscription, nil when there are none.
+func (h *KeyShared) storedKeyFilters(clientID, filter string) []string {
+	if h.cfg.Sessions == nil {
+		return nil
+	}
+	data, err := h.cfg.Sessions.Get(persistence.KindKeyFilters, subscriptionKey(clientID, filter))
+	if err != nil || data == nil {
+		return nil
+	}
+	var filters []string
+	if err := json.Unmarshal(data, &filters); err != nil {
+		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", filter, "error", err)
+		return nil
+	}
+	return filters
 }
 
 func (h *KeyShared) join(cl *mqtt.Client, share, filter string, m *membership) {
@@ -417,6 +460,9 @@ func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			continue
 		}
 		h.leave(cl.ID, GroupName(share, inner))
+		if h.cfg.Sessions != nil && persistent(cl) {
+			h.cfg.Sessions.Delete(persistence.KindKeyFilters, subscriptionKey(cl.ID, f.Filter))
+		}
 	}
 }
 
@@ -465,11 +511,14 @@ func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		if !ok {
 			continue
 		}
-		m := &membership{qos: sub.Qos}
+		var m *membership
 		for g, km := range known {
 			if g.name == GroupName(share, inner) {
 				m = km
 			}
+		}
+		if m == nil { // not known in memory: the broker restarted since
+			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter)}
 		}
 		h.join(cl, share, inner, m)
 	}

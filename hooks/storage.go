@@ -106,6 +106,7 @@ func (h *Storage) forget(id string) {
 	h.store.Delete(persistence.KindClient, []byte(id))
 	h.store.DeletePrefix(persistence.KindSubscription, p)
 	h.store.DeletePrefix(persistence.KindInflight, p)
+	h.store.DeletePrefix(persistence.KindKeyFilters, p)
 }
 
 // OnSessionEstablished records a persistent client, or forgets a session that

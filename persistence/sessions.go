@@ -18,9 +18,12 @@ const (
 	KindRetained     = "retained"
 	KindInflight     = "inflight"
 	KindSysInfo      = "sysinfo"
+	// KindKeyFilters holds the key filters of persistent sessions' Key-Shared
+	// memberships, keyed like subscriptions.
+	KindKeyFilters = "keyfilters"
 )
 
-var sessionKinds = []string{KindClient, KindSubscription, KindRetained, KindInflight, KindSysInfo}
+var sessionKinds = []string{KindClient, KindSubscription, KindRetained, KindInflight, KindSysInfo, KindKeyFilters}
 
 var sessionsBucket = []byte("sessions")
 
@@ -250,6 +253,22 @@ func deletePrefix(b *bolt.Bucket, prefix []byte) error {
 		}
 	}
 	return nil
+}
+
+// Get returns a copy of the committed record of kind under key, or nil.
+func (s *SessionStore) Get(kind string, key []byte) ([]byte, error) {
+	var out []byte
+	err := s.db.bolt.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(sessionsBucket).Bucket([]byte(kind))
+		if b == nil {
+			return fmt.Errorf("%w: %q", ErrUnknownKind, kind)
+		}
+		if v := b.Get(key); v != nil {
+			out = bytes.Clone(v)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // ForEach calls fn for every record of kind in key order, reading committed
