@@ -218,3 +218,30 @@ func TestKeyFiltersOfAPersistentMemberSurviveARestart(t *testing.T) {
 	}
 	t.Logf("deliveries: %v", got)
 }
+
+func TestMalformedSharedSubscriptionsGet0x8F(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	w, err := mqtttest.DialWorker(b.Addr("tcp"), "w", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Close)
+	for _, tc := range []struct {
+		filter string
+		keys   []string
+	}{
+		{"$share//orders/#", nil},           // empty share name
+		{"$share/g/", nil},                  // empty filter
+		{"$share/g", nil},                   // no filter
+		{"$share/g+/orders/#", nil},         // wildcard in the share name
+		{"$share/g/orders/#/x", nil},        // '#' not last
+		{"$share/g/orders/#", []string{""}}, // empty key filter
+	} {
+		if rc, err := w.Subscribe(tc.filter, 1, tc.keys...); err != nil || rc != 0x8F {
+			t.Errorf("SUBSCRIBE %q key filters %q = %#x %v, want 0x8F", tc.filter, tc.keys, rc, err)
+		}
+	}
+	if rc, err := w.Subscribe("$share/g/orders/#", 1, "eu-*", "us-?"); err != nil || rc != 1 {
+		t.Errorf("a well-formed shared subscription = %#x %v, want granted QoS 1", rc, err)
+	}
+}
