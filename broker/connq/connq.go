@@ -10,7 +10,8 @@
 //     many connections): queued by reference, never copied, and subject to the
 //     connection's overflow policy.
 //
-// The writer drains up to a byte budget per wakeup and sends it with one
+// The writer goroutine runs only while there is something to send: it drains
+// up to a byte budget per wakeup and sends it with one
 // writev (net.Buffers) on TCP, or one coalesced Write on TLS and WebSocket.
 //
 // Invariants:
@@ -127,13 +128,18 @@ type Conn struct {
 		bytes     int // bytes of the frames in q[head:] not dropped
 		limits    Limits
 		overSoft  time.Time // when bytes last went above Soft; zero while under
-		scheduled bool      // the writer has been woken or is running
+		scheduled bool      // a writer goroutine is running (at most one is)
 		closing   bool
 		failed    error
 		holds     []*Hold // holds whose frame has not been written by mochi yet
 	}
-	wake chan struct{} // capacity 1
-	done chan struct{} // closed when the writer has exited
+	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
+
+	// The writer's buffers, reused across wakeups; only the running writer
+	// goroutine touches them.
+	wbatch    []frame
+	wbufs     net.Buffers
+	wcoalesce []byte
 
 	droppedMessages atomic.Uint64
 	droppedBytes    atomic.Uint64
@@ -148,10 +154,9 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, done: make(chan struct{})}
 	q.tcp, _ = c.(*net.TCPConn)
 	q.mu.limits = limits
-	go q.run()
 	return q
 }
 
@@ -278,10 +283,7 @@ func (c *Conn) dropLocked(n int) {
 func (c *Conn) pushLocked(f frame) {
 	c.mu.q = append(c.mu.q, f)
 	c.mu.bytes += len(f.b)
-	if !c.mu.scheduled {
-		c.mu.scheduled = true
-		c.wake <- struct{}{} // never blocks: only the holder of scheduled sends
-	}
+	c.scheduleLocked()
 }
 
 func (c *Conn) closedLocked() error {
@@ -306,10 +308,7 @@ func (c *Conn) failLocked(err error) {
 			"remote", c.RemoteAddr().String(), "queued_bytes", c.mu.bytes, "hard_limit", c.mu.limits.Hard)
 	}
 	_ = c.Conn.Close() // ends the reader and any blocked write
-	if !c.mu.scheduled {
-		c.mu.scheduled = true
-		c.wake <- struct{}{}
-	}
+	c.scheduleLocked()
 }
 
 // Close flushes queued frames (for at most FlushTimeout), then closes the
@@ -322,10 +321,7 @@ func (c *Conn) Close() error {
 	}
 	c.mu.closing = true
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(FlushTimeout))
-	if !c.mu.scheduled {
-		c.mu.scheduled = true
-		c.wake <- struct{}{}
-	}
+	c.scheduleLocked()
 	return nil
 }
 
@@ -423,10 +419,7 @@ func (h *Hold) decide(failed bool, code byte) {
 	if failed {
 		c.failFrameLocked(h)
 	}
-	if !c.mu.scheduled {
-		c.mu.scheduled = true
-		c.wake <- struct{}{}
-	}
+	c.scheduleLocked()
 }
 
 // failFrameLocked prepares the failure acknowledgement that replaces a held
@@ -439,20 +432,35 @@ func (c *Conn) failFrameLocked(h *Hold) {
 	h.replace = []byte{h.typ << 4, 3, byte(h.id >> 8), byte(h.id), h.code}
 }
 
-// take moves up to BatchBudget bytes of frames into batch. It blocks until
-// there is something to do and reports false when the writer should exit.
-func (c *Conn) take(batch []frame) ([]frame, bool) {
+// scheduleLocked starts the writer goroutine unless it is running. The
+// writer runs only while there is something to write, so an idle connection
+// costs no goroutine.
+func (c *Conn) scheduleLocked() {
+	if !c.mu.scheduled {
+		c.mu.scheduled = true
+		go c.run()
+	}
+}
+
+type takeResult uint8
+
+const (
+	takeBatch takeResult = iota // write the batch
+	takeIdle                    // nothing to write now: the writer exits until scheduled again
+	takeDone                    // closed or failed: finish the connection
+)
+
+// take moves up to BatchBudget bytes of frames into batch.
+func (c *Conn) take(batch []frame) ([]frame, takeResult) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.mu.failed == nil && (c.mu.head == len(c.mu.q) && !c.mu.closing || c.heldLocked()) {
-		c.mu.scheduled = false
-		c.mu.Unlock()
-		<-c.wake
-		c.mu.Lock()
-	}
-	if c.mu.failed != nil || c.mu.head == len(c.mu.q) { // failed, or closing with nothing left
+	switch {
+	case c.mu.failed != nil || (c.mu.head == len(c.mu.q) && c.mu.closing):
 		c.mu.q, c.mu.head, c.mu.bytes = nil, 0, 0
-		return batch, false
+		return batch, takeDone
+	case c.mu.head == len(c.mu.q) || c.heldLocked():
+		c.mu.scheduled = false // Enqueue, Write, Close or a hold's decision start it again
+		return batch, takeIdle
 	}
 	n := 0
 	for c.mu.head < len(c.mu.q) {
@@ -483,7 +491,7 @@ func (c *Conn) take(batch []frame) ([]frame, bool) {
 	if c.mu.bytes <= c.mu.limits.Soft {
 		c.mu.overSoft = time.Time{}
 	}
-	return batch, true
+	return batch, takeBatch
 }
 
 // heldLocked reports whether the next frame waits for a hold's decision.
@@ -495,44 +503,43 @@ func (c *Conn) heldLocked() bool {
 	return h != nil && !h.decided
 }
 
+// run is the writer: it drains the queue, one writev per batch, and exits
+// when the queue is empty (or finishes the connection once it is closed).
 func (c *Conn) run() {
-	defer close(c.done)
-	defer c.Conn.Close()
-	var (
-		batch    []frame
-		bufs     net.Buffers
-		coalesce []byte
-	)
 	for {
-		var ok bool
-		batch, ok = c.take(batch[:0])
-		if !ok {
+		batch, res := c.take(c.wbatch[:0])
+		switch res {
+		case takeIdle:
+			return // touch nothing after this: another writer may start at once
+		case takeDone:
+			_ = c.Conn.Close()
+			close(c.done)
 			return
 		}
+		c.wbatch = batch
 		var err error
 		if c.tcp != nil {
-			bufs = bufs[:0]
+			c.wbufs = c.wbufs[:0]
 			for _, f := range batch {
-				bufs = append(bufs, f.b)
+				c.wbufs = append(c.wbufs, f.b)
 			}
-			_, err = bufs.WriteTo(c.tcp)
+			_, err = c.wbufs.WriteTo(c.tcp)
 		} else {
-			coalesce = coalesce[:0]
+			c.wcoalesce = c.wcoalesce[:0]
 			for _, f := range batch {
-				coalesce = append(coalesce, f.b...)
+				c.wcoalesce = append(c.wcoalesce, f.b...)
 			}
-			_, err = c.Conn.Write(coalesce)
-			if cap(coalesce) > 4*BatchBudget {
-				coalesce = nil // do not pin a one-off huge buffer
+			_, err = c.Conn.Write(c.wcoalesce)
+			if cap(c.wcoalesce) > 4*BatchBudget {
+				c.wcoalesce = nil // do not pin a one-off huge buffer
 			}
 		}
 		c.account(batch)
 		clear(batch) // drop references to shared frames
 		if err != nil {
 			c.mu.Lock()
-			c.failLocked(err)
+			c.failLocked(err) // the next take finishes the connection
 			c.mu.Unlock()
-			return
 		}
 	}
 }
