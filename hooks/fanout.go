@@ -181,8 +181,10 @@ type routes struct {
 	subs      []route
 }
 
-// maxCachedRoutes bounds the topic -> routes cache; past it the cache starts over.
-const maxCachedRoutes = 100_000
+// maxCachedRoutes bounds the routes the cache holds, summed over topics (a
+// wildcard subscriber appears under every topic it matches); past it the
+// cache starts over. 256Ki routes are some 40 MiB.
+const maxCachedRoutes = 256 << 10
 
 // invalidate marks every cached route stale: mochi's topic index changed.
 func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
@@ -209,9 +211,9 @@ func (h *Fanout) routesFor(topic string) *routes {
 		q, _ := cl.Net.Conn.(*connq.Conn)
 		r.subs = append(r.subs, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
 	}
-	if h.routesSize.Add(1) > maxCachedRoutes {
+	if n := int64(len(r.subs) + 1); h.routesSize.Add(n) > maxCachedRoutes {
 		h.routes.Clear()
-		h.routesSize.Store(1)
+		h.routesSize.Store(n)
 	}
 	h.routes.Store(topic, r)
 	return r
