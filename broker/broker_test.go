@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -58,10 +59,11 @@ func startBroker(t testing.TB, cfg Config) *Broker {
 		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if err := b.Shutdown(ctx); err != nil {
-			t.Errorf("Shutdown: %v", err)
+			buf := make([]byte, 1<<20)
+			t.Errorf("Shutdown: %v; goroutines:\n%s", err, buf[:runtime.Stack(buf, true)])
 		}
 		w.done.Store(true)
 	})
