@@ -307,6 +307,9 @@ func (c *Conn) failLocked(err error) {
 		c.log.Warn("disconnecting slow consumer: outbound queue full",
 			"remote", c.RemoteAddr().String(), "queued_bytes", c.mu.bytes, "hard_limit", c.mu.limits.Hard)
 	}
+	// Past deadlines first: closing a TLS connection writes a close_notify,
+	// which must not wait on a peer that does not read while c.mu is held.
+	_ = c.Conn.SetDeadline(time.Now())
 	_ = c.Conn.Close() // ends the reader and any blocked write
 	c.scheduleLocked()
 }

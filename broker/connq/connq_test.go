@@ -44,6 +44,7 @@ func (g *gatedConn) Write(p []byte) (int, error) {
 
 func (g *gatedConn) Close() error                     { g.once.Do(func() { close(g.closed) }); return nil }
 func (g *gatedConn) SetWriteDeadline(time.Time) error { return nil }
+func (g *gatedConn) SetDeadline(time.Time) error      { return nil }
 func (g *gatedConn) SetReadDeadline(time.Time) error  { return nil }
 func (g *gatedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1} }
 func (g *gatedConn) open()                            { close(g.gate) }
