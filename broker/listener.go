@@ -168,6 +168,7 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		// mochi's to close: close them here so the wait below ends.
 		l.mu.Lock()
 		for c := range l.mu.open {
+			_ = c.SetDeadline(time.Now()) // a TLS close_notify must not wait on a peer that does not read
 			_ = c.Close()
 		}
 		l.mu.Unlock()
