@@ -66,6 +66,7 @@ func (h *Fanout) Provides(b byte) bool {
 	return bytes.Contains([]byte{
 		mqtt.OnSelectSubscribers, mqtt.OnSessionEstablish, mqtt.OnPublish,
 		mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished, mqtt.OnStarted, mqtt.OnClientExpired,
+		mqtt.OnPacketEncode,
 	}, []byte{b})
 }
 
@@ -249,6 +250,17 @@ func (h *Fanout) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.invalidate() }
 
 // OnSessionEstablished invalidates the cached routes.
 func (h *Fanout) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.invalidate() }
+
+// OnPacketEncode invalidates the cached routes when a CONNACK is about to go
+// out: a resumed session's subscriptions were re-indexed for its new
+// connection just before, and OnSessionEstablished only runs after the
+// client has its CONNACK (and may already be publishing to itself).
+func (h *Fanout) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type == packets.Connack {
+		h.invalidate()
+	}
+	return pk
+}
 
 // OnStarted invalidates the cached routes.
 func (h *Fanout) OnStarted() { h.invalidate() }
