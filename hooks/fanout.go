@@ -256,8 +256,8 @@ func (h *Fanout) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.invalida
 // connection just before, and OnSessionEstablished only runs after the
 // client has its CONNACK (and may already be publishing to itself).
 func (h *Fanout) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Connack {
-		h.invalidate()
+	if pk.FixedHeader.Type == packets.Connack && pk.SessionPresent {
+		h.invalidate() // only a resumed session changes the index at connect time
 	}
 	return pk
 }
