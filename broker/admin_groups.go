@@ -289,12 +289,7 @@ func (a *groupAdmin) handleGroups(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *groupAdmin) handleGroupDetail(w http.ResponseWriter, r *http.Request) {
-	q, err := queryParams(r, "group")
-	if err != nil {
-		badRequest(w, err)
-		return
-	}
-	name, err := groupParam(q)
+	name, err := groupTarget(r)
 	if err != nil {
 		badRequest(w, err)
 		return
@@ -308,12 +303,7 @@ func (a *groupAdmin) handleGroupDetail(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *groupAdmin) handleDeleteGroup(w http.ResponseWriter, r *http.Request) {
-	q, err := queryParams(r, "group")
-	if err != nil {
-		badRequest(w, err)
-		return
-	}
-	name, err := groupParam(q)
+	name, err := groupTarget(r)
 	if err != nil {
 		badRequest(w, err)
 		return
@@ -380,6 +370,15 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		page.DeadLetters = append(page.DeadLetters, deadLetterView(e))
 	}
 	writeJSON(w, http.StatusOK, page)
+}
+
+// groupTarget reads the group= parameter of a request that takes nothing else.
+func groupTarget(r *http.Request) (string, error) {
+	q, err := queryParams(r, "group")
+	if err != nil {
+		return "", err
+	}
+	return groupParam(q)
 }
 
 // dlqTarget reads the group= and optional id= parameters of a dead-letter action.

@@ -114,9 +114,9 @@ func rawSubscribe(t *testing.T, addr, clientID, filter string, qos byte) net.Con
 	t.Helper()
 	c := rawConnect(t, addr, clientID)
 	body := binary.BigEndian.AppendUint16(nil, 1)
-	body = appendString(body, filter)
+	body = mqtttest.AppendString(body, filter)
 	body = append(body, qos)
-	if _, err := c.Write(append(appendVarint([]byte{0x82}, len(body)), body...)); err != nil {
+	if _, err := c.Write(append(mqtttest.AppendVarint([]byte{0x82}, len(body)), body...)); err != nil {
 		t.Fatal(err)
 	}
 	ack := make([]byte, 5)

@@ -3,7 +3,6 @@ package broker
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -15,34 +14,15 @@ import (
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
-func appendVarint(b []byte, n int) []byte {
-	for {
-		d := byte(n % 128)
-		n /= 128
-		if n > 0 {
-			d |= 0x80
-		}
-		b = append(b, d)
-		if n == 0 {
-			return b
-		}
-	}
-}
-
-func appendString(b []byte, s string) []byte {
-	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
-	return append(b, s...)
-}
-
 // rawConnect opens a TCP connection and completes an MQTT 3.1.1 CONNECT by hand.
 func rawConnect(t *testing.T, addr, clientID string) net.Conn {
 	t.Helper()
 	c := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
 	t.Cleanup(func() { c.Close() })
-	body := appendString(nil, "MQTT")
+	body := mqtttest.AppendString(nil, "MQTT")
 	body = append(body, 4, 0x02, 0, 60) // level 4, clean session, keepalive 60 s
-	body = appendString(body, clientID)
-	pkt := appendVarint([]byte{0x10}, len(body))
+	body = mqtttest.AppendString(body, clientID)
+	pkt := mqtttest.AppendVarint([]byte{0x10}, len(body))
 	if _, err := c.Write(append(pkt, body...)); err != nil {
 		t.Fatalf("write CONNECT: %v", err)
 	}
@@ -56,8 +36,8 @@ func rawConnect(t *testing.T, addr, clientID string) net.Conn {
 }
 
 func rawPublish(topic string, payload []byte) []byte {
-	body := append(appendString(nil, topic), payload...)
-	return append(appendVarint([]byte{0x30}, len(body)), body...)
+	body := append(mqtttest.AppendString(nil, topic), payload...)
+	return append(mqtttest.AppendVarint([]byte{0x30}, len(body)), body...)
 }
 
 // TestBadConnectionsCloseOnlyThemselves sends garbage and oversized packets
@@ -84,9 +64,9 @@ func TestBadConnectionsCloseOnlyThemselves(t *testing.T) {
 		},
 		"second CONNECT": func(t *testing.T) net.Conn {
 			c := rawConnect(t, addr, "twice")
-			body := append(appendString(nil, "MQTT"), 4, 0x02, 0, 60)
-			body = appendString(body, "twice")
-			_, _ = c.Write(append(appendVarint([]byte{0x10}, len(body)), body...))
+			body := append(mqtttest.AppendString(nil, "MQTT"), 4, 0x02, 0, 60)
+			body = mqtttest.AppendString(body, "twice")
+			_, _ = c.Write(append(mqtttest.AppendVarint([]byte{0x10}, len(body)), body...))
 			return c
 		},
 		"publish larger than max-packet-size": func(t *testing.T) net.Conn {

@@ -785,7 +785,6 @@ func publishPacket(m *keyshared.Message, qos byte) packets.Packet {
 		TopicName:   m.Topic,
 		Payload:     m.Payload,
 		Created:     m.PublishedAt.Unix(),
-		Origin:      "",
 		Properties: packets.Properties{
 			PayloadFormat:     m.Props.PayloadFormat,
 			PayloadFormatFlag: m.Props.PayloadFormatSet,

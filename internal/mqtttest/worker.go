@@ -649,7 +649,8 @@ func (w *Worker) read(r *bufio.Reader) error {
 
 // --- encoding ---
 
-func appendVarint(b []byte, n int) []byte {
+// AppendVarint appends n as an MQTT variable byte integer.
+func AppendVarint(b []byte, n int) []byte {
 	for {
 		d := byte(n % 128)
 		n /= 128
@@ -663,28 +664,29 @@ func appendVarint(b []byte, n int) []byte {
 	}
 }
 
-func appendString(b []byte, s string) []byte {
+// AppendString appends s as an MQTT UTF-8 string (two-byte length, bytes).
+func AppendString(b []byte, s string) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
 	return append(b, s...)
 }
 
 // frame prefixes body with the fixed header.
 func frame(first byte, body []byte) []byte {
-	out := appendVarint([]byte{first}, len(body))
+	out := AppendVarint([]byte{first}, len(body))
 	return append(out, body...)
 }
 
 // withProps appends an MQTT 5 property block (length, then props).
 func withProps(b, props []byte) []byte {
-	b = appendVarint(b, len(props))
+	b = AppendVarint(b, len(props))
 	return append(b, props...)
 }
 
 func appendUserProps(b []byte, ps []UserProperty) []byte {
 	for _, p := range ps {
 		b = append(b, propUserProperty)
-		b = appendString(b, p.Key)
-		b = appendString(b, p.Value)
+		b = AppendString(b, p.Key)
+		b = AppendString(b, p.Value)
 	}
 	return b
 }
@@ -700,7 +702,7 @@ func encodeConnect(clientID string, o WorkerOptions) []byte {
 	if o.Password != "" {
 		flags |= 0x40
 	}
-	b := appendString(nil, "MQTT")
+	b := AppendString(nil, "MQTT")
 	b = append(b, 5, flags)
 	b = binary.BigEndian.AppendUint16(b, o.KeepAlive)
 	var props []byte
@@ -711,12 +713,12 @@ func encodeConnect(clientID string, o WorkerOptions) []byte {
 		props = binary.BigEndian.AppendUint16(append(props, propReceiveMaximum), o.ReceiveMaximum)
 	}
 	b = withProps(b, props)
-	b = appendString(b, clientID)
+	b = AppendString(b, clientID)
 	if o.Username != "" {
-		b = appendString(b, o.Username)
+		b = AppendString(b, o.Username)
 	}
 	if o.Password != "" {
-		b = appendString(b, o.Password)
+		b = AppendString(b, o.Password)
 	}
 	return frame(typeConnect<<4, b)
 }
@@ -728,7 +730,7 @@ func encodeSubscribe(id uint16, filter string, qos byte, keyFilters []string) []
 		props = appendUserProps(props, []UserProperty{{KeyFilterProperty, f}})
 	}
 	b = withProps(b, props)
-	b = appendString(b, filter)
+	b = AppendString(b, filter)
 	b = append(b, qos&0x03)
 	return frame(typeSubscribe<<4|0x02, b)
 }
@@ -736,12 +738,12 @@ func encodeSubscribe(id uint16, filter string, qos byte, keyFilters []string) []
 func encodeUnsubscribe(id uint16, filter string) []byte {
 	b := binary.BigEndian.AppendUint16(nil, id)
 	b = withProps(b, nil)
-	b = appendString(b, filter)
+	b = AppendString(b, filter)
 	return frame(typeUnsubscribe<<4|0x02, b)
 }
 
 func encodePublish(o Outgoing, id uint16) []byte {
-	b := appendString(nil, o.Topic)
+	b := AppendString(nil, o.Topic)
 	if o.QoS > 0 {
 		b = binary.BigEndian.AppendUint16(b, id)
 	}
