@@ -123,26 +123,26 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
 
 	f = fanout.fs
-	f.StringVar(&cfg.SlowPolicy, "slow-policy", cfg.SlowPolicy, "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest or disconnect")
+	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest or disconnect")
 	f.Var(&cfg.ConnQueueSoft, "conn-queue-soft", "outbound queue size a client may exceed for --conn-queue-grace (e.g. 512KiB)")
 	f.Var(&cfg.ConnQueueHard, "conn-queue-hard", "outbound queue size never exceeded; acks and QoS 1/2 messages past it disconnect the client")
 	f.DurationVar(&cfg.ConnQueueGrace, "conn-queue-grace", cfg.ConnQueueGrace, "how long a queue may stay above --conn-queue-soft")
 
 	f = logs.fs
-	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	f.StringVar(&cfg.LogFormat, "log-format", cfg.LogFormat, "text or json")
+	f.Var(&cfg.LogLevel, "log-level", broker.LogLevels.String())
+	f.Var(&cfg.LogFormat, "log-format", broker.LogFormats.String())
 
 	f = keyshared.fs
 	f.StringVar(&cfg.KeyProperty, "key-property", cfg.KeyProperty, "MQTT 5 user property holding a message's routing key (else the topic)")
 	f.DurationVar(&cfg.AckTimeout, "ack-timeout", cfg.AckTimeout, "time a member has to acknowledge a message before it is retried")
 	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", cfg.MaxDeliveries, "failed deliveries (nacks, timeouts, lost members) before the poison policy applies")
-	f.StringVar(&cfg.PoisonPolicy, "poison-policy", cfg.PoisonPolicy, "for a message past --max-deliveries: dead-letter, drop or block (only its key stops)")
+	f.Var(&cfg.PoisonPolicy, "poison-policy", "for a message past --max-deliveries: dead-letter, drop or block (only its key stops)")
 	f.DurationSliceVar(&cfg.RetryBackoff, "retry-backoff", cfg.RetryBackoff, "delay before a retry, doubling per attempt: base[,max]")
 	f.IntVar(&cfg.MemberMaxInflight, "member-max-inflight", cfg.MemberMaxInflight, "messages in flight per member (lowered to its Receive Maximum)")
 	f.IntVar(&cfg.Window, "window", cfg.Window, "messages in flight plus blocked per group; when full the group stops reading its log")
 	f.Uint64Var(&cfg.BacklogMaxMessages, "backlog-max-messages", cfg.BacklogMaxMessages, "unresolved messages a group keeps (0: no limit)")
 	f.Var(&cfg.BacklogMaxBytes, "backlog-max-bytes", "unresolved bytes a group keeps (0: no limit)")
-	f.StringVar(&cfg.BacklogPolicy, "backlog-policy", cfg.BacklogPolicy, "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
+	f.Var(&cfg.BacklogPolicy, "backlog-policy", "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group and its backlog after this long without members (0: never)")
 
 	f = general.fs

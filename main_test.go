@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keyline-mq/keyline/broker"
 )
 
 func TestFlagsOverrideConfigFileOverDefaults(t *testing.T) {
@@ -21,7 +23,7 @@ func TestFlagsOverrideConfigFileOverDefaults(t *testing.T) {
 	if cfg.TCP != "127.0.0.1:3883" {
 		t.Errorf("tcp = %q: the flag must win over the file", cfg.TCP)
 	}
-	if cfg.HTTP != "127.0.0.1:2884" || cfg.AckTimeout != time.Minute || cfg.LogFormat != "json" {
+	if cfg.HTTP != "127.0.0.1:2884" || cfg.AckTimeout != time.Minute || cfg.LogFormat != broker.LogJSON {
 		t.Errorf("file values lost: http %q ack-timeout %v log-format %q", cfg.HTTP, cfg.AckTimeout, cfg.LogFormat)
 	}
 	if cfg.MaxDeliveries != 9 {

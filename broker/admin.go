@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"sort"
 
-	"github.com/keyline-mq/keyline/broker/connq"
+	"github.com/keyline-mq/keyline/internal/connq"
 )
 
 // ClientView is what the admin API shows of one client.

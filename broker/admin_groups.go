@@ -508,13 +508,13 @@ func (a *groupAdmin) groupDetail(name string) (GroupView, error) {
 	v := a.groupView(st, time.Now())
 	s := a.b.cfg.settingsFor(name)
 	v.Settings = &GroupSettingsView{
-		AckTimeout: s.AckTimeout.String(), MaxDeliveries: s.MaxDeliveries, PoisonPolicy: s.PoisonPolicy,
+		AckTimeout: s.AckTimeout.String(), MaxDeliveries: s.MaxDeliveries, PoisonPolicy: s.PoisonPolicy.String(),
 		MemberMaxInflight: s.MemberMaxInflight, Window: s.Window,
 		BacklogMaxMessages: st.Info.Config.MaxMessages, BacklogMaxBytes: st.Info.Config.MaxBytes,
-		BacklogPolicy: string(st.Info.Config.Policy),
+		BacklogPolicy: st.Info.Config.Policy.String(),
 	}
 	if v.Settings.BacklogPolicy == "" {
-		v.Settings.BacklogPolicy = string(persistence.PolicyReject)
+		v.Settings.BacklogPolicy = persistence.PolicyReject.String()
 	}
 	for _, d := range s.RetryBackoff {
 		v.Settings.RetryBackoff = append(v.Settings.RetryBackoff, d.String())

@@ -25,8 +25,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/keyline-mq/keyline/broker/connq"
 	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -412,21 +412,4 @@ func (b *Broker) httpHandler() http.Handler {
 		_, _ = io.WriteString(w, "ready\n")
 	})
 	return b.adminHandler(mux)
-}
-
-// NewLogger returns a slog logger writing to w at level in format, as the
-// log-level and log-format settings name them.
-func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("%w: log-level %q is not one of %s", ErrInvalidConfig, level, strings.Join(LogLevels, ", "))
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("%w: log-format %q is not one of %s", ErrInvalidConfig, format, strings.Join(LogFormats, ", "))
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"gopkg.in/yaml.v3"
 
-	"github.com/keyline-mq/keyline/broker/connq"
+	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
 
 // ErrInvalidConfig wraps every error Validate and LoadConfigFile return.
@@ -37,8 +39,8 @@ type Config struct {
 	Fsync   bool   `yaml:"fsync"`    // fsync every commit (off: survives a process crash, not a power loss)
 
 	// Logs.
-	LogLevel  string `yaml:"log-level"`  // debug, info, warn, error
-	LogFormat string `yaml:"log-format"` // text or json
+	LogLevel  LogLevel  `yaml:"log-level"`  // debug, info, warn, error
+	LogFormat LogFormat `yaml:"log-format"` // text or json
 
 	// MQTT limits.
 	MaxPacketSize    uint32        `yaml:"max-packet-size"`    // bytes; larger packets close the connection (0: no limit)
@@ -50,7 +52,7 @@ type Config struct {
 	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
-	SlowPolicy         string              `yaml:"slow-policy"`          // drop-oldest, drop-newest or disconnect, for QoS 0 frames that do not fit
+	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest or disconnect, for QoS 0 frames that do not fit
 	ConnQueueSoft      ByteSize            `yaml:"conn-queue-soft"`      // may be exceeded for conn-queue-grace
 	ConnQueueHard      ByteSize            `yaml:"conn-queue-hard"`      // never exceeded; frames mochi writes past it cut the client
 	ConnQueueGrace     time.Duration       `yaml:"conn-queue-grace"`     // how long a queue may stay above the soft limit
@@ -70,15 +72,15 @@ type Config struct {
 
 // GroupSettings tune Key-Shared dispatch and storage of a group.
 type GroupSettings struct {
-	AckTimeout         time.Duration   `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
-	MaxDeliveries      int             `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
-	PoisonPolicy       string          `yaml:"poison-policy"`        // dead-letter, drop or block
-	RetryBackoff       []time.Duration `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
-	MemberMaxInflight  int             `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
-	Window             int             `yaml:"window"`               // messages in flight plus blocked per group
-	BacklogMaxMessages uint64          `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
-	BacklogMaxBytes    ByteSize        `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
-	BacklogPolicy      string          `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
+	AckTimeout         time.Duration             `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
+	MaxDeliveries      int                       `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
+	PoisonPolicy       keyshared.PoisonPolicy    `yaml:"poison-policy"`        // dead-letter, drop or block
+	RetryBackoff       []time.Duration           `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
+	MemberMaxInflight  int                       `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
+	Window             int                       `yaml:"window"`               // messages in flight plus blocked per group
+	BacklogMaxMessages uint64                    `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
+	BacklogMaxBytes    ByteSize                  `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
+	BacklogPolicy      persistence.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
 }
 
 // GroupOverride changes the settings of the groups it names: Group is a full
@@ -98,7 +100,7 @@ type GroupOverride struct {
 type ConnQueueOverride struct {
 	Listener       string        `yaml:"listener"`
 	ClientPrefix   string        `yaml:"client-prefix"`
-	SlowPolicy     string        `yaml:"slow-policy"`
+	SlowPolicy     connq.Policy  `yaml:"slow-policy"`
 	ConnQueueSoft  ByteSize      `yaml:"conn-queue-soft"`
 	ConnQueueHard  ByteSize      `yaml:"conn-queue-hard"`
 	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
@@ -111,14 +113,14 @@ func DefaultConfig() Config {
 		HTTP:             "127.0.0.1:9883",
 		DataDir:          "./data",
 		Fsync:            true,
-		LogLevel:         "info",
-		LogFormat:        "text",
+		LogLevel:         LogInfo,
+		LogFormat:        LogText,
 		MaxPacketSize:    1 << 20,
 		MaxInflight:      8192,
 		ReceiveMaximum:   1024,
 		MaxSessionExpiry: 0,
 		ShutdownTimeout:  10 * time.Second,
-		SlowPolicy:       "drop-oldest",
+		SlowPolicy:       connq.DropOldest,
 		ConnQueueSoft:    1 << 20,
 		ConnQueueHard:    8 << 20,
 		ConnQueueGrace:   10 * time.Second,
@@ -126,30 +128,13 @@ func DefaultConfig() Config {
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
-			PoisonPolicy:      "dead-letter",
+			PoisonPolicy:      keyshared.PoisonDeadLetter,
 			RetryBackoff:      []time.Duration{time.Second, time.Minute},
 			MemberMaxInflight: 1000,
 			Window:            10000,
-			BacklogPolicy:     "reject",
+			BacklogPolicy:     persistence.PolicyReject,
 		},
 	}
-}
-
-// LogLevels and LogFormats are the accepted values of log-level and log-format.
-var (
-	LogLevels      = []string{"debug", "info", "warn", "error"}
-	LogFormats     = []string{"text", "json"}
-	PoisonPolices  = []string{"dead-letter", "drop", "block"}
-	BacklogPolices = []string{"reject", "drop-oldest"}
-)
-
-func oneOf(name, v string, allowed []string) error {
-	for _, a := range allowed {
-		if v == a {
-			return nil
-		}
-	}
-	return fmt.Errorf("%w: %s %q is not one of %s", ErrInvalidConfig, name, v, strings.Join(allowed, ", "))
 }
 
 func checkAddr(name, addr string) error {
@@ -230,11 +215,11 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
 		}
 	}
-	if err := oneOf("log-level", c.LogLevel, LogLevels); err != nil {
-		return err
-	}
-	if err := oneOf("log-format", c.LogFormat, LogFormats); err != nil {
-		return err
+	switch {
+	case c.LogLevel == 0:
+		return fmt.Errorf("%w: log-level is not set (want %s)", ErrInvalidConfig, LogLevels)
+	case c.LogFormat == 0:
+		return fmt.Errorf("%w: log-format is not set (want %s)", ErrInvalidConfig, LogFormats)
 	}
 	return nil
 }
@@ -250,7 +235,7 @@ func (c *Config) connLimits(listener, clientID string) (connq.Limits, error) {
 		if o.ClientPrefix != "" && clientID == "" {
 			continue
 		}
-		if o.SlowPolicy != "" {
+		if o.SlowPolicy != 0 {
 			policy = o.SlowPolicy
 		}
 		if o.ConnQueueSoft != 0 {
@@ -264,11 +249,9 @@ func (c *Config) connLimits(listener, clientID string) (connq.Limits, error) {
 		}
 		break
 	}
-	p, err := connq.ParsePolicy(policy)
-	if err != nil {
-		return connq.Limits{}, fmt.Errorf("%w: slow-policy %q is not one of %s", ErrInvalidConfig, policy, strings.Join(connq.Policies, ", "))
-	}
 	switch {
+	case policy == 0:
+		return connq.Limits{}, fmt.Errorf("%w: slow-policy is not set (want %s)", ErrInvalidConfig, connq.Policies)
 	case hard <= 0:
 		return connq.Limits{}, fmt.Errorf("%w: conn-queue-hard must be positive", ErrInvalidConfig)
 	case soft < 0 || soft > hard:
@@ -278,7 +261,7 @@ func (c *Config) connLimits(listener, clientID string) (connq.Limits, error) {
 	case grace < 0:
 		return connq.Limits{}, fmt.Errorf("%w: conn-queue-grace must not be negative", ErrInvalidConfig)
 	}
-	return connq.Limits{Soft: int(soft), Hard: int(hard), Grace: grace, Policy: p}, nil
+	return connq.Limits{Soft: int(soft), Hard: int(hard), Grace: grace, Policy: policy}, nil
 }
 
 // LoadConfigFile reads a YAML config file into c, over the values c already

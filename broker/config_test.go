@@ -7,6 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
 
 func TestDefaultConfigIsValid(t *testing.T) {
@@ -27,11 +31,11 @@ func TestValidateNamesTheProblem(t *testing.T) {
 		{"shared address", func(c *Config) { c.WS = ":1883" }, `tcp and ws both use address ":1883"`},
 		{"tls without key", func(c *Config) { c.TLS = ":8883"; c.TLSCert = "c.pem" }, "tls needs both tls-cert and tls-key"},
 		{"cert without tls", func(c *Config) { c.TLSCert = "c.pem" }, "tls-cert and tls-key need a tls listener"},
-		{"log level", func(c *Config) { c.LogLevel = "loud" }, `log-level "loud" is not one of debug, info, warn, error`},
-		{"log format", func(c *Config) { c.LogFormat = "xml" }, `log-format "xml" is not one of text, json`},
+		{"log level", func(c *Config) { c.LogLevel = 0 }, `log-level is not set`},
 		{"data dir", func(c *Config) { c.DataDir = "" }, "data-dir is empty"},
 		{"max deliveries", func(c *Config) { c.MaxDeliveries = 0 }, "max-deliveries must be at least 1"},
-		{"poison policy", func(c *Config) { c.PoisonPolicy = "retry" }, `poison-policy "retry" is not one of dead-letter, drop, block`},
+		{"poison policy", func(c *Config) { c.PoisonPolicy = 0 }, `poison-policy is not set`},
+		{"slow policy", func(c *Config) { c.SlowPolicy = 0 }, `slow-policy is not set`},
 		{"ack timeout", func(c *Config) { c.AckTimeout = 0 }, "ack-timeout must be positive"},
 		{"key property", func(c *Config) { c.KeyProperty = "" }, "key-property is empty"},
 		{"receive maximum", func(c *Config) { c.ReceiveMaximum = 0 }, "receive-maximum must be at least 1"},
@@ -46,6 +50,34 @@ func TestValidateNamesTheProblem(t *testing.T) {
 				t.Fatalf("Validate() = %v, want an ErrInvalidConfig containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNamedValuesParseOnce: policies and modes parse themselves when the file
+// (or a flag) is read, naming the setting and every accepted value.
+func TestNamedValuesParseOnce(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"log-level: loud", `log-level "loud" is not one of debug, info, warn or error`},
+		{"log-format: xml", `log-format "xml" is not one of text or json`},
+		{"poison-policy: retry", `poison-policy "retry" is not one of dead-letter, drop or block`},
+		{"backlog-policy: sometimes", `backlog-policy "sometimes" is not one of reject or drop-oldest`},
+		{"slow-policy: drop-all", `slow-policy "drop-all" is not one of drop-oldest, drop-newest or disconnect`},
+		{"group-overrides:\n  - share: s\n    poison-policy: later", `poison-policy "later" is not one of`},
+		{"conn-queue-overrides:\n  - client-prefix: x\n    slow-policy: slow", `slow-policy "slow" is not one of`},
+	} {
+		c := DefaultConfig()
+		err := DecodeConfig([]byte(tc.yaml), &c)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("DecodeConfig(%q) = %v, want an ErrInvalidConfig containing %q", tc.yaml, err, tc.want)
+		}
+	}
+	c := DefaultConfig()
+	if err := DecodeConfig([]byte("log-level: debug\nlog-format: json\npoison-policy: block\nbacklog-policy: drop-oldest\nslow-policy: disconnect\n"), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.LogLevel != LogDebug || c.LogFormat != LogJSON || c.PoisonPolicy != keyshared.PoisonBlock ||
+		c.BacklogPolicy != persistence.PolicyDropOldest || c.SlowPolicy != connq.Disconnect {
+		t.Fatalf("decoded %v %v %v %v %v", c.LogLevel, c.LogFormat, c.PoisonPolicy, c.BacklogPolicy, c.SlowPolicy)
 	}
 }
 

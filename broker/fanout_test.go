@@ -13,6 +13,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
@@ -174,8 +175,8 @@ func TestSlowReadersFollowTheirPolicyAndHurtNobody(t *testing.T) {
 	small := ByteSize(256 << 10)
 	cfg.ConnQueueOverrides = []ConnQueueOverride{
 		{ClientPrefix: "fast-", ConnQueueSoft: 64 << 20, ConnQueueHard: 64 << 20},
-		{ClientPrefix: "slow-drop-", SlowPolicy: "drop-oldest", ConnQueueSoft: small, ConnQueueHard: small},
-		{ClientPrefix: "slow-cut-", SlowPolicy: "disconnect", ConnQueueSoft: small, ConnQueueHard: small},
+		{ClientPrefix: "slow-drop-", SlowPolicy: connq.DropOldest, ConnQueueSoft: small, ConnQueueHard: small},
+		{ClientPrefix: "slow-cut-", SlowPolicy: connq.Disconnect, ConnQueueSoft: small, ConnQueueHard: small},
 		{ClientPrefix: "slow-q1-", ConnQueueSoft: small, ConnQueueHard: small},
 	}
 	b := startBroker(t, cfg)

@@ -17,7 +17,7 @@ func (s GroupSettings) merge(o GroupSettings) GroupSettings {
 	if o.MaxDeliveries != 0 {
 		s.MaxDeliveries = o.MaxDeliveries
 	}
-	if o.PoisonPolicy != "" {
+	if o.PoisonPolicy != 0 {
 		s.PoisonPolicy = o.PoisonPolicy
 	}
 	if len(o.RetryBackoff) > 0 {
@@ -35,7 +35,7 @@ func (s GroupSettings) merge(o GroupSettings) GroupSettings {
 	if o.BacklogMaxBytes != 0 {
 		s.BacklogMaxBytes = o.BacklogMaxBytes
 	}
-	if o.BacklogPolicy != "" {
+	if o.BacklogPolicy != 0 {
 		s.BacklogPolicy = o.BacklogPolicy
 	}
 	return s
@@ -59,11 +59,11 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 	bad := func(format string, a ...any) (keyshared.Config, persistence.GroupConfig, error) {
 		return keyshared.Config{}, persistence.GroupConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
-	policy, err := keyshared.ParsePoisonPolicy(s.PoisonPolicy)
-	if err != nil {
-		return bad("poison-policy %q is not one of %s", s.PoisonPolicy, strings.Join(PoisonPolices, ", "))
-	}
 	switch {
+	case s.PoisonPolicy == 0:
+		return bad("poison-policy is not set (want %s)", keyshared.PoisonPolicies)
+	case s.BacklogPolicy == 0:
+		return bad("backlog-policy is not set (want %s)", persistence.BacklogPolicies)
 	case s.AckTimeout <= 0:
 		return bad("ack-timeout must be positive")
 	case s.MaxDeliveries < 1:
@@ -79,12 +79,9 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 	case s.BacklogMaxBytes < 0:
 		return bad("backlog-max-bytes must not be negative")
 	}
-	if err := oneOf("backlog-policy", s.BacklogPolicy, BacklogPolices); err != nil {
-		return keyshared.Config{}, persistence.GroupConfig{}, err
-	}
 	d := keyshared.DefaultConfig()
 	d.Group = name
-	d.AckTimeout, d.MaxDeliveries, d.Poison = s.AckTimeout, s.MaxDeliveries, policy
+	d.AckTimeout, d.MaxDeliveries, d.Poison = s.AckTimeout, s.MaxDeliveries, s.PoisonPolicy
 	d.RetryBackoffBase, d.RetryBackoffMax = s.RetryBackoff[0], s.RetryBackoff[0]
 	if len(s.RetryBackoff) == 2 {
 		d.RetryBackoffMax = s.RetryBackoff[1]
@@ -93,7 +90,7 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 	if err := d.Validate(); err != nil {
 		return bad("%v", err)
 	}
-	g := persistence.GroupConfig{MaxMessages: s.BacklogMaxMessages, MaxBytes: uint64(s.BacklogMaxBytes), Policy: persistence.BacklogPolicy(s.BacklogPolicy)}
+	g := persistence.GroupConfig{MaxMessages: s.BacklogMaxMessages, MaxBytes: uint64(s.BacklogMaxBytes), Policy: s.BacklogPolicy}
 	if err := g.Validate(); err != nil {
 		return bad("%v", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/mochi-mqtt/server/v2/listeners"
 
-	"github.com/keyline-mq/keyline/broker/connq"
+	"github.com/keyline-mq/keyline/internal/connq"
 )
 
 // listener is an MQTT listener that binds its address when it is created, so

@@ -18,9 +18,9 @@ func TestSampleConfigLoads(t *testing.T) {
 		t.Fatal(err)
 	}
 	switch {
-	case len(cfg.ConnQueueOverrides) != 2 || cfg.ConnQueueOverrides[1].SlowPolicy != "disconnect":
+	case len(cfg.ConnQueueOverrides) != 2 || cfg.ConnQueueOverrides[1].SlowPolicy.String() != "disconnect":
 		t.Errorf("conn-queue-overrides: %+v", cfg.ConnQueueOverrides)
-	case len(cfg.GroupOverrides) != 2 || cfg.GroupOverrides[0].MaxDeliveries != 3 || cfg.GroupOverrides[1].PoisonPolicy != "block":
+	case len(cfg.GroupOverrides) != 2 || cfg.GroupOverrides[0].MaxDeliveries != 3 || cfg.GroupOverrides[1].PoisonPolicy.String() != "block":
 		t.Errorf("group-overrides: %+v", cfg.GroupOverrides)
 	case len(cfg.RetryBackoff) != 2 || cfg.RetryBackoff[1] != time.Minute:
 		t.Errorf("retry-backoff: %v", cfg.RetryBackoff)

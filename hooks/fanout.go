@@ -10,7 +10,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/broker/connq"
+	"github.com/keyline-mq/keyline/internal/connq"
 )
 
 // The placeholder shared subscription makes mochi call OnSelectSubscribers

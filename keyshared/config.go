@@ -74,8 +74,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.MaxDeliveries < 1:
 		return bad("MaxDeliveries", c.MaxDeliveries, ">= 1")
-	case c.Poison > PoisonBlock:
-		return bad("Poison", c.Poison, "dead-letter, drop or block")
+	case c.Poison < PoisonDeadLetter || c.Poison > PoisonBlock:
+		return bad("Poison", uint8(c.Poison), PoisonPolicies.String())
 	case c.AckTimeout <= 0:
 		return bad("AckTimeout", c.AckTimeout, "> 0")
 	case c.RetryBackoffBase < 0:

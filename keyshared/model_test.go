@@ -101,7 +101,7 @@ func newModel(t *testing.T, seed uint64) *model {
 	cfg := DefaultConfig()
 	cfg.Group = "model"
 	cfg.MaxDeliveries = 1 + rng.IntN(4)
-	cfg.Poison = PoisonPolicy(rng.IntN(3))
+	cfg.Poison = PoisonPolicy(1 + rng.IntN(3))
 	cfg.AckTimeout = time.Duration(1+rng.IntN(6)) * 500 * time.Millisecond
 	cfg.RetryBackoffBase = time.Duration(rng.IntN(3)) * 500 * time.Millisecond
 	cfg.RetryBackoffMax = cfg.RetryBackoffBase * time.Duration(1+rng.IntN(4))

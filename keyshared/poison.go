@@ -1,17 +1,20 @@
 package keyshared
 
 import (
-	"fmt"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/enum"
 )
 
 // PoisonPolicy says what happens to a message that failed MaxDeliveries times.
+// The zero value means "not set": a Config with it is invalid, and settings
+// that override others leave the policy alone.
 type PoisonPolicy uint8
 
 const (
 	// PoisonDeadLetter records the message through Log.DeadLetter, then lets
 	// the key go on. It is the default.
-	PoisonDeadLetter PoisonPolicy = iota
+	PoisonDeadLetter PoisonPolicy = iota + 1
 	// PoisonDrop discards the message (counted) and lets the key go on.
 	PoisonDrop
 	// PoisonBlock keeps the message at the head of its key: that key stops
@@ -34,31 +37,36 @@ func NeverRetry(reason byte) bool {
 	return reason == ReasonNotAuthorized || reason == ReasonPayloadFormatInvalid
 }
 
+// PoisonPolicies names the policies, in value order: the one list of names
+// that flags, the config file and the admin API use.
+var PoisonPolicies = enum.Names{"dead-letter", "drop", "block"}
+
 // String returns the policy's configuration name.
-func (p PoisonPolicy) String() string {
-	switch p {
-	case PoisonDeadLetter:
-		return "dead-letter"
-	case PoisonDrop:
-		return "drop"
-	case PoisonBlock:
-		return "block"
-	}
-	return fmt.Sprintf("PoisonPolicy(%d)", uint8(p))
-}
+func (p PoisonPolicy) String() string { return PoisonPolicies.Name(uint8(p)) }
 
 // ParsePoisonPolicy parses "dead-letter", "drop" or "block".
 func ParsePoisonPolicy(s string) (PoisonPolicy, error) {
-	switch s {
-	case "dead-letter":
-		return PoisonDeadLetter, nil
-	case "drop":
-		return PoisonDrop, nil
-	case "block":
-		return PoisonBlock, nil
-	}
-	return 0, fmt.Errorf("%w: %q (want dead-letter, drop or block)", ErrInvalidPoisonPolicy, s)
+	v, err := PoisonPolicies.Parse("poison-policy", s, ErrInvalidPoisonPolicy)
+	return PoisonPolicy(v), err
 }
+
+// UnmarshalText parses the policy from YAML and other text formats.
+func (p *PoisonPolicy) UnmarshalText(b []byte) error {
+	v, err := ParsePoisonPolicy(string(b))
+	if err == nil {
+		*p = v
+	}
+	return err
+}
+
+// MarshalText prints the policy's name.
+func (p PoisonPolicy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// Set makes *PoisonPolicy a flag value (pflag.Value).
+func (p *PoisonPolicy) Set(s string) error { return p.UnmarshalText([]byte(s)) }
+
+// Type names the flag's value type in --help.
+func (p *PoisonPolicy) Type() string { return "policy" }
 
 // failed handles a message whose attempt just failed (its attempts already
 // counted, it is no longer in flight): retry after backoff, or apply the

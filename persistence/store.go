@@ -9,6 +9,8 @@ import (
 
 	"github.com/keyline-mq/keyline/keyshared"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/keyline-mq/keyline/internal/enum"
 )
 
 // ErrGroupNotFound is returned for an operation on a group that does not exist
@@ -43,16 +45,51 @@ var ErrClosed = errors.New("persistence: store closed")
 // largest bbolt key).
 const MaxGroupNameLen = bolt.MaxKeySize
 
-// BacklogPolicy says what an append does when a group's backlog limit is reached.
-type BacklogPolicy string
+// BacklogPolicy says what an append does when a group's backlog limit is
+// reached. The zero value means "not set", which acts as PolicyReject.
+type BacklogPolicy uint8
 
 const (
 	// PolicyReject fails the append with ErrBacklogFull (the default).
-	PolicyReject BacklogPolicy = "reject"
+	PolicyReject BacklogPolicy = iota + 1
 	// PolicyDropOldest drops the oldest unresolved entries to make room; they
 	// are counted in GroupInfo.Dropped.
-	PolicyDropOldest BacklogPolicy = "drop-oldest"
+	PolicyDropOldest
 )
+
+// BacklogPolicies names the policies, in value order.
+var BacklogPolicies = enum.Names{"reject", "drop-oldest"}
+
+// String returns the policy's configuration name ("" when not set).
+func (p BacklogPolicy) String() string { return BacklogPolicies.Name(uint8(p)) }
+
+// ParseBacklogPolicy parses "reject" or "drop-oldest".
+func ParseBacklogPolicy(s string) (BacklogPolicy, error) {
+	v, err := BacklogPolicies.Parse("backlog-policy", s, ErrBadConfig)
+	return BacklogPolicy(v), err
+}
+
+// UnmarshalText parses the policy from YAML, JSON and other text formats.
+func (p *BacklogPolicy) UnmarshalText(b []byte) error {
+	if len(b) == 0 {
+		*p = 0
+		return nil
+	}
+	v, err := ParseBacklogPolicy(string(b))
+	if err == nil {
+		*p = v
+	}
+	return err
+}
+
+// MarshalText prints the policy's name.
+func (p BacklogPolicy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// Set makes *BacklogPolicy a flag value (pflag.Value).
+func (p *BacklogPolicy) Set(s string) error { return p.UnmarshalText([]byte(s)) }
+
+// Type names the flag's value type in --help.
+func (p *BacklogPolicy) Type() string { return "policy" }
 
 // GroupConfig holds the settings of one group. The zero value means no limits.
 type GroupConfig struct {
@@ -61,21 +98,20 @@ type GroupConfig struct {
 	// MaxBytes bounds the encoded size (topic, key, properties and payload) of the
 	// messages after the cursor; 0 means no bound.
 	MaxBytes uint64 `json:"max_bytes,omitempty"`
-	// Policy applies when a limit is reached; empty means PolicyReject.
+	// Policy applies when a limit is reached; zero means PolicyReject.
 	Policy BacklogPolicy `json:"policy,omitempty"`
 }
 
 // Validate reports whether c is usable.
 func (c GroupConfig) Validate() error {
-	switch c.Policy {
-	case "", PolicyReject, PolicyDropOldest:
-		return nil
+	if c.Policy > PolicyDropOldest {
+		return fmt.Errorf("%w: backlog policy %d (want %s)", ErrBadConfig, c.Policy, BacklogPolicies)
 	}
-	return fmt.Errorf("%w: backlog policy %q (want %q or %q)", ErrBadConfig, c.Policy, PolicyReject, PolicyDropOldest)
+	return nil
 }
 
 func (c GroupConfig) policy() BacklogPolicy {
-	if c.Policy == "" {
+	if c.Policy == 0 {
 		return PolicyReject
 	}
 	return c.Policy

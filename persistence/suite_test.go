@@ -626,7 +626,7 @@ func testLifecycle(t *testing.T, h *harness) {
 	if err != nil || created {
 		t.Fatalf("second EnsureGroup = %v, %v", created, err)
 	}
-	if _, err := h.s.EnsureGroup("a/y", GroupConfig{Policy: "sometimes"}); !errors.Is(err, ErrBadConfig) {
+	if _, err := h.s.EnsureGroup("a/y", GroupConfig{Policy: 7}); !errors.Is(err, ErrBadConfig) {
 		t.Fatalf("bad policy = %v", err)
 	}
 	ensure(t, h.s, "a/y", GroupConfig{})

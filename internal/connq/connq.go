@@ -22,49 +22,60 @@ package connq
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/enum"
 )
 
-// Policy is what happens to a shared frame that does not fit.
+// Policy is what happens to a shared frame that does not fit. The zero value
+// means "not set": a queue without a policy drops the oldest frames.
 type Policy uint8
 
 const (
 	// DropOldest evicts the oldest queued shared frames to make room: the
 	// reader sees the newest data (state-like feeds).
-	DropOldest Policy = iota
+	DropOldest Policy = iota + 1
 	// DropNewest drops the frame being offered.
 	DropNewest
 	// Disconnect cuts the connection; the client reconnects and resyncs.
 	Disconnect
 )
 
-// Policies lists the accepted policy names, in Policy order.
-var Policies = []string{"drop-oldest", "drop-newest", "disconnect"}
+// Policies names the policies, in value order.
+var Policies = enum.Names{"drop-oldest", "drop-newest", "disconnect"}
 
-func (p Policy) String() string {
-	if int(p) < len(Policies) {
-		return Policies[p]
-	}
-	return fmt.Sprintf("Policy(%d)", p)
-}
+func (p Policy) String() string { return Policies.Name(uint8(p)) }
 
 // ErrUnknownPolicy is returned by ParsePolicy for a name it does not know.
 var ErrUnknownPolicy = errors.New("connq: unknown slow-consumer policy")
 
 // ParsePolicy returns the policy with the given name.
 func ParsePolicy(name string) (Policy, error) {
-	for i, n := range Policies {
-		if n == name {
-			return Policy(i), nil
-		}
-	}
-	return 0, fmt.Errorf("%w %q (want drop-oldest, drop-newest or disconnect)", ErrUnknownPolicy, name)
+	v, err := Policies.Parse("slow-policy", name, ErrUnknownPolicy)
+	return Policy(v), err
 }
+
+// UnmarshalText parses the policy from YAML and other text formats.
+func (p *Policy) UnmarshalText(b []byte) error {
+	v, err := ParsePolicy(string(b))
+	if err == nil {
+		*p = v
+	}
+	return err
+}
+
+// MarshalText prints the policy's name.
+func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// Set makes *Policy a flag value (pflag.Value).
+func (p *Policy) Set(s string) error { return p.UnmarshalText([]byte(s)) }
+
+// Type names the flag's value type in --help.
+func (p *Policy) Type() string { return "policy" }
 
 // Limits bound one connection's queue.
 type Limits struct {
@@ -213,6 +224,12 @@ func (c *Conn) Enqueue(b []byte) bool {
 	l := &c.mu.limits
 	if !c.fitsLocked(len(b)) {
 		switch l.Policy {
+		default: // DropOldest, or not set
+			c.evictLocked(len(b))
+			if c.mu.bytes+len(b) > l.Hard {
+				c.dropLocked(len(b)) // only unsheddable frames are queued, or b alone exceeds the limit
+				return false
+			}
 		case DropNewest:
 			c.dropLocked(len(b))
 			return false
@@ -220,12 +237,6 @@ func (c *Conn) Enqueue(b []byte) bool {
 			c.dropLocked(len(b))
 			c.failLocked(ErrSlowConsumer)
 			return false
-		case DropOldest:
-			c.evictLocked(len(b))
-			if c.mu.bytes+len(b) > l.Hard {
-				c.dropLocked(len(b)) // only unsheddable frames are queued, or b alone exceeds the limit
-				return false
-			}
 		}
 	}
 	c.pushLocked(frame{b: b, shared: true})

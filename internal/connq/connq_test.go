@@ -276,7 +276,7 @@ func TestCloseFlushesQueuedFrames(t *testing.T) {
 func TestParsePolicy(t *testing.T) {
 	for i, name := range Policies {
 		p, err := ParsePolicy(name)
-		if err != nil || p != Policy(i) || p.String() != name {
+		if err != nil || p != Policy(i+1) || p.String() != name {
 			t.Errorf("ParsePolicy(%q) = %v, %v", name, p, err)
 		}
 	}
