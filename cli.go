@@ -1,53 +1,119 @@
 package main
 
 import (
-	"bytes"
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
-	"github.com/keyline-mq/keyline/broker"
+	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/enum"
 )
 
-// The admin subcommands talk to a running broker's admin API (/api/v1 on --http).
+// The admin subcommands talk to a running broker's admin API (/api/v1 on
+// --http) through adminapi, the package the broker serves it from.
 
-const cliUsage = `Usage:
-  keyline groups [list]         list Key-Shared groups
-  keyline groups show GROUP     one group in detail, with its members
-  keyline groups delete GROUP   delete a group with its backlog and dead letters (it must have no members)
-  keyline dlq list GROUP [--after ID] [--limit N]   list dead letters (paged by id)
-  keyline dlq replay GROUP [--id ID | --all]        put one dead letter (default: all) back on the group's log
-  keyline dlq purge GROUP (--id ID | --all)         delete one dead letter (or all)
+// cliCommand is one admin subcommand.
+type cliCommand struct {
+	name  string   // "groups list"
+	usage string   // arguments and flags, for the usage text
+	help  string   // one line
+	group bool     // takes a GROUP argument
+	flags []string // command-specific flags it accepts (of id, all, after, limit)
+	run   func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (print func(io.Writer), raw []byte, err error)
+}
 
+// cliCommands is every admin subcommand, in the order the usage lists them.
+var cliCommands = []cliCommand{
+	{name: "groups list", help: "list Key-Shared groups",
+		run: func(ctx context.Context, c *adminapi.Conn, _ *cliFlags, _ string) (func(io.Writer), []byte, error) {
+			v, raw, err := adminapi.Call(ctx, c, adminapi.ListGroups())
+			return func(w io.Writer) { printGroups(w, v.Groups) }, raw, err
+		}},
+	{name: "groups show", usage: "GROUP", help: "one group in detail, with its members", group: true,
+		run: func(ctx context.Context, c *adminapi.Conn, _ *cliFlags, group string) (func(io.Writer), []byte, error) {
+			v, raw, err := adminapi.Call(ctx, c, adminapi.GroupDetail(group))
+			return func(w io.Writer) { printGroup(w, &v) }, raw, err
+		}},
+	{name: "groups delete", usage: "GROUP", help: "delete a group with its backlog and dead letters (it must have no members)", group: true,
+		run: func(ctx context.Context, c *adminapi.Conn, _ *cliFlags, group string) (func(io.Writer), []byte, error) {
+			v, raw, err := adminapi.Call(ctx, c, adminapi.DeleteGroup(group))
+			return func(w io.Writer) {
+				fmt.Fprintf(w, "deleted group %s (backlog %d, dead letters %d)\n", term(v.Deleted), v.Backlog, v.DeadLetters)
+			}, raw, err
+		}},
+	{name: "dlq list", usage: "GROUP [--after ID] [--limit N]", help: "list dead letters (paged by id)", group: true, flags: []string{"after", "limit"},
+		run: func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (func(io.Writer), []byte, error) {
+			if f.limit < 1 || f.limit > adminapi.MaxDLQLimit {
+				return nil, nil, usageError{fmt.Errorf("--limit %d is not between 1 and %d", f.limit, adminapi.MaxDLQLimit)}
+			}
+			v, raw, err := adminapi.Call(ctx, c, adminapi.DeadLetters(group, f.after, f.limit))
+			return func(w io.Writer) { printDeadLetters(w, &v) }, raw, err
+		}},
+	{name: "dlq replay", usage: "GROUP [--id ID | --all]", help: "put one dead letter (default: all) back on the group's log", group: true, flags: []string{"id", "all"},
+		run: func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (func(io.Writer), []byte, error) {
+			if f.idGiven && f.all {
+				return nil, nil, usageError{errors.New("give --id or --all, not both")}
+			}
+			v, raw, err := adminapi.Call(ctx, c, adminapi.Replay(group, f.id, !f.idGiven))
+			return func(w io.Writer) { printReplay(w, &v) }, raw, err
+		}},
+	{name: "dlq purge", usage: "GROUP (--id ID | --all)", help: "delete one dead letter (or all)", group: true, flags: []string{"id", "all"},
+		run: func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (func(io.Writer), []byte, error) {
+			switch {
+			case f.idGiven && f.all:
+				return nil, nil, usageError{errors.New("give --id or --all, not both")}
+			case !f.idGiven && !f.all:
+				return nil, nil, usageError{errors.New("dlq purge needs --id ID, or --all to purge every dead letter of the group")}
+			}
+			v, raw, err := adminapi.Call(ctx, c, adminapi.Purge(group, f.id, f.all))
+			return func(w io.Writer) {
+				fmt.Fprintf(w, "purged %d dead letter%s of %s\n", v.Purged, plural(v.Purged), term(v.Group))
+			}, raw, err
+		}},
+}
+
+// cliDefaults maps a command word given alone to its default subcommand.
+var cliDefaults = map[string]string{"groups": "groups list"}
+
+func cliUsage() string {
+	var b strings.Builder
+	b.WriteString("Usage:\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 3, ' ', 0)
+	for _, c := range cliCommands {
+		fmt.Fprintf(tw, "  keyline %s %s\t%s\n", c.name, c.usage, c.help)
+	}
+	_ = tw.Flush()
+	b.WriteString(`
 GROUP is "<share>/<filter>" as in $share/<share>/<filter>, e.g. 'workers/orders/#' (quote it for the shell).
 
 Flags:
-`
+`)
+	return b.String()
+}
 
-// cliError is an error the server (or reaching it) caused: exit code 1.
-type cliError struct{ msg string }
-
-func (e cliError) Error() string { return e.msg }
-
+// cliFlags are the flags of every admin subcommand.
 type cliFlags struct {
 	server, token string
 	json, all     bool
 	id            uint64
+	idGiven       bool
 	after         uint64
 	limit         int
 	help          bool
 }
+
+// commandFlags are the flags only some commands take.
+var commandFlags = []string{"id", "all", "after", "limit"}
 
 func newCLIFlags(f *cliFlags) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("keyline", pflag.ContinueOnError)
@@ -58,10 +124,15 @@ func newCLIFlags(f *cliFlags) *pflag.FlagSet {
 	fs.Uint64Var(&f.id, "id", 0, "dlq replay/purge: the dead letter's id")
 	fs.BoolVar(&f.all, "all", false, "dlq replay/purge: every dead letter of the group")
 	fs.Uint64Var(&f.after, "after", 0, "dlq list: list dead letters with ids after this one")
-	fs.IntVar(&f.limit, "limit", 100, "dlq list: at most this many (1-1000)")
+	fs.IntVar(&f.limit, "limit", adminapi.DefaultDLQLimit, fmt.Sprintf("dlq list: at most this many (1-%d)", adminapi.MaxDLQLimit))
 	fs.BoolVarP(&f.help, "help", "h", false, "show this help")
 	return fs
 }
+
+// cliError is an error the server (or reaching it) caused: exit code 1.
+type cliError struct{ msg string }
+
+func (e cliError) Error() string { return e.msg }
 
 // runCLI runs `keyline groups ...` or `keyline dlq ...`.
 func runCLI(args []string, stdout, stderr io.Writer) int {
@@ -71,10 +142,10 @@ func runCLI(args []string, stdout, stderr io.Writer) int {
 	case err == nil:
 		return 0
 	case errors.As(err, &ce):
-		fmt.Fprintf(stderr, "keyline: %v\n", err)
+		fmt.Fprintf(stderr, "keyline: %v\n", term(err.Error()))
 		return 1
 	default:
-		fmt.Fprintf(stderr, "keyline: %v (see keyline %s --help)\n", err, args[0])
+		fmt.Fprintf(stderr, "keyline: %v (see keyline %s --help)\n", term(err.Error()), args[0])
 		return 2
 	}
 }
@@ -86,194 +157,92 @@ func cli(args []string, stdout io.Writer) error {
 		return err
 	}
 	if f.help {
-		fmt.Fprint(stdout, cliUsage+fs.FlagUsages())
+		fmt.Fprint(stdout, cliUsage()+fs.FlagUsages())
 		return nil
 	}
 	pos := fs.Args() // [groups|dlq, sub, GROUP...]
-	cmd, sub := pos[0], ""
-	if len(pos) > 1 {
-		sub = pos[1]
+	name := strings.Join(pos[:min(2, len(pos))], " ")
+	if d, ok := cliDefaults[name]; ok {
+		name = d
 	}
-	var rest []string
-	if len(pos) > 2 {
-		rest = pos[2:]
+	var cmd *cliCommand
+	for i := range cliCommands {
+		if cliCommands[i].name == name {
+			cmd = &cliCommands[i]
+		}
 	}
+	if cmd == nil {
+		var subs []string
+		for _, c := range cliCommands {
+			if w, sub, _ := strings.Cut(c.name, " "); w == pos[0] {
+				subs = append(subs, sub)
+			}
+		}
+		if len(pos) == 1 {
+			return fmt.Errorf("%s needs %s", pos[0], enum.Names(subs))
+		}
+		return fmt.Errorf("unknown command %q (want %s %s)", name, pos[0], enum.Names(subs))
+	}
+	rest := pos[min(2, len(pos)):]
+	var group string
+	switch {
+	case cmd.group && len(rest) == 0:
+		return fmt.Errorf("%s needs a GROUP (e.g. 'workers/orders/#')", cmd.name)
+	case cmd.group:
+		group, rest = rest[0], rest[1:]
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("unexpected argument %q", rest[0])
+	}
+	for _, n := range commandFlags {
+		if fs.Changed(n) && !contains(cmd.flags, n) {
+			return fmt.Errorf("--%s does not apply to %s", n, cmd.name)
+		}
+	}
+	f.idGiven = fs.Changed("id")
 	if f.token == "" {
 		f.token = os.Getenv("KEYLINE_HTTP_TOKEN")
 	}
-	given := func(name string) bool { return fs.Changed(name) }
-	onlyFlags := func(allowed ...string) error {
-		for _, n := range []string{"id", "all", "after", "limit"} {
-			if given(n) && !strings.Contains(" "+strings.Join(allowed, " ")+" ", " "+n+" ") {
-				return fmt.Errorf("--%s does not apply to %s %s", n, cmd, sub)
-			}
-		}
-		return nil
-	}
-	group := func() (string, error) {
-		switch len(rest) {
-		case 0:
-			return "", fmt.Errorf("%s %s needs a GROUP (e.g. 'workers/orders/#')", cmd, sub)
-		case 1:
-			return rest[0], nil
-		}
-		return "", fmt.Errorf("unexpected argument %q", rest[1])
-	}
-	c, err := newAdminClient(f.server, f.token)
+	c, err := adminapi.Dial(f.server, f.token)
 	if err != nil {
+		return fmt.Errorf("--server: %w", err)
+	}
+	print, raw, err := cmd.run(context.Background(), c, &f, group)
+	var se *adminapi.StatusError
+	switch {
+	case errors.As(err, new(usageError)):
+		return err
+	case errors.As(err, &se) && se.NoToken:
+		return cliError{fmt.Sprintf("the admin API needs a token: pass --token or set KEYLINE_HTTP_TOKEN (HTTP %d)", se.Status)}
+	case err != nil:
+		return cliError{err.Error()}
+	case f.json:
+		_, err := stdout.Write(raw)
 		return err
 	}
-
-	switch cmd + " " + sub {
-	case "groups ", "groups list":
-		if len(rest) > 0 {
-			return fmt.Errorf("unexpected argument %q", rest[0])
-		}
-		if err := onlyFlags(); err != nil {
-			return err
-		}
-		var out struct {
-			Groups []broker.GroupView `json:"groups"`
-		}
-		return c.do(stdout, f.json, http.MethodGet, "/api/v1/groups", nil, &out, func(w io.Writer) { printGroups(w, out.Groups) })
-	case "groups show", "groups delete":
-		name, err := group()
-		if err != nil {
-			return err
-		}
-		if err := onlyFlags(); err != nil {
-			return err
-		}
-		q := url.Values{"group": {name}}
-		if sub == "show" {
-			var v broker.GroupView
-			return c.do(stdout, f.json, http.MethodGet, "/api/v1/groups/detail", q, &v, func(w io.Writer) { printGroup(w, &v) })
-		}
-		var v broker.DeleteGroupResult
-		return c.do(stdout, f.json, http.MethodDelete, "/api/v1/groups", q, &v, func(w io.Writer) {
-			fmt.Fprintf(w, "deleted group %s (backlog %d, dead letters %d)\n", v.Deleted, v.Backlog, v.DeadLetters)
-		})
-	case "dlq list":
-		name, err := group()
-		if err != nil {
-			return err
-		}
-		if err := onlyFlags("after", "limit"); err != nil {
-			return err
-		}
-		if f.limit < 1 || f.limit > 1000 {
-			return fmt.Errorf("--limit %d is not between 1 and 1000", f.limit)
-		}
-		q := url.Values{"group": {name}, "after": {strconv.FormatUint(f.after, 10)}, "limit": {strconv.Itoa(f.limit)}}
-		var p broker.DeadLetterPage
-		return c.do(stdout, f.json, http.MethodGet, "/api/v1/dlq", q, &p, func(w io.Writer) { printDeadLetters(w, &p) })
-	case "dlq replay", "dlq purge":
-		name, err := group()
-		if err != nil {
-			return err
-		}
-		if err := onlyFlags("id", "all"); err != nil {
-			return err
-		}
-		q := url.Values{"group": {name}}
-		switch {
-		case given("id") && f.all:
-			return errors.New("give --id or --all, not both")
-		case given("id"):
-			q.Set("id", strconv.FormatUint(f.id, 10))
-		case sub == "purge" && !f.all:
-			return errors.New("dlq purge needs --id ID, or --all to purge every dead letter of the group")
-		}
-		if sub == "replay" {
-			var v broker.ReplayResult
-			return c.do(stdout, f.json, http.MethodPost, "/api/v1/dlq/replay", q, &v, func(w io.Writer) { printReplay(w, &v) })
-		}
-		var v broker.PurgeResult
-		return c.do(stdout, f.json, http.MethodPost, "/api/v1/dlq/purge", q, &v, func(w io.Writer) {
-			fmt.Fprintf(w, "purged %d dead letter%s of %s\n", v.Purged, plural(v.Purged), v.Group)
-		})
-	case "dlq ":
-		return errors.New("dlq needs list, replay or purge")
-	}
-	return fmt.Errorf("unknown command %q (want %s)", strings.TrimSpace(cmd+" "+sub),
-		map[string]string{"groups": "groups list, show or delete", "dlq": "dlq list, replay or purge"}[cmd])
-}
-
-// adminClient calls a broker's admin API.
-type adminClient struct {
-	base  *url.URL
-	token string
-	http  *http.Client
-}
-
-func newAdminClient(server, token string) (*adminClient, error) {
-	if !strings.Contains(server, "://") {
-		server = "http://" + server
-	}
-	u, err := url.Parse(strings.TrimRight(server, "/"))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("--server %q is not an http(s) URL like http://127.0.0.1:9883", server)
-	}
-	// Replaying or purging a large dead-letter queue takes a while.
-	return &adminClient{base: u, token: token, http: &http.Client{Timeout: 10 * time.Minute}}, nil
-}
-
-// do sends the request; on success it prints the raw JSON (asJSON) or decodes
-// it into out and calls print; on failure it returns the server's error.
-func (c *adminClient) do(w io.Writer, asJSON bool, method, path string, q url.Values, out any, print func(io.Writer)) error {
-	u := *c.base
-	u.Path += path
-	u.RawQuery = q.Encode()
-	req, err := http.NewRequest(method, u.String(), nil)
-	if err != nil {
-		return cliError{err.Error()}
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return cliError{fmt.Sprintf("cannot reach the broker at %s: %v", c.base, unwrapURLError(err))}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return cliError{fmt.Sprintf("%s %s: reading the answer: %v", method, path, err)}
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(body, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(body))
-			if !utf8.Valid(body) || len(e.Error) > 200 || e.Error == "" {
-				e.Error = "unexpected answer"
-			}
-		}
-		if resp.StatusCode == http.StatusUnauthorized && c.token == "" {
-			e.Error = "the admin API needs a token: pass --token or set KEYLINE_HTTP_TOKEN"
-		}
-		return cliError{fmt.Sprintf("%s (HTTP %d)", e.Error, resp.StatusCode)}
-	}
-	if asJSON {
-		if _, err := w.Write(body); err != nil {
-			return cliError{err.Error()}
-		}
-		return nil
-	}
-	if err := json.NewDecoder(bytes.NewReader(body)).Decode(out); err != nil {
-		return cliError{fmt.Sprintf("%s %s: the answer is not the JSON expected (is %s a keyline broker?): %v", method, path, c.base, err)}
-	}
-	print(w)
+	print(stdout)
 	return nil
 }
 
-func unwrapURLError(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
 	}
-	return err
+	return false
+}
+
+// term makes s safe to print on a terminal: names, keys and topics come
+// from clients, and control characters (escape sequences) are shown quoted.
+func term(s string) string {
+	for _, r := range s {
+		if r == utf8.RuneError || (unicode.IsControl(r) && r != '\t') || r == 0x7f {
+			q := strconv.QuoteToGraphic(s)
+			return q[1 : len(q)-1]
+		}
+	}
+	return s
 }
 
 // --- output ---
@@ -285,14 +254,14 @@ func plural(n int) string {
 	return "s"
 }
 
-func rate(r *broker.GroupRates, f func(*broker.GroupRates) float64) string {
+func rate(r *adminapi.GroupRates, f func(*adminapi.GroupRates) float64) string {
 	if r == nil {
 		return "-"
 	}
 	return strconv.FormatFloat(f(r), 'f', 1, 64)
 }
 
-func printGroups(w io.Writer, gs []broker.GroupView) {
+func printGroups(w io.Writer, gs []adminapi.GroupView) {
 	if len(gs) == 0 {
 		fmt.Fprintln(w, "no groups")
 		return
@@ -300,18 +269,18 @@ func printGroups(w io.Writer, gs []broker.GroupView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tMEMBERS\tHEAD\tCURSOR\tBACKLOG\tLAG\tIN-FLIGHT\tBLOCKED\tBLOCKED-KEYS\tDEAD-LETTERS\tDROPPED\tACKED/S")
 	for _, g := range gs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", g.Name, len(g.Members), g.Head, g.Cursor, g.Backlog, g.Lag,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", term(g.Name), len(g.Members), g.Head, g.Cursor, g.Backlog, g.Lag,
 			g.InFlight, g.Blocked, g.BlockedKeys, g.DeadLetters, g.Counters.Dropped+g.BacklogDropped,
-			rate(g.Rates, func(r *broker.GroupRates) float64 { return r.Acked }))
+			rate(g.Rates, func(r *adminapi.GroupRates) float64 { return r.Acked }))
 	}
 	_ = tw.Flush()
 }
 
-func printGroup(w io.Writer, g *broker.GroupView) {
+func printGroup(w io.Writer, g *adminapi.GroupView) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s:\t%v\n", k, v) }
-	row("group", g.Name)
-	row("share / filter", g.Share+" / "+g.Filter)
+	row("group", term(g.Name))
+	row("share / filter", term(g.Share)+" / "+term(g.Filter))
 	row("created", g.Created.Local().Format(time.RFC3339))
 	row("head / cursor", fmt.Sprintf("%d / %d (persisted %d)", g.Head, g.Cursor, g.PersistedCursor))
 	row("backlog / lag", fmt.Sprintf("%d / %d", g.Backlog, g.Lag))
@@ -341,18 +310,18 @@ func printGroup(w io.Writer, g *broker.GroupView) {
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEMBER\tCONNECTED\tACTIVE\tQOS\tIN-FLIGHT\tLIMIT\tKEY-FILTERS")
 	for _, m := range g.PerMember {
-		filters := strings.Join(m.KeyFilters, ",")
+		filters := term(strings.Join(m.KeyFilters, ","))
 		if filters == "" {
 			filters = "*"
 		}
-		fmt.Fprintf(tw, "%s\t%t\t%t\t%d\t%d\t%d\t%s\n", m.ID, m.Connected, m.Active, m.QoS, m.InFlight, m.Limit, filters)
+		fmt.Fprintf(tw, "%s\t%t\t%t\t%d\t%d\t%d\t%s\n", term(m.ID), m.Connected, m.Active, m.QoS, m.InFlight, m.Limit, filters)
 	}
 	_ = tw.Flush()
 }
 
-func printDeadLetters(w io.Writer, p *broker.DeadLetterPage) {
+func printDeadLetters(w io.Writer, p *adminapi.DeadLetterPage) {
 	if len(p.DeadLetters) == 0 {
-		fmt.Fprintf(w, "no dead letters in %s (total %d)\n", p.Group, p.Total)
+		fmt.Fprintf(w, "no dead letters in %s (total %d)\n", term(p.Group), p.Total)
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -362,7 +331,7 @@ func printDeadLetters(w io.Writer, p *broker.DeadLetterPage) {
 		if d.ReasonCode == 0 {
 			reason = "timeout/lost"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.DeadAt.Local().Format(time.RFC3339), clip(d.Key, 32), clip(d.Topic, 48),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\n", d.ID, d.DeadAt.Local().Format(time.RFC3339), clip(term(d.Key), 32), clip(term(d.Topic), 48),
 			d.Attempts, reason, payloadPreview(&d))
 	}
 	_ = tw.Flush()
@@ -373,7 +342,7 @@ func printDeadLetters(w io.Writer, p *broker.DeadLetterPage) {
 	fmt.Fprintln(w)
 }
 
-func payloadPreview(d *broker.DeadLetterView) string {
+func payloadPreview(d *adminapi.DeadLetterView) string {
 	if d.PayloadEncoding != "utf-8" {
 		return fmt.Sprintf("(%d bytes binary)", d.PayloadSize)
 	}
@@ -388,15 +357,15 @@ func clip(s string, n int) string {
 	return string(r[:n-1]) + "…"
 }
 
-func printReplay(w io.Writer, v *broker.ReplayResult) {
-	fmt.Fprintf(w, "replayed %d dead letter%s of %s\n", v.Count, plural(v.Count), v.Group)
+func printReplay(w io.Writer, v *adminapi.ReplayResult) {
+	fmt.Fprintf(w, "replayed %d dead letter%s of %s\n", v.Count, plural(v.Count), term(v.Group))
 	if len(v.Replayed) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tNEW-OFFSET\tKEY\tTOPIC")
 	for _, r := range v.Replayed {
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\n", r.ID, r.Offset, clip(r.Key, 32), clip(r.Topic, 48))
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\n", r.ID, r.Offset, clip(term(r.Key), 32), clip(term(r.Topic), 48))
 	}
 	_ = tw.Flush()
 	if v.Truncated {

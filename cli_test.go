@@ -12,6 +12,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/keyline-mq/keyline/broker"
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
@@ -93,7 +94,7 @@ func deadLetter(t *testing.T, b *broker.Broker, group, topic, key, payload strin
 	defer tick.Stop()
 	for {
 		code, out, _ := keyline(t, "dlq", "list", group, "--server", b.Addr("http"), "--json")
-		var p broker.DeadLetterPage
+		var p adminapi.DeadLetterPage
 		if code == 0 && json.Unmarshal([]byte(out), &p) == nil && len(p.DeadLetters) > 0 && p.DeadLetters[len(p.DeadLetters)-1].Key == key {
 			break
 		}
@@ -129,7 +130,7 @@ func TestCLIGroupsAndDeadLetters(t *testing.T) {
 		t.Fatalf("groups = %d %q %q", code, out, stderr)
 	}
 	code, out, _ = keyline(t, "groups", "list", "--json", "--server", server)
-	var list struct{ Groups []broker.GroupView }
+	var list struct{ Groups []adminapi.GroupView }
 	if err := json.Unmarshal([]byte(out), &list); code != 0 || err != nil || len(list.Groups) != 1 || list.Groups[0].DeadLetters != 2 {
 		t.Fatalf("groups list --json = %d %v %q", code, err, out)
 	}

@@ -1,43 +1,35 @@
 package broker
 
 import (
+	"crypto/subtle"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
+	"strings"
 
+	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/share"
+	"github.com/keyline-mq/keyline/persistence"
 )
-
-// ClientView is what the admin API shows of one client.
-type ClientView struct {
-	ID              string `json:"id"`
-	Listener        string `json:"listener"`
-	Remote          string `json:"remote"`
-	ProtocolVersion byte   `json:"protocol_version"`
-	Connected       bool   `json:"connected"`
-	Subscriptions   int    `json:"subscriptions"`
-	Inflight        int    `json:"inflight"`
-	// Outbound queue (absent for a disconnected persistent session).
-	QueuedBytes     int    `json:"queued_bytes"`
-	DroppedMessages uint64 `json:"dropped_messages"`
-	DroppedBytes    uint64 `json:"dropped_bytes"`
-	SlowPolicy      string `json:"slow_policy,omitempty"`
-	QueueSoft       int    `json:"conn_queue_soft,omitempty"`
-	QueueHard       int    `json:"conn_queue_hard,omitempty"`
-}
 
 // ClientViews lists the clients the broker knows, connected or holding a
 // persistent session, sorted by id.
-func (b *Broker) ClientViews() []ClientView {
+func (b *Broker) ClientViews() []adminapi.ClientView {
 	if b.server == nil {
 		return nil
 	}
-	var out []ClientView
+	var out []adminapi.ClientView
 	for _, cl := range b.server.Clients.GetAll() {
 		if cl.Net.Inline {
 			continue
 		}
-		v := ClientView{
+		v := adminapi.ClientView{
 			ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 			ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
 			Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
@@ -62,14 +54,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-type apiError struct {
-	Error string `json:"error"`
-}
-
 func (b *Broker) handleClients(w http.ResponseWriter, _ *http.Request) {
 	views := b.ClientViews()
 	if views == nil {
-		views = []ClientView{}
+		views = []adminapi.ClientView{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"clients": views})
 }
@@ -82,5 +70,129 @@ func (b *Broker) handleClient(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	writeJSON(w, http.StatusNotFound, apiError{Error: "no client with id " + id})
+	writeJSON(w, http.StatusNotFound, adminapi.Error{Error: "no client with id " + id})
+}
+
+// openPaths are served without the admin token.
+var openPaths = map[string]bool{"/metrics": true, "/healthz": true, "/readyz": true}
+
+// adminHandler guards next: every path but /metrics, /healthz and /readyz
+// needs the bearer token when one is configured, and state-changing
+// cross-origin browser requests are refused (CSRF).
+func (b *Broker) adminHandler(next http.Handler) http.Handler {
+	csrf := http.NewCrossOriginProtection()
+	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: "cross-origin request refused"})
+	}))
+	next = csrf.Handler(next)
+	token := []byte(b.cfg.HTTPToken)
+	if len(token) == 0 {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if openPaths[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
+		}
+		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		switch {
+		case !ok || !strings.EqualFold(scheme, "Bearer"):
+			w.Header().Set("WWW-Authenticate", `Bearer realm="keyline"`)
+			writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "missing bearer token: send Authorization: Bearer <http-token>"})
+		case subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), token) != 1:
+			w.Header().Set("WWW-Authenticate", `Bearer realm="keyline", error="invalid_token"`)
+			writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "wrong bearer token"})
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// queryParams parses the query string, refusing malformed ones, parameters
+// other than allowed and repeated parameters.
+func queryParams(r *http.Request, allowed ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("malformed query string: %v", err)
+	}
+	for k, vs := range q {
+		known := false
+		for _, a := range allowed {
+			known = known || k == a
+		}
+		switch {
+		case !known && len(allowed) == 0:
+			return nil, fmt.Errorf("unknown query parameter %q (this endpoint takes none)", k)
+		case !known:
+			return nil, fmt.Errorf("unknown query parameter %q (want %s)", k, strings.Join(allowed, ", "))
+		case len(vs) > 1:
+			return nil, fmt.Errorf("query parameter %q given %d times", k, len(vs))
+		}
+	}
+	return q, nil
+}
+
+// groupParam returns the group= parameter: "<share>/<filter>", with or without
+// a leading "$share/", as the canonical group name.
+func groupParam(q url.Values) (string, error) {
+	vs, ok := q["group"]
+	if !ok || vs[0] == "" {
+		return "", errors.New(`missing query parameter "group" (a group name "<share>/<filter>", URL-encoded, e.g. group=workers%2Forders%2F%23)`)
+	}
+	n, err := share.ParseInput(vs[0])
+	if err != nil {
+		return "", fmt.Errorf("query parameter \"group\": %w (e.g. workers/orders/#; URL-encode '#' as %%23 and '+' as %%2B)", err)
+	}
+	return n.String(), nil
+}
+
+// uintParam returns a non-negative integer parameter and whether it was given.
+func uintParam(q url.Values, name string) (uint64, bool, error) {
+	vs, ok := q[name]
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseUint(vs[0], 10, 64)
+	if err != nil {
+		return 0, true, fmt.Errorf("query parameter %q: %q is not a non-negative integer", name, vs[0])
+	}
+	return n, true, nil
+}
+
+func badRequest(w http.ResponseWriter, err error) {
+	writeJSON(w, http.StatusBadRequest, adminapi.Error{Error: err.Error()})
+}
+
+// storeError answers err from an operation on group (and dead letter id).
+func (a *groupAdmin) storeError(w http.ResponseWriter, err error, group string, id uint64) {
+	status, msg := a.errorStatus(err, group, id)
+	writeJSON(w, status, adminapi.Error{Error: msg})
+}
+
+func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, string) {
+	switch {
+	case errors.Is(err, persistence.ErrGroupNotFound):
+		msg := fmt.Sprintf("no group %q", group)
+		if strings.HasSuffix(group, "/") || strings.Contains(group, " ") {
+			msg += " (in a URL, write '#' as %23 and '+' as %2B)"
+		}
+		return http.StatusNotFound, msg
+	case errors.Is(err, persistence.ErrDeadLetterNotFound):
+		return http.StatusNotFound, fmt.Sprintf("group %q has no dead letter with id %d", group, id)
+	case errors.Is(err, persistence.ErrBadGroupName):
+		return http.StatusBadRequest, fmt.Sprintf("query parameter \"group\": %v", err)
+	case errors.Is(err, hooks.ErrGroupBusy):
+		ms := a.b.keyShared.Members(group)
+		noun := "members"
+		if len(ms) == 1 {
+			noun = "member"
+		}
+		return http.StatusConflict, fmt.Sprintf("group %q has %d %s (%s); they must unsubscribe first", group, len(ms), noun, strings.Join(ms, ", "))
+	case errors.Is(err, persistence.ErrBacklogFull):
+		return http.StatusConflict, fmt.Sprintf("group %q: backlog full: %v", group, err)
+	case errors.Is(err, persistence.ErrClosed):
+		return http.StatusServiceUnavailable, "the broker is shutting down"
+	}
+	a.b.log.Error("admin API", "group", group, "error", err)
+	return http.StatusInternalServerError, err.Error()
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
@@ -60,7 +61,7 @@ func apiJSON(t *testing.T, method, u, token string, want int, out any) {
 // apiErr calls the API and wants status want with a JSON error containing substr.
 func apiErr(t *testing.T, method, u, token string, want int, substr string) {
 	t.Helper()
-	var e apiError
+	var e adminapi.Error
 	apiJSON(t, method, u, token, want, &e)
 	if e.Error == "" || !strings.Contains(e.Error, substr) {
 		t.Errorf("%s %s: error %q, want one containing %q", method, u, e.Error, substr)
@@ -152,7 +153,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 	addr, base := b.Addr("tcp"), "http://"+b.Addr("http")
 	const name = "workers/orders/#"
 
-	var empty struct{ Groups []GroupView }
+	var empty struct{ Groups []adminapi.GroupView }
 	apiJSON(t, "GET", base+"/api/v1/groups", "", 200, &empty)
 	if empty.Groups == nil || len(empty.Groups) != 0 {
 		t.Fatalf("groups before any subscription = %#v, want []", empty.Groups)
@@ -177,7 +178,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 		}
 	}
 
-	var list struct{ Groups []GroupView }
+	var list struct{ Groups []adminapi.GroupView }
 	eventually(t, "every message acked in the group list", func() bool {
 		apiJSON(t, "GET", base+"/api/v1/groups", "", 200, &list)
 		return len(list.Groups) == 1 && list.Groups[0].Counters.Acked == n && list.Groups[0].Cursor == n
@@ -191,7 +192,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 
 	// One group in detail, named with or without $share/.
 	for _, q := range []string{name, "$share/" + name} {
-		var d GroupView
+		var d adminapi.GroupView
 		apiJSON(t, "GET", base+"/api/v1/groups/detail"+groupQuery(q), "", 200, &d)
 		if d.Name != name || len(d.PerMember) != 2 || d.Settings == nil || d.Settings.MaxDeliveries != 5 || d.Settings.AckTimeout != "30s" {
 			t.Fatalf("detail = %+v", d)
@@ -204,7 +205,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 	}
 	// A second look a second later has rates; wait for it on the ticker, no sleep.
 	eventually(t, "rates", func() bool {
-		var d GroupView
+		var d adminapi.GroupView
 		apiJSON(t, "GET", base+"/api/v1/groups/detail"+groupQuery(name), "", 200, &d)
 		return d.Rates != nil && d.Rates.WindowSeconds >= 1
 	})
@@ -231,7 +232,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 		}
 		cancel()
 	}
-	var del DeleteGroupResult
+	var del adminapi.DeleteGroupResult
 	apiJSON(t, "DELETE", base+"/api/v1/groups"+groupQuery(name), "", 200, &del)
 	if del.Deleted != name {
 		t.Errorf("delete = %+v", del)
@@ -278,12 +279,12 @@ func TestAdminDeadLetters(t *testing.T) {
 		}
 	}
 	// Never acked: each times out once and, with max-deliveries 1, dies.
-	var page DeadLetterPage
+	var page adminapi.DeadLetterPage
 	eventually(t, "4 dead letters", func() bool {
 		apiJSON(t, "GET", dlq+groupQuery(name), "", 200, &page)
 		return page.Total == 4 && len(page.DeadLetters) == 4
 	})
-	byKey := map[string]DeadLetterView{}
+	byKey := map[string]adminapi.DeadLetterView{}
 	for _, d := range page.DeadLetters {
 		byKey[d.Key] = d
 		if d.Attempts != 1 || d.ReasonCode != 0 || d.DeadAt.IsZero() || d.FirstDelivery.IsZero() || d.PublishedAt.IsZero() || d.QoS != 1 {
@@ -303,7 +304,7 @@ func TestAdminDeadLetters(t *testing.T) {
 	}
 
 	// Paging.
-	var p1, p2 DeadLetterPage
+	var p1, p2 adminapi.DeadLetterPage
 	apiJSON(t, "GET", dlq+groupQuery(name, "limit", "3"), "", 200, &p1)
 	if len(p1.DeadLetters) != 3 || !p1.More || p1.NextAfter != p1.DeadLetters[2].ID {
 		t.Fatalf("page 1 = %+v", p1)
@@ -324,7 +325,7 @@ func TestAdminDeadLetters(t *testing.T) {
 	})
 
 	// Purge one.
-	var pr PurgeResult
+	var pr adminapi.PurgeResult
 	apiJSON(t, "POST", base+"/api/v1/dlq/purge"+groupQuery(name, "id", fmt.Sprint(ids["k2"])), "", 200, &pr)
 	if pr.Purged != 1 {
 		t.Errorf("purge = %+v", pr)
@@ -338,7 +339,7 @@ func TestAdminDeadLetters(t *testing.T) {
 		t.Fatal(err)
 	}
 	worker := connectMember(t, addr, "worker", filter)
-	var rr ReplayResult
+	var rr adminapi.ReplayResult
 	apiJSON(t, "POST", base+"/api/v1/dlq/replay"+groupQuery(name, "id", fmt.Sprint(ids["k1"])), "", 200, &rr)
 	if rr.Count != 1 || len(rr.Replayed) != 1 || rr.Replayed[0].ID != ids["k1"] || rr.Replayed[0].Offset != 5 || rr.Replayed[0].Key != "k1" {
 		t.Fatalf("replay one = %+v", rr)
@@ -363,7 +364,7 @@ func TestAdminDeadLetters(t *testing.T) {
 		t.Errorf("dead letters after replay = %+v", page)
 	}
 	eventually(t, "replayed messages acked", func() bool {
-		var d GroupView
+		var d adminapi.GroupView
 		apiJSON(t, "GET", base+"/api/v1/groups/detail"+groupQuery(name), "", 200, &d)
 		return d.Backlog == 0 && d.Head == 7 && d.Counters.Acked == 3
 	})

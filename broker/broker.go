@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -397,8 +398,8 @@ func (b *Broker) httpHandler() http.Handler {
 	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
 	mux := http.NewServeMux()
 	registerDebug(mux)
-	mux.HandleFunc("GET /api/v1/clients", b.handleClients)
-	mux.HandleFunc("GET /api/v1/clients/{id}", b.handleClient)
+	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
+	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -156,13 +157,13 @@ func readPublish(r *bufio.Reader) ([]byte, error) {
 	return body[2+tl:], nil
 }
 
-func clientView(t *testing.T, b *Broker, id string) ClientView {
+func clientView(t *testing.T, b *Broker, id string) adminapi.ClientView {
 	t.Helper()
 	code, body := httpGet(t, "http://"+b.Addr("http")+"/api/v1/clients/"+id)
 	if code != 200 {
 		t.Fatalf("GET /api/v1/clients/%s = %d %s", id, code, body)
 	}
-	var v ClientView
+	var v adminapi.ClientView
 	if err := json.Unmarshal([]byte(body), &v); err != nil {
 		t.Fatal(err)
 	}

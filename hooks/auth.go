@@ -2,11 +2,12 @@ package hooks
 
 import (
 	"bytes"
-	"strings"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // Auth authenticates clients and checks topic access against a mochi auth
@@ -44,8 +45,8 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 // to (read) topic.
 func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	if !write {
-		if _, filter, ok := SplitShared(topic); ok {
-			topic = filter
+		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
+			topic = n.Filter
 		}
 	}
 	if _, ok := h.ledger.ACLOk(cl, topic, write); ok {
@@ -53,24 +54,4 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	}
 	h.Log.Debug("client denied by ACL", "client", cl.ID, "username", string(cl.Properties.Username), "topic", topic, "write", write)
 	return false
-}
-
-// SplitShared splits a shared subscription filter `$share/<group>/<filter>`
-// into its share name and filter. ok is false when filter is not a
-// well-formed shared subscription.
-func SplitShared(filter string) (group, inner string, ok bool) {
-	const prefix = "$share/"
-	if len(filter) < len(prefix) || !strings.EqualFold(filter[:len(prefix)], prefix) {
-		return "", "", false
-	}
-	rest := filter[len(prefix):]
-	i := strings.IndexByte(rest, '/')
-	if i <= 0 || i == len(rest)-1 {
-		return "", "", false
-	}
-	group, inner = rest[:i], rest[i+1:]
-	if strings.ContainsAny(group, "+#") {
-		return "", "", false
-	}
-	return group, inner, true
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -183,8 +184,11 @@ func (h *KeyShared) Stop() error {
 	return errors.Join(errs...)
 }
 
-// GroupName is the name of the group of a `$share/<share>/<filter>` subscription.
-func GroupName(share, filter string) string { return share + "/" + filter }
+// groupOf returns the group of a well-formed shared subscription filter.
+func groupOf(filter string) (share.Name, bool) {
+	n, shared, err := share.ParseSubscription(filter)
+	return n, shared && err == nil
+}
 
 // ensureGroup returns the running group, creating its log and dispatcher if needed.
 func (h *KeyShared) ensureGroup(name, share, filter string) (*ksGroup, error) {
@@ -353,13 +357,12 @@ func (h *KeyShared) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Pack
 		}
 	}
 	for i, f := range pk.Filters {
-		if !mqtt.IsSharedFilter(f.Filter) {
-			continue
-		}
-		_, inner, ok := SplitShared(f.Filter)
+		_, shared, err := share.ParseSubscription(f.Filter)
 		switch {
-		case !ok || !mqtt.IsValidFilter(inner, false):
-			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", f.Filter)
+		case !shared:
+			continue
+		case err != nil:
+			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", f.Filter, "error", err)
 		case filtersErr != nil:
 			h.Log.Info("refusing shared subscription: invalid key filter", "client", cl.ID, "filter", f.Filter, "error", filtersErr)
 		default:
@@ -377,11 +380,11 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
 		}
-		share, inner, ok := SplitShared(f.Filter)
+		n, ok := groupOf(f.Filter)
 		if !ok {
 			continue
 		}
-		h.join(cl, share, inner, &membership{qos: reasonCodes[i], keyFilters: filters})
+		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters})
 		h.saveKeyFilters(cl, f.Filter, filters)
 	}
 }
@@ -424,9 +427,9 @@ func (h *KeyShared) storedKeyFilters(clientID, filter string) []string {
 	return filters
 }
 
-func (h *KeyShared) join(cl *mqtt.Client, share, filter string, m *membership) {
-	name := GroupName(share, filter)
-	g, err := h.ensureGroup(name, share, filter)
+func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
+	name := n.String()
+	g, err := h.ensureGroup(name, n.Share, n.Filter)
 	if err != nil {
 		h.Log.Error("cannot open group; the member receives nothing from it", "group", name, "client", cl.ID, "error", err)
 		return
@@ -438,7 +441,7 @@ func (h *KeyShared) join(cl *mqtt.Client, share, filter string, m *membership) {
 		h.mu.members[cl.ID] = gs
 	}
 	gs[name] = m
-	n := h.memberCountLocked(name)
+	count := h.memberCountLocked(name)
 	h.mu.Unlock()
 	if err := g.d.AddMember(cl.ID, int(cl.Properties.Props.ReceiveMaximum), m.keyFilters); err != nil {
 		h.Log.Error("add member", "group", name, "client", cl.ID, "error", err)
@@ -446,7 +449,7 @@ func (h *KeyShared) join(cl *mqtt.Client, share, filter string, m *membership) {
 	if err := g.r.AddMember(cl.ID, m.keyFilters); err != nil {
 		h.Log.Error("add QoS 0 member", "group", name, "client", cl.ID, "error", err)
 	}
-	if err := h.store.MembersChanged(name, n, time.Now()); err != nil {
+	if err := h.store.MembersChanged(name, count, time.Now()); err != nil {
 		h.Log.Warn("record group members", "group", name, "error", err)
 	}
 }
@@ -455,11 +458,11 @@ func (h *KeyShared) join(cl *mqtt.Client, share, filter string, m *membership) {
 // their backlogs stay.
 func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	for _, f := range pk.Filters {
-		share, inner, ok := SplitShared(f.Filter)
+		n, ok := groupOf(f.Filter)
 		if !ok {
 			continue
 		}
-		h.leave(cl.ID, GroupName(share, inner))
+		h.leave(cl.ID, n.String())
 		if h.cfg.Sessions != nil && persistent(cl) {
 			h.cfg.Sessions.Delete(persistence.KindKeyFilters, subscriptionKey(cl.ID, f.Filter))
 		}
@@ -507,20 +510,20 @@ func (h *KeyShared) memberships(clientID string) map[*ksGroup]*membership {
 func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	known := h.memberships(cl.ID)
 	for filter, sub := range cl.State.Subscriptions.GetAll() {
-		share, inner, ok := SplitShared(filter)
+		n, ok := groupOf(filter)
 		if !ok {
 			continue
 		}
 		var m *membership
 		for g, km := range known {
-			if g.name == GroupName(share, inner) {
+			if g.name == n.String() {
 				m = km
 			}
 		}
 		if m == nil { // not known in memory: the broker restarted since
 			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter)}
 		}
-		h.join(cl, share, inner, m)
+		h.join(cl, n, m)
 	}
 }
 

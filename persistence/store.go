@@ -3,23 +3,20 @@ package persistence
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/keyline-mq/keyline/internal/enum"
+	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // ErrGroupNotFound is returned for an operation on a group that does not exist
 // (never created, deleted, or swept for idleness).
 var ErrGroupNotFound = errors.New("persistence: group not found")
 
-// ErrBadGroupName is returned for a group name that is not "<share name>/<filter>"
-// with a non-empty share name (no '/', '+' or '#') and a non-empty filter, in
-// valid UTF-8 without U+0000, at most MaxGroupNameLen bytes long.
+// ErrBadGroupName is returned for a group name that is not a valid
+// "<share name>/<filter>" (see package internal/share).
 var ErrBadGroupName = errors.New("persistence: invalid group name")
 
 // ErrBadConfig is returned by EnsureGroup for a GroupConfig that does not validate.
@@ -43,7 +40,7 @@ var ErrClosed = errors.New("persistence: store closed")
 
 // MaxGroupNameLen is the longest group name a store accepts, in bytes (the
 // largest bbolt key).
-const MaxGroupNameLen = bolt.MaxKeySize
+const MaxGroupNameLen = share.MaxNameLen
 
 // BacklogPolicy says what an append does when a group's backlog limit is
 // reached. The zero value means "not set", which acts as PolicyReject.
@@ -229,25 +226,12 @@ type GroupStore interface {
 }
 
 // splitGroupName validates a group name and returns its share name and filter.
-func splitGroupName(name string) (share, filter string, err error) {
-	share, filter, ok := strings.Cut(name, "/")
-	switch {
-	case len(name) > MaxGroupNameLen:
-		return "", "", fmt.Errorf("%w: %d bytes long (at most %d)", ErrBadGroupName, len(name), MaxGroupNameLen)
-	case !utf8.ValidString(name):
-		return "", "", fmt.Errorf("%w: %q is not valid UTF-8", ErrBadGroupName, name)
-	case strings.IndexByte(name, 0) >= 0:
-		return "", "", fmt.Errorf("%w: %q contains U+0000", ErrBadGroupName, name)
-	case !ok:
-		return "", "", fmt.Errorf("%w: %q has no '/' between share name and filter", ErrBadGroupName, name)
-	case share == "":
-		return "", "", fmt.Errorf("%w: %q has an empty share name", ErrBadGroupName, name)
-	case strings.ContainsAny(share, "+#"):
-		return "", "", fmt.Errorf("%w: share name %q contains '+' or '#'", ErrBadGroupName, share)
-	case filter == "":
-		return "", "", fmt.Errorf("%w: %q has an empty filter", ErrBadGroupName, name)
+func splitGroupName(name string) (shareName, filter string, err error) {
+	n, err := share.Parse(name)
+	if err != nil {
+		return "", "", fmt.Errorf("%w: %w", ErrBadGroupName, err)
 	}
-	return share, filter, nil
+	return n.Share, n.Filter, nil
 }
 
 // pending returns how many stored messages lie after the cursor.
