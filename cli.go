@@ -284,14 +284,14 @@ func printGroup(w io.Writer, g *adminapi.GroupView) {
 	row("created", g.Created.Local().Format(time.RFC3339))
 	row("head / cursor", fmt.Sprintf("%d / %d (persisted %d)", g.Head, g.Cursor, g.PersistedCursor))
 	row("backlog / lag", fmt.Sprintf("%d / %d", g.Backlog, g.Lag))
-	row("in flight / blocked", fmt.Sprintf("%d / %d (%d keys blocked, %d poisoned)", g.InFlight, g.Blocked, g.BlockedKeys, g.PoisonedKeys))
+	row("in flight / blocked", fmt.Sprintf("%d / %d (%d keys blocked, %d poisoned, %d waiting for an eligible member)", g.InFlight, g.Blocked, g.BlockedKeys, g.PoisonedKeys, g.UnroutableKeys))
 	row("dead letters", g.DeadLetters)
 	row("stored", fmt.Sprintf("%d messages, %d bytes", g.StoredMessages, g.StoredBytes))
 	c := g.Counters
 	row("delivered", fmt.Sprintf("%d (%d redeliveries), acked %d, nacks %d, rejects %d, timeouts %d, member losses %d",
 		c.Delivered, c.Redeliveries, c.Acked, c.Nacks, c.Rejects, c.Timeouts, c.MemberLosses))
-	row("resolved otherwise", fmt.Sprintf("dead-lettered %d, dropped %d, expired %d, skipped %d; backlog dropped %d, rejected %d",
-		c.DeadLettered, c.Dropped, c.Expired, c.Skipped, g.BacklogDropped, g.BacklogRejected))
+	row("resolved otherwise", fmt.Sprintf("dead-lettered %d, dropped %d, expired %d; backlog dropped %d, rejected %d",
+		c.DeadLettered, c.Dropped, c.Expired, g.BacklogDropped, g.BacklogRejected))
 	row("qos 0", fmt.Sprintf("routed %d, dropped %d, skipped %d", g.QoS0.Routed, g.QoS0.Dropped, g.QoS0.Skipped))
 	if r := g.Rates; r != nil {
 		row("rates /s", fmt.Sprintf("published %.1f, delivered %.1f, acked %.1f, dead-lettered %.1f (over %.0fs)",

@@ -182,7 +182,7 @@ func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, strin
 	case errors.Is(err, persistence.ErrBadGroupName):
 		return http.StatusBadRequest, fmt.Sprintf("query parameter \"group\": %v", err)
 	case errors.Is(err, hooks.ErrGroupBusy):
-		ms := a.b.keyShared.Members(group)
+		ms := a.groups.Members(group)
 		noun := "members"
 		if len(ms) == 1 {
 			noun = "member"

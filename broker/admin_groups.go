@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -16,14 +17,30 @@ import (
 // Groups are named by the query parameter group=<share>/<filter> (URL-encoded:
 // '#' as %23, '+' as %2B) because names contain '/', '#' and '+'.
 
+// groupService is what the admin API needs of Key-Shared groups (the hook
+// implements it).
+type groupService interface {
+	Groups() ([]hooks.GroupStatus, error)
+	Group(name string) (hooks.GroupStatus, error)
+	DeleteGroup(ctx context.Context, name string) error
+	Members(group string) []string
+	MemberInfos(group string) []hooks.MemberInfo
+	DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error)
+	DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error)
+	ReplayDeadLetter(group string, id uint64) (uint64, error)
+	DeleteDeadLetter(group string, id uint64) error
+	PurgeDeadLetters(group string) (int, error)
+}
+
 // groupAdmin serves the group and dead-letter routes and feeds the group
 // metrics; both share its rate samples.
 type groupAdmin struct {
-	b     *Broker
-	rates rateTracker
+	b      *Broker // its config, logger and settings
+	groups groupService
+	rates  rateTracker
 }
 
-func newGroupAdmin(b *Broker) *groupAdmin { return &groupAdmin{b: b} }
+func newGroupAdmin(b *Broker) *groupAdmin { return &groupAdmin{b: b, groups: b.keyShared} }
 
 // register adds the group and dead-letter routes to mux, and a JSON 404/405
 // for any other /api/v1 path.
@@ -88,14 +105,14 @@ func (a *groupAdmin) handleDeleteGroup(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
-	st, err := a.b.keyShared.Group(name)
+	st, err := a.groups.Group(name)
 	if err != nil {
 		a.storeError(w, err, name, 0)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	if err := a.b.keyShared.DeleteGroup(ctx, name); err != nil {
+	if err := a.groups.DeleteGroup(ctx, name); err != nil {
 		a.storeError(w, err, name, 0)
 		return
 	}
@@ -130,13 +147,13 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxDLQLimit))
 		return
 	}
-	store := a.b.keyShared.Store()
-	info, err := store.Group(name)
+	st, err := a.groups.Group(name)
 	if err != nil {
 		a.storeError(w, err, name, 0)
 		return
 	}
-	entries, err := store.DeadLetters(name, after, int(limit)+1)
+	info := st.Info
+	entries, err := a.groups.DeadLetters(name, after, int(limit)+1)
 	if err != nil {
 		a.storeError(w, err, name, 0)
 		return
@@ -180,10 +197,9 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
-	store := a.b.keyShared.Store()
 	var todo []adminapi.ReplayedLetter // offsets filled in as they are replayed
 	if one {
-		e, err := store.DeadLetter(name, id)
+		e, err := a.groups.DeadLetter(name, id)
 		if err != nil {
 			a.storeError(w, err, name, id)
 			return
@@ -192,7 +208,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 	} else {
 		// Replay what is there now: a letter that dies again meanwhile gets a new id and waits.
 		for after := uint64(0); ; {
-			page, err := store.DeadLetters(name, after, 512)
+			page, err := a.groups.DeadLetters(name, after, 512)
 			if err != nil {
 				a.storeError(w, err, name, 0)
 				return
@@ -211,7 +227,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			break // the client went away: stop between replays, each is atomic
 		}
-		off, err := store.ReplayDeadLetter(name, rl.ID)
+		off, err := a.groups.ReplayDeadLetter(name, rl.ID)
 		if errors.Is(err, persistence.ErrDeadLetterNotFound) && !one {
 			continue // replayed or purged meanwhile
 		}
@@ -244,13 +260,12 @@ func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
-	store := a.b.keyShared.Store()
 	res := adminapi.PurgeResult{Group: name}
 	if one {
-		err = store.DeleteDeadLetter(name, id)
+		err = a.groups.DeleteDeadLetter(name, id)
 		res.Purged = 1
 	} else {
-		res.Purged, err = store.PurgeDeadLetters(name)
+		res.Purged, err = a.groups.PurgeDeadLetters(name)
 	}
 	if err != nil {
 		a.storeError(w, err, name, id)

@@ -14,7 +14,7 @@ import (
 
 // GroupViews lists every Key-Shared group, sorted by name.
 func (a *groupAdmin) groupViews() ([]adminapi.GroupView, error) {
-	sts, err := a.b.keyShared.Groups()
+	sts, err := a.groups.Groups()
 	if err != nil {
 		return nil, err
 	}
@@ -31,7 +31,7 @@ func (a *groupAdmin) groupViews() ([]adminapi.GroupView, error) {
 
 // GroupDetail returns one group with its settings and per-member figures.
 func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
-	st, err := a.b.keyShared.Group(name)
+	st, err := a.groups.Group(name)
 	if err != nil {
 		return adminapi.GroupView{}, err
 	}
@@ -63,7 +63,7 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 		}
 		return &v.PerMember[i]
 	}
-	for _, mi := range a.b.keyShared.MemberInfos(name) {
+	for _, mi := range a.groups.MemberInfos(name) {
 		m := member(mi.ID)
 		m.Connected, m.QoS = mi.Connected, mi.QoS
 		if len(mi.KeyFilters) > 0 {
@@ -86,7 +86,7 @@ func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.Gro
 	v := adminapi.GroupView{
 		Name: gi.Name, Share: gi.Share, Filter: gi.Filter, Running: st.Running,
 		Created: gi.Created, LastSeen: gi.LastSeen,
-		Members: a.b.keyShared.Members(gi.Name),
+		Members: a.groups.Members(gi.Name),
 		Head:    max(gi.Head, s.Head), Cursor: gi.Cursor, PersistedCursor: gi.Cursor,
 		DeadLetters: gi.DeadLetters, StoredMessages: gi.StoredMessages, StoredBytes: gi.StoredBytes,
 		BacklogDropped: gi.Dropped, BacklogRejected: gi.Rejected,
@@ -98,10 +98,11 @@ func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.Gro
 		v.Cursor = max(s.Cursor, gi.Cursor)
 		v.Lag, v.InFlight, v.Blocked, v.BlockedKeys = s.Lag, s.InFlight, s.Blocked, s.BlockedKeys
 		v.PoisonedKeys, v.MembersAtLimit = s.PoisonedKeys, s.MembersAtLimit
+		v.UnroutableKeys, v.WindowBytes = s.UnroutableKeys, s.WindowBytes
 		v.Counters = adminapi.GroupCounters{
 			Delivered: s.Delivered, Redeliveries: s.Redeliveries, Acked: s.Acked, Nacks: s.Nacks,
 			Rejects: s.Rejects, Timeouts: s.Timeouts, MemberLosses: s.MemberLosses,
-			DeadLettered: s.DeadLettered, Dropped: s.Dropped, Expired: s.Expired, Skipped: s.Skipped,
+			DeadLettered: s.DeadLettered, Dropped: s.Dropped, Expired: s.Expired,
 			Evictions: s.Evictions, Refused: s.Refused, StaleAcks: s.StaleAcks, StoreErrors: s.StoreErrors,
 		}
 		v.QoS0 = adminapi.QoS0Counters{Routed: st.QoS0.Delivered, Dropped: st.QoS0.Dropped, Skipped: st.QoS0.Skipped}

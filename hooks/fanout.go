@@ -3,9 +3,7 @@ package hooks
 import (
 	"bytes"
 	"slices"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -46,8 +44,7 @@ type Fanout struct {
 	SharedElsewhere bool
 	Stats           FanoutStats
 
-	routes        sync.Map // topic -> *routes
-	routesSize    atomic.Int64
+	routes        *topicCache[*routes]
 	routesVersion atomic.Uint64 // bumped whenever mochi's topic index may have changed
 }
 
@@ -55,7 +52,8 @@ type Fanout struct {
 // applies the broker's ACL to each delivery, as mochi does; limits (nil: keep
 // the listener's) sets each connection's queue limits when its session starts.
 func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) bool, limits func(cl *mqtt.Client) connq.Limits) *Fanout {
-	return &Fanout{server: server, canRead: canRead, limits: limits}
+	return &Fanout{server: server, canRead: canRead, limits: limits,
+		routes: newTopicCache[*routes](maxCachedRoutes, maxCachedRouteBytes)}
 }
 
 // ID returns the hook's id.
@@ -160,7 +158,7 @@ func (h *Fanout) deliver(variants *[]variant, pk packets.Packet, r route) {
 	if frame == nil {
 		return
 	}
-	if max := cl.Properties.Props.MaximumPacketSize; max > 0 && uint32(len(frame)) > max {
+	if !fits(cl, frame) {
 		h.Stats.TooLarge.Add(1)
 		return
 	}
@@ -182,10 +180,14 @@ type routes struct {
 	subs      []route
 }
 
-// maxCachedRoutes bounds the routes the cache holds, summed over topics (a
-// wildcard subscriber appears under every topic it matches); past it the
-// cache starts over. 256Ki routes are some 40 MiB.
-const maxCachedRoutes = 256 << 10
+// Bounds of the route cache: topics, and bytes of topics and routes (a
+// wildcard subscriber appears under every topic it matches); past either the
+// cache starts over.
+const (
+	maxCachedRoutes     = 256 << 10
+	maxCachedRouteBytes = 64 << 20
+	routeCost           = 96 // one route, besides its subscription identifiers
+)
 
 // invalidate marks every cached route stale: mochi's topic index changed.
 func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
@@ -194,8 +196,8 @@ func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
 // it changed since the last scan of this topic.
 func (h *Fanout) routesFor(topic string) *routes {
 	v := h.routesVersion.Load()
-	if r, ok := h.routes.Load(topic); ok && r.(*routes).version == v {
-		return r.(*routes)
+	if r, ok := h.routes.get(topic, v); ok {
+		return r
 	}
 	subs := h.server.Topics.Subscribers(topic)
 	delete(subs.Shared, placeholderFilter)
@@ -212,11 +214,11 @@ func (h *Fanout) routesFor(topic string) *routes {
 		q, _ := cl.Net.Conn.(*connq.Conn)
 		r.subs = append(r.subs, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
 	}
-	if n := int64(len(r.subs) + 1); h.routesSize.Add(n) > maxCachedRoutes {
-		h.routes.Clear()
-		h.routesSize.Store(n)
+	cost := int64(len(r.subs)) * routeCost
+	for _, rt := range r.subs {
+		cost += int64(8 * len(rt.ids))
 	}
-	h.routes.Store(topic, r)
+	h.routes.put(topic, v, r, cost)
 	return r
 }
 
@@ -278,22 +280,12 @@ func (h *Fanout) frame(variants *[]variant, pk packets.Packet, version byte, ret
 			return v.frame
 		}
 	}
-	out := pk
-	out.FixedHeader.Qos, out.FixedHeader.Dup, out.FixedHeader.Retain = 0, false, retain
-	out.PacketID = 0
-	out.ProtocolVersion = version
-	out.Mods = packets.Mods{AllowResponseInfo: true}
-	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
-	out.Properties.SubscriptionIdentifier = ids
-	if pk.Expiry > 0 {
-		out.Properties.MessageExpiryInterval = uint32(max(1, pk.Expiry-time.Now().Unix())) // [MQTT-3.3.2-6]
-	}
-	var buf bytes.Buffer
-	if err := out.PublishEncode(&buf); err != nil {
-		h.Log.Error("fanout: encode publish", "topic", pk.TopicName, "error", err)
+	frame, err := encodeQoS0(pk, version, retain, ids)
+	if err != nil {
+		h.Log.Error("fanout: encode publish", "topic", clip(pk.TopicName), "err", err)
 		return nil
 	}
 	h.Stats.Encodes.Add(1)
-	*variants = append(*variants, variant{version: version, retain: retain, ids: ids, frame: buf.Bytes()})
-	return buf.Bytes()
+	*variants = append(*variants, variant{version: version, retain: retain, ids: ids, frame: frame})
+	return frame
 }

@@ -1,9 +1,87 @@
 package hooks
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"slices"
-	"sort"
+	"time"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
+
+// The admin face of the Key-Shared hook: what the admin API, the metrics and
+// the console see of groups, and the operations they may run on them.
+
+// ErrGroupBusy is returned by DeleteGroup for a group that still has members.
+var ErrGroupBusy = errors.New("keyshared hook: group has members")
+
+// GroupStatus is a group's stored figures and live dispatch figures.
+type GroupStatus struct {
+	Info    persistence.GroupInfo
+	Stats   keyshared.Stats
+	QoS0    keyshared.RouterStats
+	Running bool
+}
+
+// Groups returns every stored group's status, sorted by name.
+func (h *KeyShared) Groups() ([]GroupStatus, error) {
+	infos, err := h.store.Groups()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]GroupStatus, 0, len(infos))
+	for _, gi := range infos {
+		out = append(out, h.status(gi))
+	}
+	return out, nil
+}
+
+// Group returns one group's status.
+func (h *KeyShared) Group(name string) (GroupStatus, error) {
+	gi, err := h.store.Group(name)
+	if err != nil {
+		return GroupStatus{}, err
+	}
+	return h.status(gi), nil
+}
+
+func (h *KeyShared) status(gi persistence.GroupInfo) GroupStatus {
+	st := GroupStatus{Info: gi}
+	if g := h.groups.get(gi.Name); g != nil {
+		st.Running, st.Stats, st.QoS0 = true, g.d.Stats(), g.r.Stats()
+	}
+	return st
+}
+
+// DeleteGroup stops a group and deletes its log, cursor and dead letters. A
+// group with members is refused: they would recreate it at once.
+func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
+	if n := h.members.count(name); n > 0 {
+		return fmt.Errorf("%w: group %s has %d members; they must unsubscribe first", ErrGroupBusy, name, n)
+	}
+	if g := h.groups.remove(name); g != nil {
+		_ = g.d.Close(ctx)
+	}
+	return h.store.DeleteGroup(name)
+}
+
+// SweepIdle deletes the groups that have had no members, no backlog and no
+// dead letters for ttl, and returns their names. A group holding messages is
+// never deleted this way.
+func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Duration) ([]string, error) {
+	swept, err := h.store.SweepIdle(now, ttl)
+	for _, name := range swept {
+		if g := h.groups.remove(name); g != nil {
+			_ = g.d.Close(ctx)
+		}
+	}
+	return swept, err
+}
+
+// Members returns the ids of a group's members, sorted.
+func (h *KeyShared) Members(group string) []string { return h.members.ids(group) }
 
 // MemberInfo is what a group knows of one member's subscription.
 type MemberInfo struct {
@@ -18,19 +96,42 @@ type MemberInfo struct {
 
 // MemberInfos returns the members of a group with their subscriptions, sorted by id.
 func (h *KeyShared) MemberInfos(group string) []MemberInfo {
-	h.mu.RLock()
 	var out []MemberInfo
-	for id, gs := range h.mu.members {
-		if m, ok := gs[group]; ok {
-			out = append(out, MemberInfo{ID: id, QoS: m.qos, KeyFilters: slices.Clone(m.keyFilters)})
+	for _, id := range h.members.ids(group) {
+		m := h.members.get(id, group)
+		if m == nil {
+			continue // left meanwhile
 		}
-	}
-	h.mu.RUnlock()
-	for i := range out {
-		if cl, ok := h.server.Clients.Get(out[i].ID); ok {
-			out[i].Connected = !cl.Closed()
+		mi := MemberInfo{ID: id, QoS: m.qos, KeyFilters: slices.Clone(m.keyFilters)}
+		if cl, ok := h.server.Clients.Get(id); ok {
+			mi.Connected = !cl.Closed()
 		}
+		out = append(out, mi)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// DeadLetters returns up to limit dead letters of a group with ids after after.
+func (h *KeyShared) DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error) {
+	return h.store.DeadLetters(group, after, limit)
+}
+
+// DeadLetter returns one dead letter.
+func (h *KeyShared) DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error) {
+	return h.store.DeadLetter(group, id)
+}
+
+// ReplayDeadLetter puts a dead letter back at the tail of its group's log.
+func (h *KeyShared) ReplayDeadLetter(group string, id uint64) (uint64, error) {
+	return h.store.ReplayDeadLetter(group, id)
+}
+
+// DeleteDeadLetter deletes one dead letter.
+func (h *KeyShared) DeleteDeadLetter(group string, id uint64) error {
+	return h.store.DeleteDeadLetter(group, id)
+}
+
+// PurgeDeadLetters deletes all of a group's dead letters and returns how many.
+func (h *KeyShared) PurgeDeadLetters(group string) (int, error) {
+	return h.store.PurgeDeadLetters(group)
 }

@@ -37,7 +37,7 @@ func (l *genLog) ReadFrom(from uint64, max int, buf []Message) ([]Message, error
 
 func (l *genLog) Head() uint64                  { return l.head.Load() }
 func (l *genLog) LoadCursor() (uint64, error)   { return l.cursor.Load(), nil }
-func (l *genLog) SaveCursor(c uint64) error     { l.cursor.Store(c); return nil }
+func (l *genLog) Resolve([]uint64)              {}
 func (l *genLog) DeadLetter(d DeadLetter) error { return nil }
 
 // pendingDeliverer collects deliveries for the benchmark to ack.
@@ -83,7 +83,7 @@ func BenchmarkWindowRoundTrip(b *testing.B) {
 			}
 			now := time.Now()
 			for i := range 8 {
-				if err := c.addMember(fmt.Sprint("worker-", i), 0, nil, now); err != nil {
+				if err := c.addMember(fmt.Sprint("worker-", i), memberSpec{}, now); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -156,7 +156,7 @@ func BenchmarkLoop(b *testing.B) {
 			}
 			out.d = d
 			for i := range 8 {
-				if err := d.AddMember(fmt.Sprint("worker-", i), 0, nil); err != nil {
+				if err := d.AddMember(fmt.Sprint("worker-", i), MemberOptions{}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -29,6 +29,10 @@ type Config struct {
 	// Window caps the messages in flight plus blocked in the group. When it is
 	// full the dispatcher stops reading the log.
 	Window int
+	// WindowBytes caps the same messages by their size (Message.Size), so a
+	// backlog of large messages cannot fill memory: reading stops once the
+	// window holds this much (at least one message is always read).
+	WindowBytes int64
 	// ReadBatch is the most messages read from the log in one call.
 	ReadBatch int
 	// Heartbeat is the period of the maintenance tick (ack timeouts, retries,
@@ -37,9 +41,6 @@ type Config struct {
 	// EvictAfter is how many consecutive heartbeats a member may be inactive
 	// (disconnected) before it is evicted and its in-flight messages requeued.
 	EvictAfter int
-	// CursorInterval debounces cursor persistence: the cursor is saved at most
-	// once per interval, and always on Flush and Close.
-	CursorInterval time.Duration
 	// Clock is the time source; nil means SystemClock().
 	Clock Clock
 	// Logger receives the dispatcher's logs; nil discards them.
@@ -48,7 +49,7 @@ type Config struct {
 
 // DefaultConfig returns the configuration DESIGN.md describes: 500 ms
 // heartbeats, eviction after 6 of them, 1,000 in flight per member, a window
-// of 10,000, dead-lettering after 5 failed attempts.
+// of 10,000 messages or 8 MiB, dead-lettering after 5 failed attempts.
 func DefaultConfig() Config {
 	return Config{
 		MaxDeliveries:     5,
@@ -61,7 +62,7 @@ func DefaultConfig() Config {
 		ReadBatch:         512,
 		Heartbeat:         500 * time.Millisecond,
 		EvictAfter:        6,
-		CursorInterval:    time.Second,
+		WindowBytes:       8 << 20,
 	}
 }
 
@@ -92,8 +93,8 @@ func (c *Config) Validate() error {
 		return bad("Heartbeat", c.Heartbeat, "> 0")
 	case c.EvictAfter < 1:
 		return bad("EvictAfter", c.EvictAfter, ">= 1")
-	case c.CursorInterval < 0:
-		return bad("CursorInterval", c.CursorInterval, ">= 0")
+	case c.WindowBytes < 1:
+		return bad("WindowBytes", c.WindowBytes, ">= 1")
 	}
 	return nil
 }

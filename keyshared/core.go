@@ -15,7 +15,6 @@ const (
 	outDeadLettered
 	outDropped
 	outExpired
-	outSkipped
 )
 
 func (o outcome) String() string {
@@ -28,17 +27,15 @@ func (o outcome) String() string {
 		return "dropped"
 	case outExpired:
 		return "expired"
-	case outSkipped:
-		return "skipped"
 	}
 	return fmt.Sprintf("outcome(%d)", uint8(o))
 }
 
 // counters are the monotonically increasing totals Stats reports.
 type counters struct {
-	delivered, redeliveries, acked, nacks, rejects, timeouts, losses       uint64
-	deadLettered, dropped, expired, skipped, evictions, refused, staleAcks uint64
-	storeErrors                                                            uint64
+	delivered, redeliveries, acked, nacks, rejects, timeouts, losses uint64
+	deadLettered, dropped, expired, evictions, refused, staleAcks    uint64
+	storeErrors                                                      uint64
 }
 
 // core is the dispatcher state of one group. It is a plain state machine:
@@ -62,6 +59,9 @@ type core struct {
 	byRing []*member
 	// noMember holds keys that wait because the group has no member at all.
 	noMember keyList
+	// noEligible holds keys whose head no member may take (key filters, ACL):
+	// they wait for one that may, rather than being skipped.
+	noEligible keyList
 	// dlqPending holds entries whose dead letter the store failed to record.
 	dlqPending []*entry
 	// atLimit counts members with inflight >= limit.
@@ -72,12 +72,15 @@ type core struct {
 	// lastRead is the highest offset read from the log (or the loaded cursor).
 	// Every offset <= lastRead is resolved or in the window.
 	lastRead uint64
-	// saved is the cursor last persisted. Invariant 3: saved <= cursor(), so
-	// the persisted cursor never passes an unresolved offset.
-	saved    uint64
-	lastSave time.Time
 	// head is the log head as last seen.
 	head uint64
+	// avgSize is a moving average of the size (Message.Size) of messages
+	// read, to size reads to the window's byte bound.
+	avgSize int64
+	// resolved collects the offsets resolved since the log last heard of
+	// them; flushResolved hands them over (invariant 3: the log records an
+	// offset as resolved only once the dispatcher resolved it).
+	resolved []uint64
 
 	st counters
 
@@ -98,6 +101,7 @@ func newCore(cfg Config, log Log, out Deliverer) *core {
 		out:     out,
 		logger:  cfg.logger(),
 		w:       newWindow(cfg.Window),
+		avgSize: 1024,
 		members: make(map[string]*member),
 		ring:    buildRing(nil),
 	}
@@ -109,7 +113,7 @@ func (c *core) open() error {
 	if err != nil {
 		return fmt.Errorf("keyshared: load cursor: %w", err)
 	}
-	c.nextRead, c.lastRead, c.saved = cur+1, cur, cur
+	c.nextRead, c.lastRead = cur+1, cur
 	c.head = c.log.Head()
 	return nil
 }
@@ -123,8 +127,10 @@ func (c *core) cursor() uint64 {
 	return c.lastRead
 }
 
-func (c *core) pick(key string) *member {
-	i := c.ring.pick(key)
+// pick returns the member that m goes to: the first eligible one clockwise
+// from its key's point (key filters and read access decide), or nil.
+func (c *core) pick(m *Message) *member {
+	i := c.ring.pickMessage(m)
 	if i < 0 {
 		return nil
 	}
@@ -132,9 +138,10 @@ func (c *core) pick(key string) *member {
 }
 
 // route offers the head of ks to its member: it delivers it, parks the key
-// on a wait list, or resolves heads that expired or that no member's filters
-// match, going on with the next one. A key already on a wait list, or whose
-// head is in flight, waits for retry or is poisoned, is left alone.
+// on a wait list (its member's, or the group's lists of keys without a member
+// or without an eligible one), or resolves a head that expired and goes on
+// with the next. A key already on a wait list, or whose head is in flight,
+// waits for retry or is poisoned, is left alone.
 func (c *core) route(ks *keyState, now time.Time) {
 	for {
 		e := ks.head
@@ -149,15 +156,15 @@ func (c *core) route(ks *keyState, now time.Time) {
 			c.resolve(e, outExpired, now)
 			continue
 		}
-		m := c.pick(ks.key)
+		m := c.pick(&e.msg)
 		if m == nil {
 			if len(c.members) == 0 {
 				c.noMember.push(ks)
-				c.w.markKey(ks)
-				return
+			} else {
+				c.noEligible.push(ks)
 			}
-			c.resolve(e, outSkipped, now)
-			continue
+			c.w.markKey(ks)
+			return
 		}
 		if m.canTake() && c.deliver(e, m, now) {
 			c.w.markKey(ks)
@@ -253,12 +260,11 @@ func (c *core) resolve(e *entry, out outcome, now time.Time) {
 		c.st.dropped++
 	case outExpired:
 		c.st.expired++
-	case outSkipped:
-		c.st.skipped++
 	}
 	if c.onResolve != nil {
 		c.onResolve(&e.msg, out, now)
 	}
+	c.resolved = append(c.resolved, e.msg.Offset)
 	c.w.removeHead(e)
 }
 
@@ -355,10 +361,11 @@ func (c *core) reject(member string, offset uint64, reason byte, now time.Time) 
 
 // addMember adds a member, or updates one that exists (a re-subscribe: new
 // Receive Maximum and filters, and it counts as connected).
-func (c *core) addMember(id string, recvMax int, fs filterSet, now time.Time) error {
+func (c *core) addMember(id string, spec memberSpec, now time.Time) error {
 	if id == "" {
 		return ErrInvalidMember
 	}
+	recvMax, fs := spec.recvMax, spec.filters
 	limit := c.cfg.MemberMaxInflight
 	if recvMax > 0 && recvMax < limit {
 		limit = recvMax
@@ -367,8 +374,10 @@ func (c *core) addMember(id string, recvMax int, fs filterSet, now time.Time) er
 		m.recvMax, m.limit = recvMax, limit
 		m.active, m.inactiveTicks, m.paused = true, 0, false
 		c.memberChanged(m)
-		if !m.filters.equal(fs) {
-			m.filters = fs
+		// Functions cannot be compared: any read access given may differ
+		// from the last (another user may hold the client id now).
+		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil {
+			m.filters, m.canRead = fs, spec.canRead
 			c.rebuildRing()
 			c.rerouteWaiting(nil, now)
 		} else {
@@ -376,7 +385,7 @@ func (c *core) addMember(id string, recvMax int, fs filterSet, now time.Time) er
 		}
 		return nil
 	}
-	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, active: true, stat: &memberStat{id: id}}
+	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, active: true, stat: &memberStat{id: id}}
 	c.members[id] = m
 	c.memberChanged(m)
 	c.rebuildRing()
@@ -445,7 +454,7 @@ func (c *core) setActive(id string, active bool, now time.Time) error {
 func (c *core) rebuildRing() {
 	rms := make([]ringMember, 0, len(c.members))
 	for _, m := range c.members {
-		rms = append(rms, ringMember{id: m.id, filters: m.filters})
+		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead})
 	}
 	c.ring = buildRing(rms)
 	c.byRing = make([]*member, len(c.ring.members))
@@ -471,6 +480,7 @@ func (c *core) rerouteWaiting(extra *keyList, now time.Time) {
 		drain(&m.waitq)
 	}
 	drain(&c.noMember)
+	drain(&c.noEligible)
 	for _, ks := range keys {
 		c.route(ks, now)
 	}
@@ -516,30 +526,43 @@ func (c *core) tick(now time.Time) {
 	for _, m := range c.byRing {
 		c.serviceMember(m, now)
 	}
-	// Phase 5: lag-driven reading, then the debounced cursor.
+	// Phase 5: lag-driven reading.
 	c.poll(now)
-	c.saveDue(now)
 }
 
-// poll reads from the log while the window has room and the log has more.
+// poll reads from the log while the window has room (in entries and bytes)
+// and the log has more. A group without members reads nothing: its backlog
+// stays on disk until a member joins.
 func (c *core) poll(now time.Time) {
-	for c.w.count < c.cfg.Window {
+	if len(c.members) == 0 {
+		return
+	}
+	for c.w.count < c.cfg.Window && c.w.bytes < c.cfg.WindowBytes {
 		c.head = max(c.head, c.log.Head())
 		if c.nextRead > c.head {
 			return
 		}
-		n := min(c.cfg.ReadBatch, c.cfg.Window-c.w.count)
+		// Ask for what the byte bound leaves room for, at the sizes seen so far.
+		room := (c.cfg.WindowBytes - c.w.bytes) / max(c.avgSize, 1)
+		n := int(min(int64(c.cfg.ReadBatch), int64(c.cfg.Window-c.w.count), max(room, 1)))
 		buf, err := c.log.ReadFrom(c.nextRead, n, c.buf[:0])
 		if err != nil {
 			c.st.storeErrors++
 			c.logger.Error("keyshared: read from log", "from", c.nextRead, "err", err)
 			return
 		}
+		full := false
 		for i := range buf {
 			m := &buf[i]
 			if m.Offset < c.nextRead {
 				continue // never read backwards
 			}
+			if c.w.bytes >= c.cfg.WindowBytes {
+				full = true // the rest is read again once there is room
+				break
+			}
+			size := int64(m.Size())
+			c.avgSize += (size - c.avgSize) / 8
 			c.nextRead = m.Offset + 1
 			c.lastRead = m.Offset
 			c.head = max(c.head, m.Offset)
@@ -548,7 +571,7 @@ func (c *core) poll(now time.Time) {
 		got := len(buf)
 		clear(buf)
 		c.buf = buf[:0]
-		if got < n {
+		if got < n || full {
 			return
 		}
 	}
@@ -562,6 +585,7 @@ func (c *core) ingest(m *Message, now time.Time) {
 		if c.onResolve != nil {
 			c.onResolve(m, outExpired, now)
 		}
+		c.resolved = append(c.resolved, m.Offset)
 		return
 	}
 	e, isHead := c.w.add(m)
@@ -570,31 +594,29 @@ func (c *core) ingest(m *Message, now time.Time) {
 	}
 }
 
-// maybeSave persists the cursor if it moved and the debounce interval has
-// passed since the last save (or force is set).
-func (c *core) maybeSave(now time.Time, force bool) error {
-	cur := c.cursor()
-	if cur <= c.saved {
-		return nil
+// flushResolved hands the offsets resolved since the last call to the log,
+// which makes them durable with its next commit. The loop calls it after
+// every batch of work.
+func (c *core) flushResolved() {
+	if len(c.resolved) == 0 {
+		return
 	}
-	if !force && !c.lastSave.IsZero() && now.Sub(c.lastSave) < c.cfg.CursorInterval {
-		return nil
-	}
-	if err := c.log.SaveCursor(cur); err != nil {
-		c.st.storeErrors++
-		c.logger.Error("keyshared: save cursor", "cursor", cur, "err", err)
-		return fmt.Errorf("keyshared: save cursor: %w", err)
-	}
-	c.saved, c.lastSave = cur, now
-	return nil
+	c.log.Resolve(c.resolved)
+	c.resolved = c.resolved[:0]
 }
 
-// saveDue persists the cursor if the debounce interval allows. A failure is
-// logged and counted by maybeSave and retried on the next call (the loop
-// calls it after every batch): the persisted cursor only lags, so nothing is
-// lost, at worst redelivered after a crash.
-func (c *core) saveDue(now time.Time) {
-	if err := c.maybeSave(now, false); err != nil {
-		c.logger.Debug("keyshared: cursor save deferred", "err", err)
+// needsTick reports whether the heartbeat has work: deliveries awaiting an
+// ack deadline, retries waiting for their backoff, dead letters to record
+// again, members that are disconnected (eviction) or paused after a refusal.
+// A group without any is left without a ticker, so idle groups cost nothing.
+func (c *core) needsTick() bool {
+	if c.w.deadlines.head != nil || len(c.w.retries) > 0 || len(c.dlqPending) > 0 {
+		return true
 	}
+	for _, m := range c.byRing {
+		if !m.active || m.paused {
+			return true
+		}
+	}
+	return false
 }

@@ -45,11 +45,14 @@ func (h *harness) restart() {
 	h.check()
 }
 
+// check hands resolutions to the log as the loop does after every batch,
+// then checks the invariants.
 func (h *harness) check() {
 	h.t.Helper()
 	if err := h.c.checkInvariants(); err != nil {
 		h.t.Fatal(err)
 	}
+	h.c.flushResolved()
 }
 
 func (h *harness) publish(keys ...string) []uint64 {
@@ -69,9 +72,10 @@ func (h *harness) add(id string, recvMax int, filters ...string) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	if err := h.c.addMember(id, recvMax, fs, h.now); err != nil {
+	if err := h.c.addMember(id, memberSpec{recvMax: recvMax, filters: fs}, h.now); err != nil {
 		h.t.Fatal(err)
 	}
+	h.c.poll(h.now) // as the loop does after every command
 	h.check()
 }
 
@@ -133,7 +137,7 @@ func TestCursorWaitsForOutOfOrderAcks(t *testing.T) {
 	for range 9 {
 		h.log.append("old", time.Time{})
 	}
-	h.log.cursor = 9 // offsets 1..9 resolved earlier
+	h.log.setFloor(9) // offsets 1..9 resolved earlier
 	h.restart()
 	h.add("a", 0)
 	offs := h.publish("k10", "k11", "k12", "k13")
@@ -150,8 +154,8 @@ func TestCursorWaitsForOutOfOrderAcks(t *testing.T) {
 	if cur := h.c.cursor(); cur != 13 {
 		t.Fatalf("cursor %d after all acks, want 13", cur)
 	}
-	if err := h.c.maybeSave(h.now, true); err != nil || h.log.persisted() != 13 {
-		t.Fatalf("saved %d, %v", h.log.persisted(), err)
+	if h.log.persisted() != 13 {
+		t.Fatalf("log cursor %d, want 13", h.log.persisted())
 	}
 }
 
@@ -375,7 +379,7 @@ func TestMovedKeyWaitsForOldMember(t *testing.T) {
 	}
 }
 
-func TestExpiredAndUnmatchedAreSkipped(t *testing.T) {
+func TestExpiredAreSkippedAndUnmatchedWait(t *testing.T) {
 	h := newHarness(t, nil)
 	h.log.append("k", h.now.Add(-time.Second)) // expired before it is read
 	h.log.append("k", h.now.Add(time.Second))  // expires while blocked
@@ -383,15 +387,46 @@ func TestExpiredAndUnmatchedAreSkipped(t *testing.T) {
 	h.log.append("k", time.Time{})
 	h.c.poll(h.now)
 	h.check()
-	if h.c.w.count != 3 {
-		t.Fatalf("window %d; no member yet, nothing but the expired one resolves", h.c.w.count)
+	if h.c.w.count != 0 {
+		t.Fatalf("window %d; a group without members reads nothing", h.c.w.count)
 	}
 	h.now = h.now.Add(2 * time.Second)
 	h.add("a", 0, "k")
 	wantOffsets(t, "only k", h.out.take(), 4)
 	h.ack("a", 4)
-	if s := h.c.stats(); s.Expired != 2 || s.Skipped != 1 || s.Cursor != 4 {
+	// "other" is not skipped: it waits for a member that takes it.
+	if s := h.c.stats(); s.Expired != 2 || s.UnroutableKeys != 1 || s.Cursor != 2 || s.Blocked != 1 {
 		t.Fatalf("stats %+v", s)
+	}
+	h.add("b", 0, "o*")
+	wantOffsets(t, "other, once b takes it", h.out.take(), 3)
+	h.ack("b", 3)
+	if s := h.c.stats(); s.UnroutableKeys != 0 || s.Cursor != 4 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// TestMemberThatMayNotReadIsNotEligible: read access works like a key filter:
+// a message goes to an eligible member or waits; it is never offered to a
+// member that may not read its topic (and never dead-lettered for it).
+func TestMemberThatMayNotReadIsNotEligible(t *testing.T) {
+	h := newHarness(t, nil)
+	deny := func(topic string) bool { return topic != "secret" }
+	if err := h.c.addMember("nosy", memberSpec{canRead: deny}, h.now); err != nil {
+		t.Fatal(err)
+	}
+	h.c.poll(h.now)
+	h.check()
+	offs := h.publish("secret", "public")
+	wantOffsets(t, "only public", h.out.take(), offs[1])
+	if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
+		t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
+	}
+	h.add("admin", 0)
+	got := h.out.take()
+	wantOffsets(t, "secret, once admin joins", got, offs[0])
+	if got[0].member != "admin" {
+		t.Fatalf("secret went to %q", got[0].member)
 	}
 }
 
@@ -415,15 +450,15 @@ func TestRefusedDeliveryIsNotAnAttempt(t *testing.T) {
 }
 
 func TestDeadLetterIsStoredBeforeCursorPasses(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.CursorInterval = 0 })
+	h := newHarness(t, nil)
 	h.add("a", 0)
 	offs := h.publish("k", "k")
 	h.log.failDead = true
 	h.c.reject("a", offs[0], 0x99, h.now)
 	h.check()
 	h.tick(2)
-	if h.log.persisted() >= offs[0] || len(h.out.got) != 1 {
-		t.Fatalf("cursor %d passed a dead letter that was not stored", h.log.persisted())
+	if h.log.isResolved(offs[0]) || len(h.out.got) != 1 {
+		t.Fatalf("offset %d resolved in the log before its dead letter was stored", offs[0])
 	}
 	h.log.failDead = false
 	h.tick(1)
@@ -436,48 +471,39 @@ func TestDeadLetterIsStoredBeforeCursorPasses(t *testing.T) {
 	}
 }
 
-func TestCursorSavesAreDebounced(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.CursorInterval = time.Second })
+// TestResolutionsReachTheLogAfterEveryBatch: acks are handed to the log as
+// they happen, out of order too, so a crash loses at most what the log had
+// not committed.
+func TestResolutionsReachTheLogAfterEveryBatch(t *testing.T) {
+	h := newHarness(t, nil)
 	h.add("a", 0)
 	offs := h.publish("a", "b", "c")
+	h.ack("a", offs[1]) // out of order: the cursor cannot pass offs[0]
+	if !h.log.isResolved(offs[1]) || h.log.persisted() != 0 {
+		t.Fatalf("log: offset %d resolved %v, cursor %d", offs[1], h.log.isResolved(offs[1]), h.log.persisted())
+	}
+	h.log.commit()
 	h.ack("a", offs[0])
-	h.c.saveDue(h.now)
-	h.ack("a", offs[1])
-	h.c.saveDue(h.now)
-	if h.log.persisted() != offs[0] || h.log.saves != 1 {
-		t.Fatalf("persisted %d after %d saves", h.log.persisted(), h.log.saves)
-	}
-	h.tick(1)
-	if h.log.persisted() != offs[0] {
-		t.Fatal("saved again within the interval")
-	}
-	h.tick(1)
-	if h.log.persisted() != offs[1] || h.log.saves != 2 {
-		t.Fatalf("persisted %d after %d saves", h.log.persisted(), h.log.saves)
-	}
-	h.log.failSave = true
-	h.ack("a", offs[2])
-	if err := h.c.maybeSave(h.now, true); !errors.Is(err, errStore) {
-		t.Fatalf("forced save error %v", err)
-	}
-	h.log.failSave = false
-	if err := h.c.maybeSave(h.now, true); err != nil || h.log.persisted() != offs[2] {
-		t.Fatalf("persisted %d, %v", h.log.persisted(), err)
-	}
+	h.log.crash() // offs[0]'s resolution was never committed
+	h.restart()
+	h.out.take()
+	h.add("b", 0)
+	// offs[1] was durably acked: only offs[0] and the unacked offs[2] come again.
+	wantOffsets(t, "after the crash", h.out.take(), offs[0], offs[2])
 }
 
-func TestRestartRedeliversFromPersistedCursor(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.CursorInterval = 0 })
+func TestRestartRedeliversOnlyWhatWasNotResolved(t *testing.T) {
+	h := newHarness(t, nil)
 	h.add("a", 0)
 	offs := h.publish("k", "k", "j", "k")
 	h.ack("a", offs[0])
 	h.ack("a", offs[2])
-	h.c.saveDue(h.now)
+	h.log.commit()
 	h.restart()
 	h.out.take()
 	h.add("b", 0)
-	// 3 was acked, but the cursor could not pass 2: both come again.
-	wantOffsets(t, "after restart", h.out.take(), offs[1], offs[2])
+	// offs[2] was acked out of order and stays acked; offs[1] comes again.
+	wantOffsets(t, "after restart", h.out.take(), offs[1])
 	h.ack("b", offs[1])
 	wantOffsets(t, "then", h.out.take(), offs[3])
 }
@@ -491,8 +517,8 @@ func TestNoMemberWaitsAndGapsPass(t *testing.T) {
 	h.c.poll(h.now)
 	h.check()
 	h.tick(20)
-	if h.c.w.count != 2 || h.c.st.skipped != 0 {
-		t.Fatal("messages skipped while the group had no member")
+	if h.c.w.count != 0 || h.c.cursor() != 0 {
+		t.Fatal("messages read or skipped while the group had no member")
 	}
 	h.add("a", 0)
 	h.ack("a", 1)
@@ -525,7 +551,7 @@ func TestStaleAcksAreIgnored(t *testing.T) {
 
 func TestMembershipErrors(t *testing.T) {
 	h := newHarness(t, nil)
-	if err := h.c.addMember("", 0, nil, h.now); !errors.Is(err, ErrInvalidMember) {
+	if err := h.c.addMember("", memberSpec{}, h.now); !errors.Is(err, ErrInvalidMember) {
 		t.Fatal(err)
 	}
 	if err := h.c.removeMember("x", false, h.now); !errors.Is(err, ErrUnknownMember) {
@@ -567,5 +593,29 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := ParsePoisonPolicy("retry"); !errors.Is(err, ErrInvalidPoisonPolicy) {
 		t.Fatal(err)
+	}
+}
+
+func TestWindowStopsReadingAtItsByteBound(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.WindowBytes = 3 * 200 })
+	h.add("a", 0)
+	var offs []uint64
+	for range 10 {
+		offs = append(offs, h.log.append("k", time.Time{})) // one key: all but the first wait
+	}
+	h.c.poll(h.now)
+	h.check()
+	// Each message costs ~160+ bytes: reading stops once 600 bytes are held.
+	if s := h.c.stats(); h.c.w.count != 4 || s.WindowBytes < 600 || s.Lag != 6 {
+		t.Fatalf("window %d messages, %d bytes, lag %d", h.c.w.count, s.WindowBytes, s.Lag)
+	}
+	for _, o := range offs {
+		wantOffsets(t, "next", h.out.take(), o)
+		h.ack("a", o)
+		h.c.poll(h.now)
+		h.check()
+	}
+	if s := h.c.stats(); s.Acked != 10 || s.WindowBytes != 0 {
+		t.Fatalf("stats %+v", s)
 	}
 }

@@ -54,12 +54,11 @@ const (
 )
 
 type command struct {
-	kind    cmdKind
-	id      string
-	recvMax int
-	filters filterSet
-	active  bool
-	reply   chan error
+	kind   cmdKind
+	id     string
+	spec   memberSpec
+	active bool
+	reply  chan error
 }
 
 type resultKind uint8
@@ -140,26 +139,38 @@ func start(cfg Config, log Log, out Deliverer, afterIter func(*core)) (*Dispatch
 		afterIter: afterIter,
 	}
 	d.board.publish(c)
-	t := d.clock.NewTicker(cfg.Heartbeat)
 	d.wg.Add(1)
-	go d.run(t)
+	go d.run()
 	return d, nil
 }
 
-// AddMember adds a member (an MQTT client id) with its Receive Maximum (0
-// when the client gave none) and key filters (none: every key). Adding a
-// member that exists updates its Receive Maximum and filters and marks it
-// active, as a re-subscribe does. Invalid filters return an error wrapping
+// MemberOptions describe a member as AddMember takes it.
+type MemberOptions struct {
+	// ReceiveMaximum is the client's MQTT Receive Maximum (0: none given); it
+	// lowers Config.MemberMaxInflight for this member.
+	ReceiveMaximum int
+	// KeyFilters are glob patterns ('*', '?') of the keys the member takes;
+	// none: every key.
+	KeyFilters []string
+	// CanRead, when set, reports whether the member may read a topic. A
+	// message it may not read is never offered to it: the key goes to the
+	// next eligible member on the ring, or waits for one.
+	CanRead func(topic string) bool
+}
+
+// AddMember adds a member (an MQTT client id). Adding a member that exists
+// updates its Receive Maximum and filters and marks it active, as a
+// re-subscribe does. Invalid filters return an error wrapping
 // ErrInvalidFilter and change nothing.
-func (d *Dispatcher) AddMember(id string, receiveMaximum int, keyFilters []string) error {
+func (d *Dispatcher) AddMember(id string, o MemberOptions) error {
 	if id == "" {
 		return ErrInvalidMember
 	}
-	fs, err := compileFilters(keyFilters)
+	fs, err := compileFilters(o.KeyFilters)
 	if err != nil {
 		return err
 	}
-	return d.do(command{kind: cmdAdd, id: id, recvMax: receiveMaximum, filters: fs})
+	return d.do(command{kind: cmdAdd, id: id, spec: memberSpec{recvMax: o.ReceiveMaximum, filters: fs, canRead: o.CanRead}})
 }
 
 // RemoveMember removes a member that unsubscribed. Its in-flight messages
@@ -217,8 +228,8 @@ func (d *Dispatcher) Notify() {
 	}
 }
 
-// Flush applies the acks queued so far and persists the cursor now. It
-// returns the store's error, if any.
+// Flush applies the acks queued so far and hands what they resolved to the
+// log now (Log.Resolve).
 func (d *Dispatcher) Flush(ctx context.Context) error {
 	return d.doCtx(ctx, command{kind: cmdFlush})
 }
@@ -229,9 +240,9 @@ func (d *Dispatcher) Stats() Stats {
 	return d.board.load(d.cfg.Group)
 }
 
-// Close stops the loop after applying queued acks and persisting the cursor
-// (its error is returned). Methods called after Close return ErrClosed. If
-// ctx ends first, Close returns ctx.Err() and the loop finishes on its own.
+// Close stops the loop after applying queued acks and handing what they
+// resolved to the log. Methods called after Close return ErrClosed. If ctx
+// ends first, Close returns ctx.Err() and the loop finishes on its own.
 func (d *Dispatcher) Close(ctx context.Context) error {
 	d.closeOnce.Do(func() {
 		d.closed.Store(true)
@@ -272,15 +283,32 @@ func (d *Dispatcher) doCtx(ctx context.Context, cmd command) error {
 	}
 }
 
-// run is the loop: the only goroutine that touches d.core.
-func (d *Dispatcher) run(t Ticker) {
+// run is the loop: the only goroutine that touches d.core. It holds a
+// heartbeat ticker only while the state has timed work (core.needsTick), so
+// an idle group costs no wakeups.
+func (d *Dispatcher) run() {
 	defer d.wg.Done()
 	defer close(d.done)
-	defer t.Stop()
+	var t Ticker
+	var ticks <-chan time.Time
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
 	c := d.core
 	c.poll(d.clock.Now())
+	c.flushResolved()
 	d.board.publish(c)
 	for {
+		switch need := c.needsTick(); {
+		case need && t == nil:
+			t = d.clock.NewTicker(d.cfg.Heartbeat)
+			ticks = t.C()
+		case !need && t != nil:
+			t.Stop()
+			t, ticks = nil, nil
+		}
 		var (
 			reply chan error
 			err   error
@@ -290,7 +318,7 @@ func (d *Dispatcher) run(t Ticker) {
 		case <-d.closing:
 			now = d.clock.Now()
 			d.drain(now)
-			d.closeErr = c.maybeSave(now, true)
+			c.flushResolved()
 			d.board.publish(c)
 			return
 		case cmd := <-d.cmds:
@@ -307,12 +335,12 @@ func (d *Dispatcher) run(t Ticker) {
 			now = d.clock.Now()
 			d.notified.Store(false)
 			c.poll(now)
-		case <-t.C():
+		case <-ticks:
 			now = d.clock.Now()
 			d.drain(now)
 			c.tick(now)
 		}
-		c.saveDue(now)
+		c.flushResolved()
 		d.board.publish(c)
 		if d.afterIter != nil {
 			d.afterIter(c)
@@ -345,13 +373,13 @@ func (d *Dispatcher) handle(cmd command, now time.Time) error {
 	c := d.core
 	switch cmd.kind {
 	case cmdAdd:
-		return c.addMember(cmd.id, cmd.recvMax, cmd.filters, now)
+		return c.addMember(cmd.id, cmd.spec, now)
 	case cmdRemove:
 		return c.removeMember(cmd.id, false, now)
 	case cmdActive:
 		return c.setActive(cmd.id, cmd.active, now)
 	case cmdFlush:
-		return c.maybeSave(now, true)
+		c.flushResolved()
 	}
 	return nil
 }

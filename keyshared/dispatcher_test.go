@@ -118,7 +118,7 @@ func (h *loopHarness) sync() {
 func TestDispatcherDeliversInKeyOrderAndPersists(t *testing.T) {
 	h := newLoop(t, nil)
 	for _, id := range []string{"a", "b", "c"} {
-		if err := h.d.AddMember(id, 0, nil); err != nil {
+		if err := h.d.AddMember(id, MemberOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -149,7 +149,7 @@ func TestDispatcherDeliversInKeyOrderAndPersists(t *testing.T) {
 	}
 	h.sync()
 	s := h.d.Stats()
-	if s.Acked != n || s.Cursor != n || s.PersistedCursor != n || h.log.persisted() != n || s.InFlight != 0 || s.Backlog != 0 {
+	if s.Acked != n || s.Cursor != n || h.log.persisted() != n || s.InFlight != 0 || s.Backlog != 0 {
 		t.Fatalf("stats %+v, persisted %d", s, h.log.persisted())
 	}
 	if len(s.PerMember) != 3 || s.Members != 3 {
@@ -159,7 +159,7 @@ func TestDispatcherDeliversInKeyOrderAndPersists(t *testing.T) {
 
 func TestDispatcherHeartbeatTimeoutsAndEviction(t *testing.T) {
 	h := newLoop(t, func(c *Config) { c.AckTimeout = 2 * time.Second; c.RetryBackoffBase = 0; c.RetryBackoffMax = 0 })
-	if err := h.d.AddMember("a", 0, nil); err != nil {
+	if err := h.d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.log.append("k", time.Time{})
@@ -181,7 +181,7 @@ func TestDispatcherHeartbeatTimeoutsAndEviction(t *testing.T) {
 
 func TestDispatcherEvictsAfterSixHeartbeats(t *testing.T) {
 	h := newLoop(t, nil)
-	if err := h.d.AddMember("a", 0, nil); err != nil {
+	if err := h.d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.log.append("k", time.Time{})
@@ -191,7 +191,7 @@ func TestDispatcherEvictsAfterSixHeartbeats(t *testing.T) {
 	if err := h.d.SetActive("a", false); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.d.AddMember("b", 0, []string{"nothing-*"}); err != nil {
+	if err := h.d.AddMember("b", MemberOptions{KeyFilters: []string{"nothing-*"}}); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Advance(2500 * time.Millisecond)
@@ -199,7 +199,7 @@ func TestDispatcherEvictsAfterSixHeartbeats(t *testing.T) {
 	if s := h.d.Stats(); s.Members != 2 || s.Evictions != 0 {
 		t.Fatalf("evicted too early: %+v", s)
 	}
-	if err := h.d.AddMember("c", 0, nil); err != nil {
+	if err := h.d.AddMember("c", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.clock.Advance(500 * time.Millisecond)
@@ -218,7 +218,7 @@ func TestDispatcherEvictsAfterSixHeartbeats(t *testing.T) {
 
 func TestDispatcherNotifyNeverBlocks(t *testing.T) {
 	h := newLoop(t, nil)
-	if err := h.d.AddMember("a", 0, nil); err != nil {
+	if err := h.d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// Hold the loop inside Deliver while publishers notify and members ack.
@@ -261,7 +261,7 @@ func TestDispatcherInstantAcksFromDeliver(t *testing.T) {
 		t.Fatal(err)
 	}
 	out.d = d
-	if err := d.AddMember("a", 0, nil); err != nil {
+	if err := d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for d.Stats().Acked < 5000 {
@@ -278,7 +278,7 @@ func TestDispatcherInstantAcksFromDeliver(t *testing.T) {
 	if err := d.Ack("a", 1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Ack after Close: %v", err)
 	}
-	if err := d.AddMember("b", 0, nil); !errors.Is(err, ErrClosed) {
+	if err := d.AddMember("b", MemberOptions{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("AddMember after Close: %v", err)
 	}
 }
@@ -297,8 +297,8 @@ func (a *instantAcker) Deliver(member string, m *Message, attempt int) bool {
 func (a *instantAcker) Revoke(string, uint64) {}
 
 func TestDispatcherCloseFlushesCursorAndStatsReadConcurrently(t *testing.T) {
-	h := newLoop(t, func(c *Config) { c.CursorInterval = time.Hour })
-	if err := h.d.AddMember("a", 0, nil); err != nil {
+	h := newLoop(t, nil)
+	if err := h.d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 50 {
@@ -328,19 +328,19 @@ func TestDispatcherCloseFlushesCursorAndStatsReadConcurrently(t *testing.T) {
 	<-done
 	h.close()
 	if h.log.persisted() != 50 {
-		t.Fatalf("Close persisted %d, want 50", h.log.persisted())
+		t.Fatalf("after Close the log's cursor is %d, want 50", h.log.persisted())
 	}
-	if s := h.d.Stats(); s.PersistedCursor != 50 {
+	if s := h.d.Stats(); s.Cursor != 50 {
 		t.Fatalf("stats %+v", s)
 	}
 }
 
 func TestDispatcherRejectsBadInput(t *testing.T) {
 	h := newLoop(t, nil)
-	if err := h.d.AddMember("a", 0, []string{"ok", ""}); !errors.Is(err, ErrInvalidFilter) {
+	if err := h.d.AddMember("a", MemberOptions{KeyFilters: []string{"ok", ""}}); !errors.Is(err, ErrInvalidFilter) {
 		t.Fatalf("empty filter: %v", err)
 	}
-	if err := h.d.AddMember("", 0, nil); !errors.Is(err, ErrInvalidMember) {
+	if err := h.d.AddMember("", MemberOptions{}); !errors.Is(err, ErrInvalidMember) {
 		t.Fatalf("empty id: %v", err)
 	}
 	if err := h.d.RemoveMember("a"); !errors.Is(err, ErrUnknownMember) {
@@ -355,14 +355,14 @@ func TestDispatcherRejectsBadInput(t *testing.T) {
 
 func TestDispatcherRemoveMemberRequeuesAtOnce(t *testing.T) {
 	h := newLoop(t, nil)
-	if err := h.d.AddMember("a", 0, nil); err != nil {
+	if err := h.d.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.log.append("k", time.Time{})
 	h.log.append("k", time.Time{})
 	h.d.Notify()
 	x := h.out.next(t)
-	if err := h.d.AddMember("b", 0, nil); err != nil {
+	if err := h.d.AddMember("b", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := h.d.RemoveMember("a"); err != nil {

@@ -7,21 +7,24 @@
 // Every message carries a routing key. A consistent-hash ring (VirtualNodes
 // points per member, FNV-1a with the murmur3 finalizer) maps each key to one
 // member; members may narrow the keys they take with glob key filters ('*',
-// '?'). A Dispatcher reads the log from the group's cursor into an in-flight
-// window, delivers through a Deliverer, and resolves each message when its
-// member acks it; nacks and ack timeouts retry it with exponential backoff,
-// and after Config.MaxDeliveries failed attempts the poison policy applies
-// (dead-letter, drop or block). The package knows neither mochi nor bbolt: it
-// talks to storage through Log, to clients through Deliverer, and takes time
-// from a Clock.
+// '?'), and a member that may not read a message's topic is not eligible for
+// it (MemberOptions.CanRead). A Dispatcher reads the log from the group's
+// cursor into an in-flight window bounded in messages and bytes, delivers
+// through a Deliverer, and resolves each message when its member acks it;
+// nacks and ack timeouts retry it with exponential backoff, and after
+// Config.MaxDeliveries failed attempts the poison policy applies (dead-letter,
+// drop or block). Every resolution is handed to the log (Log.Resolve) after
+// the batch of work that made it, so acks above the cursor are durable too.
+// The package knows neither mochi nor bbolt: it talks to storage through Log,
+// to clients through Deliverer, and takes time from a Clock.
 //
 // # Invariants
 //
 //  1. At most one message per key per group is in flight.
 //  2. A key's messages are delivered in log order, including after retries,
 //     member changes and restarts.
-//  3. The persisted cursor never passes an offset that is not acked,
-//     dead-lettered, dropped by policy, expired or filtered out.
+//  3. The log is told an offset is resolved (and so its cursor may pass it)
+//     only once it is acked, dead-lettered, dropped by policy or expired.
 //  4. A key maps to exactly one live member; a membership change remaps about
 //     1/N of the keys, and a moved key waits until its in-flight message on
 //     the old member resolves.
@@ -32,8 +35,9 @@
 // after a restart all deliver that same head again, so order holds; a key's
 // next message is routed (on the current ring) only when its head resolves,
 // so a moved key waits for its old member. The cursor is the offset below the
-// lowest unresolved message of the window. The tests check all four after
-// every step of randomized runs (checkInvariants).
+// lowest unresolved message of the window; the log skips what it holds as
+// resolved when the dispatcher reads it again after a restart. The tests
+// check all four after every step of randomized runs (checkInvariants).
 //
 // # Outcomes
 //
@@ -43,14 +47,20 @@
 // Config.EvictAfter heartbeats inactive) count as failed attempts like nacks,
 // so a message that crashes every worker ends in the dead letters; a lost
 // member's messages are requeued at the head of their keys, never treated as
-// acked. Messages that expired, or whose key no member's filters match, are
-// skipped and counted; both let the cursor advance.
+// acked. Messages that expired are skipped and counted. A message that no
+// member may take (key filters, read access) is never skipped: its key waits
+// for a member that may (Stats.UnroutableKeys), and so does the cursor.
 //
 // # Caveats
 //
-//   - Delivery is at least once. Acks from the last Config.CursorInterval
-//     before a crash may not be persisted and those messages are delivered
-//     again after a restart; retry counts start over after a restart.
+//   - Delivery is at least once. Resolutions the log had not committed when
+//     the broker crashed (its last commit interval) are lost and those
+//     messages are delivered again; retry counts start over after a restart.
+//   - A group without members reads nothing from its log: its backlog stays
+//     in the log, not in memory, until a member joins.
+//   - The heartbeat runs only while the group has timed work (deliveries
+//     awaiting acks, retries, disconnected or paused members), so an idle
+//     group costs no wakeups.
 //   - A key owned by a disconnected member waits for it until it reconnects
 //     or is evicted (3 s by default); the keys of other members go on.
 //   - The block poison policy stops its key until a late ack resolves the
@@ -63,5 +73,6 @@
 //   - A Deliverer is called on the loop goroutine and must not block: one
 //     slow Deliver stalls the whole group.
 //   - Router, the non-reliable (QoS 0) variant, keeps no state per message:
-//     what a member refuses is dropped.
+//     what a member refuses is dropped, and a message no member may take is
+//     skipped (counted).
 package keyshared

@@ -2,6 +2,7 @@ package keyshared
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -87,7 +88,7 @@ func TestCompileFilters(t *testing.T) {
 	if fs, err := compileFilters([]string{"a*", "**", "b"}); err != nil || fs != nil {
 		t.Errorf("a pattern of stars must mean every key: %v %v", fs, err)
 	}
-	if fs, err := compileFilters([]string{"a*", "b?", "a*"}); err != nil || !fs.equal(filterSet{"a*", "b?"}) {
+	if fs, err := compileFilters([]string{"a*", "b?", "a*"}); err != nil || !slices.Equal(fs.patterns(), []string{"a*", "b?"}) {
 		t.Errorf("duplicates: %v %v", fs, err)
 	}
 	if fs, err := compileFilters(nil); err != nil || !fs.match("x") {
@@ -143,4 +144,27 @@ func FuzzKeyFilters(f *testing.F) {
 			t.Fatalf("key %q, patterns %q: routed %v, reference %v", key, pats, got, want)
 		}
 	})
+}
+
+// BenchmarkGlobWorstCase: a 1 KiB key against 256-byte patterns built to
+// make a matcher work hardest: many stars (quadratic for backtracking
+// matchers), and a '?' segment that almost matches at every position (the
+// bound of O(len(key) x len(segment)) for such segments).
+func BenchmarkGlobWorstCase(b *testing.B) {
+	key := strings.Repeat("a", 1023) + "b"
+	for name, pattern := range map[string]string{
+		"stars":       strings.Repeat("*a", 126) + "*c*b",
+		"question":    "*" + strings.Repeat("a", 250) + "?c*b",
+		"literal-254": "*" + strings.Repeat("a", 252) + "c*",
+	} {
+		g := compileGlob(pattern)
+		if g.match(key) != globRef(pattern, key) {
+			b.Fatalf("%s: disagrees with the reference", name)
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				g.match(key)
+			}
+		})
+	}
 }

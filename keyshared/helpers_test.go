@@ -2,7 +2,6 @@ package keyshared
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
@@ -19,23 +18,31 @@ func TestMain(m *testing.M) {
 var errStore = errors.New("test store failure")
 
 // memLog is an in-memory Log. It keeps its messages sorted by offset and can
-// be told to fail.
+// be told to fail. Resolutions are pending until commit (as a real log's are
+// until its next commit): crash drops the pending ones.
 type memLog struct {
-	mu       sync.Mutex
-	msgs     []Message
-	head     uint64
-	cursor   uint64
-	saves    int
-	dead     []DeadLetter
-	deadAt   map[uint64]bool
-	failDead bool
-	failSave bool
-	failRead bool
-	// onSave, when set, sees every cursor before it is stored.
-	onSave func(cursor uint64)
+	mu   sync.Mutex
+	msgs []Message
+	head uint64
+	// floor: offsets <= floor were resolved before the test began (tests set it).
+	floor uint64
+	// cursor: every offset <= cursor is resolved (floor, committed, pending)
+	// or a gap.
+	cursor    uint64
+	committed map[uint64]bool
+	pending   map[uint64]bool
+	resolves  int // Resolve calls
+	dead      []DeadLetter
+	deadAt    map[uint64]bool
+	failDead  bool
+	failRead  bool
+	// onResolve, when set, sees every offset handed to Resolve.
+	onResolve func(off uint64)
 }
 
-func newMemLog() *memLog { return &memLog{deadAt: make(map[uint64]bool)} }
+func newMemLog() *memLog {
+	return &memLog{deadAt: make(map[uint64]bool), committed: make(map[uint64]bool), pending: make(map[uint64]bool)}
+}
 
 // append adds a message with the next offset and returns it.
 func (l *memLog) append(key string, expiresAt time.Time) uint64 {
@@ -53,6 +60,24 @@ func (l *memLog) skip() {
 	l.head++
 }
 
+// setFloor declares offsets <= c resolved before the test began.
+func (l *memLog) setFloor(c uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.floor = max(l.floor, c)
+	l.advanceLocked()
+}
+
+func (l *memLog) isResolvedLocked(off uint64) bool {
+	return off <= l.cursor || l.committed[off] || l.pending[off]
+}
+
+// hasLocked reports whether off holds a message (not a gap).
+func (l *memLog) hasLocked(off uint64) bool {
+	i := sort.Search(len(l.msgs), func(i int) bool { return l.msgs[i].Offset >= off })
+	return i < len(l.msgs) && l.msgs[i].Offset == off
+}
+
 func (l *memLog) ReadFrom(from uint64, max int, buf []Message) ([]Message, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -61,6 +86,9 @@ func (l *memLog) ReadFrom(from uint64, max int, buf []Message) ([]Message, error
 	}
 	i := sort.Search(len(l.msgs), func(i int) bool { return l.msgs[i].Offset >= from })
 	for ; i < len(l.msgs) && max > 0; i++ {
+		if l.isResolvedLocked(l.msgs[i].Offset) {
+			continue
+		}
 		buf = append(buf, l.msgs[i])
 		max--
 	}
@@ -79,21 +107,49 @@ func (l *memLog) LoadCursor() (uint64, error) {
 	return l.cursor, nil
 }
 
-func (l *memLog) SaveCursor(c uint64) error {
+func (l *memLog) Resolve(offs []uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.failSave {
-		return errStore
+	l.resolves++
+	for _, o := range offs {
+		if l.onResolve != nil {
+			l.onResolve(o)
+		}
+		l.pending[o] = true
 	}
-	if c < l.cursor {
-		return fmt.Errorf("cursor moved back from %d to %d", l.cursor, c)
+	l.advanceLocked()
+}
+
+// advanceLocked moves the cursor over resolved offsets and gaps.
+func (l *memLog) advanceLocked() {
+	l.cursor = max(l.cursor, l.floor)
+	for l.cursor < l.head {
+		n := l.cursor + 1
+		if !l.committed[n] && !l.pending[n] && l.hasLocked(n) {
+			return
+		}
+		l.cursor = n
 	}
-	if l.onSave != nil {
-		l.onSave(c)
+}
+
+// commit makes the pending resolutions durable.
+func (l *memLog) commit() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for o := range l.pending {
+		l.committed[o] = true
 	}
-	l.cursor = c
-	l.saves++
-	return nil
+	clear(l.pending)
+}
+
+// crash forgets the pending resolutions, as a crash before the next commit
+// would, and recomputes the cursor from what is left.
+func (l *memLog) crash() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.pending)
+	l.cursor = 0
+	l.advanceLocked()
 }
 
 func (l *memLog) DeadLetter(d DeadLetter) error {
@@ -111,6 +167,13 @@ func (l *memLog) persisted() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.cursor
+}
+
+// isResolved reports whether off is resolved in the log.
+func (l *memLog) isResolved(off uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.isResolvedLocked(off)
 }
 
 func (l *memLog) deadLetters() []DeadLetter {
@@ -253,4 +316,13 @@ func (t *fakeTicker) isStopped() bool {
 	default:
 		return false
 	}
+}
+
+// fset compiles patterns into a filterSet, for tests.
+func fset(patterns ...string) filterSet {
+	fs := make(filterSet, len(patterns))
+	for i, p := range patterns {
+		fs[i] = compileGlob(p)
+	}
+	return fs
 }

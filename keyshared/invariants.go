@@ -94,8 +94,12 @@ func (c *core) checkInvariants() error {
 				if len(c.members) != 0 {
 					bad("liveness: key %q waits for members, but there are %d", key, len(c.members))
 				}
+			case &c.noEligible:
+				if m := c.pick(&h.msg); m != nil || len(c.members) == 0 {
+					bad("liveness: key %q waits for an eligible member, but %v may take it (%d members)", key, m, len(c.members))
+				}
 			default:
-				m := c.pick(key)
+				m := c.pick(&h.msg)
 				if m == nil || &m.waitq != ks.list {
 					bad("invariant 4: key %q waits on a member the ring does not map it to", key)
 				} else if m.canTake() {
@@ -137,12 +141,18 @@ func (c *core) checkInvariants() error {
 	if n != w.count {
 		bad("offset list holds %d, window %d", n, w.count)
 	}
-	cur := c.cursor()
-	if c.saved > cur {
-		bad("invariant 3: persisted cursor %d passes the safe cursor %d", c.saved, cur)
+	var size int64
+	for e := w.order.head; e != nil; e = e.onext {
+		size += int64(e.msg.Size())
 	}
-	if h := w.order.head; h != nil && h.msg.Offset <= c.saved {
-		bad("invariant 3: persisted cursor %d passes unresolved offset %d", c.saved, h.msg.Offset)
+	if size != w.bytes {
+		bad("window bytes %d, entries hold %d", w.bytes, size)
+	}
+	cur := c.cursor()
+	for _, off := range c.resolved {
+		if w.byOffset.get(off) != nil {
+			bad("invariant 3: offset %d handed to the log as resolved while in the window", off)
+		}
 	}
 	if c.nextRead != c.lastRead+1 || cur > c.lastRead {
 		bad("read position: next %d, last %d, cursor %d", c.nextRead, c.lastRead, cur)

@@ -11,6 +11,9 @@ type member struct {
 	// re-subscribe lowered it, until acks bring it down.
 	limit   int
 	filters filterSet
+	// canRead, when set, reports whether the member may read a topic; a
+	// message it may not read is never offered to it (nil: every topic).
+	canRead func(topic string) bool
 
 	// active is false while the client is disconnected; no new message goes
 	// to it and inactiveTicks counts heartbeats toward eviction.
@@ -33,6 +36,13 @@ type member struct {
 	// stat mirrors inflight/limit/active for Stats readers on other goroutines.
 	stat  *memberStat
 	dirty bool
+}
+
+// memberSpec is what AddMember says of a member.
+type memberSpec struct {
+	recvMax int
+	filters filterSet
+	canRead func(topic string) bool
 }
 
 // canTake reports whether a message may be delivered to m now.

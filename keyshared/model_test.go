@@ -17,13 +17,15 @@ var (
 
 // TestModel drives the dispatch state with random publishes, acks, nacks,
 // rejects, stale acks, clock advances (timeouts, retries, eviction), joins,
-// leaves, disconnects, reconnects, filter changes, refusals, store failures
-// and restarts from the persisted cursor. After every step it checks
+// leaves, disconnects, reconnects, filter and read-access changes, refusals,
+// store failures, log commits, and restarts (graceful, or crashes that lose
+// the resolutions the log had not committed). After every step it checks
 // checkInvariants; every delivery is checked as it happens against an
-// independent model (one in flight per key, per-key log order, the ring's
-// member, filters, activity); every resolution against what the model did;
-// every cursor save against the resolutions. At the end the members ack
-// everything and the whole log must be resolved and the cursor at its head.
+// independent model (one in flight per key, per-key log order, never a
+// message the log holds as resolved, the ring's member, filters, read access,
+// activity); every resolution against what the model did; every offset the
+// log is told is resolved against the resolutions. At the end the members
+// ack everything and the whole log must be resolved and its cursor at its head.
 func TestModel(t *testing.T) {
 	seeds := []uint64{*flagSeed}
 	if *flagSeed == 0 {
@@ -53,8 +55,12 @@ type modelMember struct {
 	recvMax int
 	filters []string
 	fs      filterSet
-	active  bool
+	// deny, when set, is a topic the member may not read.
+	deny   string
+	active bool
 }
+
+func (mm *modelMember) canRead(topic string) bool { return topic != mm.deny }
 
 type model struct {
 	t   *testing.T
@@ -75,11 +81,10 @@ type model struct {
 	// last: offset -> member of its last delivery in this incarnation.
 	last map[uint64]string
 
-	// incStart is the persisted cursor the current incarnation started from.
+	// incStart is the log's cursor the current incarnation started from.
 	incStart uint64
-	// savedChecked: cursors up to it were checked in this incarnation.
-	savedChecked uint64
-	// resolvedNow: offsets resolved in this incarnation; resolved: ever.
+	// resolvedNow: offsets resolved in this incarnation (or already resolved
+	// in the log when it started); resolved: ever.
 	resolvedNow map[uint64]bool
 	resolved    map[uint64]outcome
 	mayAck      map[uint64]bool
@@ -109,7 +114,9 @@ func newModel(t *testing.T, seed uint64) *model {
 	cfg.Window = 1 + rng.IntN(40)
 	cfg.ReadBatch = 1 + rng.IntN(8)
 	cfg.EvictAfter = 1 + rng.IntN(6)
-	cfg.CursorInterval = time.Duration(rng.IntN(3)) * 500 * time.Millisecond
+	if rng.IntN(3) == 0 {
+		cfg.WindowBytes = int64(1 + rng.IntN(12*170)) // a few messages of ~170 bytes
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -126,11 +133,11 @@ func newModel(t *testing.T, seed uint64) *model {
 	}
 	m.out.onDeliver = m.onDeliver
 	m.out.onRevoke = m.onRevoke
-	m.log.onSave = m.onSave
+	m.log.onResolve = m.onLogResolve
 	m.startIncarnation()
-	t.Logf("config: max deliveries %d, poison %v, ack timeout %v, backoff %v..%v, member limit %d, window %d, batch %d, evict after %d, cursor every %v, %d keys",
+	t.Logf("config: max deliveries %d, poison %v, ack timeout %v, backoff %v..%v, member limit %d, window %d / %d bytes, batch %d, evict after %d, %d keys",
 		cfg.MaxDeliveries, cfg.Poison, cfg.AckTimeout, cfg.RetryBackoffBase, cfg.RetryBackoffMax, cfg.MemberMaxInflight,
-		cfg.Window, cfg.ReadBatch, cfg.EvictAfter, cfg.CursorInterval, len(m.keys))
+		cfg.Window, cfg.WindowBytes, cfg.ReadBatch, cfg.EvictAfter, len(m.keys))
 	return m
 }
 
@@ -146,12 +153,16 @@ func (m *model) startIncarnation() {
 		m.fatalf("open: %v", err)
 	}
 	m.incStart = m.log.persisted()
-	m.savedChecked = 0
 	m.holding = make(map[uint64]string)
 	m.held = m.held[:0]
 	m.heldKey = make(map[string]uint64)
 	m.last = make(map[uint64]string)
 	m.resolvedNow = make(map[uint64]bool)
+	for o := m.incStart + 1; o <= m.log.Head(); o++ {
+		if m.log.isResolved(o) {
+			m.resolvedNow[o] = true // durably resolved: must never come back
+		}
+	}
 	m.mayAck = make(map[uint64]bool)
 	m.next = make(map[string]int)
 	for k, offs := range m.perKey {
@@ -194,6 +205,8 @@ func (m *model) onDeliver(d delivery) {
 		m.fatalf("offset %d delivered to inactive member %q", d.offset, d.member)
 	case !mm.fs.match(d.key):
 		m.fatalf("offset %d (key %q) delivered to %q whose filters %v do not match", d.offset, d.key, d.member, mm.filters)
+	case !mm.canRead(d.key): // topic = key in memLog
+		m.fatalf("offset %d (topic %q) delivered to %q, which may not read it", d.offset, d.key, d.member)
 	}
 	if o, ok := m.heldKey[d.key]; ok {
 		m.fatalf("invariant 1: offset %d of key %q delivered to %q while offset %d is held by %q", d.offset, d.key, d.member, o, m.holding[o])
@@ -201,7 +214,7 @@ func (m *model) onDeliver(d delivery) {
 	if m.resolvedNow[d.offset] {
 		m.fatalf("offset %d delivered after it was resolved", d.offset)
 	}
-	if want := m.c.pick(d.key); want == nil || want.id != d.member {
+	if want := m.c.pick(&m.log.msgs[d.offset-1]); want == nil || want.id != d.member {
 		m.fatalf("invariant 4: key %q delivered to %q, the ring says %v", d.key, d.member, want)
 	}
 	// Invariant 2: it must be the key's first message above the incarnation's
@@ -273,35 +286,25 @@ func (m *model) onResolve(msg *Message, out outcome, now time.Time) {
 		if exp := m.expiry[o]; exp.IsZero() || now.Before(exp) {
 			m.fatalf("offset %d expired at %v, expiry %v", o, now, exp)
 		}
-	case outSkipped:
-		if len(m.members) == 0 {
-			m.fatalf("offset %d skipped with no member", o)
-		}
-		for _, mm := range m.members {
-			// A member the heartbeat is evicting right now is gone already.
-			if mm.fs.match(msg.Key) && m.c.members[mm.id] != nil {
-				m.fatalf("offset %d skipped, but %q takes key %q", o, mm.id, msg.Key)
-			}
-		}
 	}
 	m.resolvedNow[o] = true
 	m.resolved[o] = out
 }
 
-// onSave checks invariant 3 for a cursor about to be persisted.
-func (m *model) onSave(cur uint64) {
-	for o := max(m.incStart, m.savedChecked) + 1; o <= cur; o++ {
-		if !m.resolvedNow[o] && o <= uint64(len(m.log.msgs)) {
-			m.fatalf("invariant 3: cursor %d persisted past unresolved offset %d", cur, o)
-		}
+// onLogResolve checks invariant 3 for an offset the log is told is resolved.
+func (m *model) onLogResolve(o uint64) {
+	if !m.resolvedNow[o] {
+		m.fatalf("invariant 3: offset %d handed to the log as resolved, but it is not", o)
 	}
-	m.savedChecked = max(m.savedChecked, cur)
 }
 
+// check checks the invariants, then hands the resolutions to the log as the
+// loop does after every batch.
 func (m *model) check() {
 	if err := m.c.checkInvariants(); err != nil {
 		m.fatalf("%v", err)
 	}
+	m.c.flushResolved()
 	if len(m.c.members) != len(m.members) {
 		m.fatalf("core has %d members, model %d", len(m.c.members), len(m.members))
 	}
@@ -320,9 +323,14 @@ func (m *model) join(mm *modelMember) {
 	}
 	mm.fs = fs
 	m.members[mm.id] = mm
-	if err := m.c.addMember(mm.id, mm.recvMax, fs, m.now); err != nil {
+	spec := memberSpec{recvMax: mm.recvMax, filters: fs}
+	if mm.deny != "" {
+		spec.canRead = mm.canRead
+	}
+	if err := m.c.addMember(mm.id, spec, m.now); err != nil {
 		m.fatalf("add %q: %v", mm.id, err)
 	}
+	m.c.poll(m.now) // as the loop does after every command
 }
 
 func (m *model) randomFilters() []string {
@@ -459,7 +467,7 @@ func (m *model) step() {
 		if m.rng.IntN(2) == 0 {
 			rm = 1 + m.rng.IntN(4)
 		}
-		m.join(&modelMember{id: id, recvMax: rm, filters: m.randomFilters(), active: true})
+		m.join(&modelMember{id: id, recvMax: rm, filters: m.randomFilters(), deny: m.randomDeny(), active: true})
 	case r < 850:
 		m.op = "leave"
 		if id, ok := m.randomMember(); ok {
@@ -489,6 +497,7 @@ func (m *model) step() {
 		if id, ok := m.randomMember(); ok {
 			mm := m.members[id]
 			mm.filters = m.randomFilters()
+			mm.deny = m.randomDeny()
 			mm.recvMax = m.rng.IntN(4)
 			mm.active = true
 			m.join(mm)
@@ -505,12 +514,16 @@ func (m *model) step() {
 	case r < 975:
 		m.op = "restart"
 		if m.rng.IntN(2) == 0 {
-			m.c.saveDue(m.now) // a crash keeps only what was saved
-		} else if err := m.c.maybeSave(m.now, true); err != nil && m.failing == 0 {
-			m.fatalf("graceful save: %v", err)
+			m.log.crash() // a crash keeps only what the log committed
+		} else {
+			m.c.flushResolved()
+			m.log.commit()
 		}
 		m.restarts++
 		m.startIncarnation()
+	case r < 985:
+		m.op = "log commit"
+		m.log.commit()
 	default:
 		m.op = "poll"
 		m.c.poll(m.now)
@@ -519,8 +532,16 @@ func (m *model) step() {
 
 func (m *model) setFailing(on bool) {
 	m.log.mu.Lock()
-	m.log.failDead, m.log.failSave, m.log.failRead = on, on && m.rng.IntN(2) == 0, on && m.rng.IntN(2) == 0
+	m.log.failDead, m.log.failRead = on, on && m.rng.IntN(2) == 0
 	m.log.mu.Unlock()
+}
+
+// randomDeny returns a topic a member may not read, mostly none.
+func (m *model) randomDeny() string {
+	if m.rng.IntN(6) != 0 {
+		return ""
+	}
+	return m.keys[m.rng.IntN(len(m.keys))]
 }
 
 func (m *model) randomMember() (string, bool) {
@@ -558,7 +579,7 @@ func (m *model) drain() {
 			m.fatalf("reconnect %q: %v", id, err)
 		}
 	}
-	if len(m.members) == 0 {
+	if m.members["drain"] == nil { // takes every key, so nothing stays unroutable
 		m.join(&modelMember{id: "drain", active: true})
 	}
 	head := m.log.Head()
@@ -588,9 +609,8 @@ func (m *model) drain() {
 		}
 		m.advance(m.cfg.Heartbeat)
 	}
-	if err := m.c.maybeSave(m.now, true); err != nil {
-		m.fatalf("final save: %v", err)
-	}
+	m.c.flushResolved()
+	m.log.commit()
 	if m.log.persisted() != head {
 		m.fatalf("persisted cursor %d, head %d", m.log.persisted(), head)
 	}

@@ -13,6 +13,14 @@ const VirtualNodes = 100
 type ringMember struct {
 	id      string
 	filters filterSet
+	// canRead, when set, reports whether the member may read a topic.
+	canRead func(topic string) bool
+}
+
+// eligible reports whether msg may go to the member: its key filters accept
+// the key and it may read the topic.
+func (m *ringMember) eligible(msg *Message) bool {
+	return m.filters.match(msg.Key) && (m.canRead == nil || m.canRead(msg.Topic))
 }
 
 // vnode is one point on the ring: a 32-bit position and the index of the
@@ -33,9 +41,10 @@ type ring struct {
 	// members is sorted by id, so the ring (and every answer it gives) does
 	// not depend on the order in which members joined.
 	members []ringMember
-	// filtered counts members that declare key filters. When it is zero every
-	// member is eligible for every key and pick takes the direct path.
-	filtered int
+	// restricted counts members that may refuse a message (key filters or read access).
+	// When it is zero every member is eligible for every key and pick takes
+	// the direct path.
+	restricted int
 	// index[b] is the first point whose hash's top bits are >= b, so that a
 	// lookup searches only the few points of its bucket (a plain binary search
 	// over the whole ring costs a dozen unpredictable branches).
@@ -54,8 +63,8 @@ func buildRing(members []ringMember) *ring {
 	packed := make([]uint64, 0, len(members)*VirtualNodes)
 	var buf []byte
 	for i, m := range r.members {
-		if len(m.filters) > 0 {
-			r.filtered++
+		if m.canRead != nil || len(m.filters) > 0 {
+			r.restricted++
 		}
 		for v := range VirtualNodes {
 			buf = append(buf[:0], m.id...)
@@ -86,13 +95,25 @@ func buildRing(members []ringMember) *ring {
 }
 
 // pick returns the index in r.members of the member that owns key, or -1
-// when no member may take it (the ring is empty, or no member's filters match).
+// when no member may take it (the ring is empty, or no member's filters
+// match). It never allocates.
+func (r *ring) pick(key string) int { return r.pickFunc(key, nil) }
+
+// pickMessage returns the index of the member msg goes to: the first
+// eligible one (ringMember.eligible) clockwise from its key's point, or -1.
+func (r *ring) pickMessage(msg *Message) int {
+	return r.pickFunc(msg.Key, func(i int) bool { return r.members[i].eligible(msg) })
+}
+
+// pickFunc is pick with a say in eligibility: ok (nil: the member's key
+// filters decide) reports whether member i may take the message.
 //
-// With filters present the ring is projected onto the eligible members by
-// walking clockwise from the key's point to the first point of an eligible
-// member: exactly the answer a ring built from the eligible members alone
-// would give, without building it. pick never allocates.
-func (r *ring) pick(key string) int {
+// With restricted members present the ring is projected onto the eligible
+// members by walking clockwise from the key's point to the first point of an
+// eligible member: exactly the answer a ring built from the eligible members
+// alone would give, without building it. Each member is asked at most once
+// per pick, however many of its points the walk passes.
+func (r *ring) pickFunc(key string, ok func(i int) bool) int {
 	n := len(r.vnodes)
 	if n == 0 {
 		return -1
@@ -112,23 +133,32 @@ func (r *ring) pick(key string) int {
 	if lo == n {
 		lo = 0
 	}
-	if r.filtered == 0 {
+	if r.restricted == 0 {
 		return int(r.vnodes[lo].idx)
 	}
-	last := int32(-1)
-	for j := 0; j < n; j++ {
+	// seen marks members already refused (a bitset; on the stack for up to
+	// 256 members).
+	var small [4]uint64
+	seen := small[:]
+	if words := (len(r.members) + 63) / 64; words > len(small) {
+		seen = make([]uint64, words)
+	}
+	left := len(r.members)
+	for j := 0; j < n && left > 0; j++ {
 		i := lo + j
 		if i >= n {
 			i -= n
 		}
 		idx := r.vnodes[i].idx
-		if idx == last {
-			continue // same member as the point before: already rejected
+		if seen[idx/64]&(1<<(idx%64)) != 0 {
+			continue
 		}
-		if r.members[idx].filters.match(key) {
+		m := &r.members[idx]
+		if ok != nil && ok(int(idx)) || ok == nil && m.filters.match(key) {
 			return int(idx)
 		}
-		last = idx
+		seen[idx/64] |= 1 << (idx % 64)
+		left--
 	}
 	return -1
 }

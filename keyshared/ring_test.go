@@ -79,7 +79,7 @@ func TestRingDistributionAndRemap(t *testing.T) {
 
 func TestRingIgnoresInsertionOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	ms := []ringMember{{id: "a"}, {id: "b", filters: filterSet{"k1*"}}, {id: "c"}, {id: "member-42"}, {id: "x", filters: filterSet{"?2*", "k3"}}}
+	ms := []ringMember{{id: "a"}, {id: "b", filters: fset("k1*")}, {id: "c"}, {id: "member-42"}, {id: "x", filters: fset("?2*", "k3")}}
 	ref := buildRing(ms)
 	keys := testKeys(5000)
 	keys = append(keys, "k1", "k10", "k3", "a2b")
@@ -99,8 +99,8 @@ func TestRingIgnoresInsertionOrder(t *testing.T) {
 // ring built from only the members eligible for the key would.
 func TestRingFilterProjection(t *testing.T) {
 	ms := []ringMember{
-		{id: "all"}, {id: "eu", filters: filterSet{"eu-*"}}, {id: "eu1", filters: filterSet{"eu-west-?"}},
-		{id: "pay", filters: filterSet{"payment"}}, {id: "ship", filters: filterSet{"ship*", "eu-*"}},
+		{id: "all"}, {id: "eu", filters: fset("eu-*")}, {id: "eu1", filters: fset("eu-west-?")},
+		{id: "pay", filters: fset("payment")}, {id: "ship", filters: fset("ship*", "eu-*")},
 	}
 	r := buildRing(ms)
 	keys := []string{"payment", "shipping", "shipment", "eu-west-1", "eu-west-2", "eu-north-1", "us-east-1"}
@@ -124,7 +124,7 @@ func TestRingFilterProjection(t *testing.T) {
 			t.Fatalf("key %q: projected ring picks %q, ring of eligible members %q", k, got, want)
 		}
 	}
-	none := buildRing([]ringMember{{id: "a", filters: filterSet{"x"}}})
+	none := buildRing([]ringMember{{id: "a", filters: fset("x")}})
 	if none.pick("y") != -1 || buildRing(nil).pick("y") != -1 {
 		t.Fatal("a key no member takes must pick no member")
 	}
@@ -132,7 +132,7 @@ func TestRingFilterProjection(t *testing.T) {
 
 func TestRingPickDoesNotAllocate(t *testing.T) {
 	plain := ringOf(16)
-	filtered := buildRing([]ringMember{{id: "a", filters: filterSet{"device/1*"}}, {id: "b"}, {id: "c", filters: filterSet{"x"}}})
+	filtered := buildRing([]ringMember{{id: "a", filters: fset("device/1*")}, {id: "b"}, {id: "c", filters: fset("x")}})
 	keys := testKeys(100)
 	i := 0
 	for name, r := range map[string]*ring{"plain": plain, "filtered": filtered} {
@@ -149,7 +149,7 @@ func BenchmarkRingPick(b *testing.B) {
 		r    *ring
 	}{
 		{"members=16", ringOf(16)},
-		{"members=16/filtered", buildRing(append(ringOf(15).members, ringMember{id: "f", filters: filterSet{"device/1*", "device/?7"}}))},
+		{"members=16/filtered", buildRing(append(ringOf(15).members, ringMember{id: "f", filters: fset("device/1*", "device/?7")}))},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -183,6 +183,28 @@ func TestRingPickMatchesLinearScan(t *testing.T) {
 			if got := r.pick(k); got != int(want) {
 				t.Fatalf("N=%d key %q: pick %d, linear scan %d", n, k, got, want)
 			}
+		}
+	}
+}
+
+// TestRingAsksEachMemberOnce: a pick that walks past members whose filters
+// refuse the key asks each of them once, not once per virtual node.
+func TestRingAsksEachMemberOnce(t *testing.T) {
+	var ms []ringMember
+	for i := range 20 {
+		ms = append(ms, ringMember{id: fmt.Sprint("m", i), filters: fset("never-*")})
+	}
+	r := buildRing(ms)
+	asked := make(map[int]int)
+	if i := r.pickFunc("some-key", func(i int) bool { asked[i]++; return false }); i != -1 {
+		t.Fatalf("pick = %d, want -1", i)
+	}
+	if len(asked) != 20 {
+		t.Fatalf("asked %d members, want all 20", len(asked))
+	}
+	for i, n := range asked {
+		if n != 1 {
+			t.Fatalf("member %d asked %d times", i, n)
 		}
 	}
 }

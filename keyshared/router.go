@@ -18,7 +18,7 @@ type Router struct {
 
 	mu struct {
 		sync.Mutex
-		members map[string]filterSet
+		members map[string]ringMember
 	}
 
 	delivered atomic.Uint64
@@ -40,23 +40,24 @@ type RouterStats struct {
 // NewRouter returns a Router with no members that delivers through out.
 func NewRouter(out Deliverer) *Router {
 	r := &Router{out: out}
-	r.mu.members = make(map[string]filterSet)
+	r.mu.members = make(map[string]ringMember)
 	r.ring.Store(buildRing(nil))
 	return r
 }
 
-// AddMember adds or updates a member and its key filters.
-func (r *Router) AddMember(id string, keyFilters []string) error {
+// AddMember adds or updates a member, its key filters and its read access
+// (MemberOptions.ReceiveMaximum does not apply here).
+func (r *Router) AddMember(id string, o MemberOptions) error {
 	if id == "" {
 		return ErrInvalidMember
 	}
-	fs, err := compileFilters(keyFilters)
+	fs, err := compileFilters(o.KeyFilters)
 	if err != nil {
 		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.mu.members[id] = fs
+	r.mu.members[id] = ringMember{id: id, filters: fs, canRead: o.CanRead}
 	r.rebuildLocked()
 	return nil
 }
@@ -75,8 +76,8 @@ func (r *Router) RemoveMember(id string) error {
 
 func (r *Router) rebuildLocked() {
 	rms := make([]ringMember, 0, len(r.mu.members))
-	for id, fs := range r.mu.members {
-		rms = append(rms, ringMember{id: id, filters: fs})
+	for _, m := range r.mu.members {
+		rms = append(rms, m)
 	}
 	r.ring.Store(buildRing(rms))
 }
@@ -86,7 +87,7 @@ func (r *Router) rebuildLocked() {
 // false) and counts the message as skipped; a refusal counts as dropped.
 func (r *Router) Route(m *Message) (string, bool) {
 	rg := r.ring.Load()
-	i := rg.pick(m.Key)
+	i := rg.pickMessage(m)
 	if i < 0 {
 		r.skipped.Add(1)
 		return "", false

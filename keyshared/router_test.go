@@ -32,16 +32,16 @@ func TestRouterRoutesDropsAndSkips(t *testing.T) {
 	if _, ok := r.Route(&Message{Key: "k"}); ok {
 		t.Fatal("routed with no member")
 	}
-	if err := r.AddMember("a", nil); err != nil {
+	if err := r.AddMember("a", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.AddMember("eu", []string{"eu-*"}); err != nil {
+	if err := r.AddMember("eu", MemberOptions{KeyFilters: []string{"eu-*"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.AddMember("busy", []string{"busy-*"}); err != nil {
+	if err := r.AddMember("busy", MemberOptions{KeyFilters: []string{"busy-*"}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.AddMember("x", []string{""}); !errors.Is(err, ErrInvalidFilter) {
+	if err := r.AddMember("x", MemberOptions{KeyFilters: []string{""}}); !errors.Is(err, ErrInvalidFilter) {
 		t.Fatalf("bad filter: %v", err)
 	}
 	owner := map[string]string{}
@@ -74,7 +74,7 @@ func TestRouterRoutesDropsAndSkips(t *testing.T) {
 func TestRouterConcurrentRouteAndMembership(t *testing.T) {
 	out := &countDeliverer{got: map[string]int{}}
 	r := NewRouter(out)
-	if err := r.AddMember("base", nil); err != nil {
+	if err := r.AddMember("base", MemberOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
@@ -91,7 +91,7 @@ func TestRouterConcurrentRouteAndMembership(t *testing.T) {
 		}()
 	}
 	for i := range 50 {
-		if err := r.AddMember(fmt.Sprint("m", i), nil); err != nil {
+		if err := r.AddMember(fmt.Sprint("m", i), MemberOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,7 +104,7 @@ func TestRouterConcurrentRouteAndMembership(t *testing.T) {
 func TestRouterRouteDoesNotAllocate(t *testing.T) {
 	r := NewRouter(&countDeliverer{got: map[string]int{}})
 	for i := range 8 {
-		if err := r.AddMember(fmt.Sprint("m", i), nil); err != nil {
+		if err := r.AddMember(fmt.Sprint("m", i), MemberOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}

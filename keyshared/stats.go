@@ -10,8 +10,6 @@ type Stats struct {
 	Head uint64
 	// Cursor is the safe cursor: it and every offset below it are resolved.
 	Cursor uint64
-	// PersistedCursor is the cursor last saved to the log (<= Cursor).
-	PersistedCursor uint64
 	// Backlog is Head - Cursor: messages not yet resolved (gaps included).
 	Backlog uint64
 	// Lag is how far reading trails the head: messages not yet read into the window.
@@ -22,6 +20,11 @@ type Stats struct {
 	// Blocked counts messages in the window not in flight: behind their key's
 	// in-flight message, waiting for a retry, or for a member with room.
 	Blocked int
+	// WindowBytes is the size of the messages in the window (Message.Size).
+	WindowBytes int64
+	// UnroutableKeys counts keys whose next message no member may take (key
+	// filters, read access): they wait for a member that may.
+	UnroutableKeys int
 	// BlockedKeys counts keys with messages in the window but none in flight.
 	BlockedKeys int
 	// PoisonedKeys counts keys stopped by the block poison policy.
@@ -40,7 +43,6 @@ type Stats struct {
 	DeadLettered uint64
 	Dropped      uint64 // dropped by the drop poison policy
 	Expired      uint64 // skipped because their message expiry passed
-	Skipped      uint64 // skipped because no member's key filters match their key
 	Evictions    uint64 // members evicted after staying inactive
 	Refused      uint64 // deliveries a member refused (not counted as attempts)
 	StaleAcks    uint64 // acks and nacks for messages not awaited from that member
@@ -63,7 +65,7 @@ type MemberStats struct {
 const (
 	sHead = iota
 	sCursor
-	sSaved
+	sWindowBytes
 	sLastRead
 	sInFlight
 	sWindow
@@ -81,7 +83,7 @@ const (
 	sDeadLettered
 	sDropped
 	sExpired
-	sSkipped
+	sUnroutable
 	sEvictions
 	sRefused
 	sStaleAcks
@@ -92,7 +94,7 @@ const (
 func (c *core) fill(v *[nStats]uint64) {
 	v[sHead] = c.head
 	v[sCursor] = c.cursor()
-	v[sSaved] = c.saved
+	v[sWindowBytes] = uint64(c.w.bytes)
 	v[sLastRead] = c.lastRead
 	v[sInFlight] = uint64(c.w.inflight)
 	v[sWindow] = uint64(c.w.count)
@@ -110,7 +112,7 @@ func (c *core) fill(v *[nStats]uint64) {
 	v[sDeadLettered] = c.st.deadLettered
 	v[sDropped] = c.st.dropped
 	v[sExpired] = c.st.expired
-	v[sSkipped] = c.st.skipped
+	v[sUnroutable] = uint64(c.noEligible.n)
 	v[sEvictions] = c.st.evictions
 	v[sRefused] = c.st.refused
 	v[sStaleAcks] = c.st.staleAcks
@@ -119,30 +121,30 @@ func (c *core) fill(v *[nStats]uint64) {
 
 func statsFrom(group string, v *[nStats]uint64) Stats {
 	s := Stats{
-		Group:           group,
-		Head:            v[sHead],
-		Cursor:          v[sCursor],
-		PersistedCursor: v[sSaved],
-		InFlight:        int(v[sInFlight]),
-		BlockedKeys:     int(v[sBlockedKeys]),
-		PoisonedKeys:    int(v[sPoisoned]),
-		Members:         int(v[sMembers]),
-		MembersAtLimit:  int(v[sAtLimit]),
-		Delivered:       v[sDelivered],
-		Redeliveries:    v[sRedeliveries],
-		Acked:           v[sAcked],
-		Nacks:           v[sNacks],
-		Rejects:         v[sRejects],
-		Timeouts:        v[sTimeouts],
-		MemberLosses:    v[sLosses],
-		DeadLettered:    v[sDeadLettered],
-		Dropped:         v[sDropped],
-		Expired:         v[sExpired],
-		Skipped:         v[sSkipped],
-		Evictions:       v[sEvictions],
-		Refused:         v[sRefused],
-		StaleAcks:       v[sStaleAcks],
-		StoreErrors:     v[sStoreErrors],
+		Group:          group,
+		Head:           v[sHead],
+		Cursor:         v[sCursor],
+		WindowBytes:    int64(v[sWindowBytes]),
+		UnroutableKeys: int(v[sUnroutable]),
+		InFlight:       int(v[sInFlight]),
+		BlockedKeys:    int(v[sBlockedKeys]),
+		PoisonedKeys:   int(v[sPoisoned]),
+		Members:        int(v[sMembers]),
+		MembersAtLimit: int(v[sAtLimit]),
+		Delivered:      v[sDelivered],
+		Redeliveries:   v[sRedeliveries],
+		Acked:          v[sAcked],
+		Nacks:          v[sNacks],
+		Rejects:        v[sRejects],
+		Timeouts:       v[sTimeouts],
+		MemberLosses:   v[sLosses],
+		DeadLettered:   v[sDeadLettered],
+		Dropped:        v[sDropped],
+		Expired:        v[sExpired],
+		Evictions:      v[sEvictions],
+		Refused:        v[sRefused],
+		StaleAcks:      v[sStaleAcks],
+		StoreErrors:    v[sStoreErrors],
 	}
 	// Readers load the values one by one, so guard differences against a
 	// publish in between.

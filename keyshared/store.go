@@ -38,6 +38,17 @@ type Message struct {
 	ExpiresAt time.Time
 }
 
+// Size is what the message costs in memory, roughly: its strings and
+// payload plus a fixed overhead. Byte bounds (Config.WindowBytes) count it.
+func (m *Message) Size() int {
+	n := 160 + len(m.Key) + len(m.Topic) + len(m.Payload) + len(m.Props.ContentType) +
+		len(m.Props.ResponseTopic) + len(m.Props.CorrelationData)
+	for _, u := range m.Props.User {
+		n += 32 + len(u.Key) + len(u.Val)
+	}
+	return n
+}
+
 // Expired reports whether the message has expired at now.
 func (m *Message) Expired(now time.Time) bool {
 	return !m.ExpiresAt.IsZero() && !now.Before(m.ExpiresAt)
@@ -60,27 +71,31 @@ type DeadLetter struct {
 }
 
 // Log is the durable log of one group, as the dispatcher needs it. The
-// persistence package implements it over bbolt; tests use an in-memory one.
-// Appends do not pass through the dispatcher: the broker appends to the log
-// and then tells the dispatcher that new data is available.
+// persistence package implements it over its segment log; tests use an
+// in-memory one; a cluster store would be another. Appends do not pass
+// through the dispatcher: the broker appends to the log and then tells the
+// dispatcher that new data is available.
 //
 // The dispatcher calls a Log from its own goroutine only.
 type Log interface {
-	// ReadFrom appends to buf up to max messages whose offset is >= from, in
-	// ascending offset order, and returns the extended slice. Offsets may have
-	// gaps (trimmed or dropped entries); fewer than max messages means the log
-	// has nothing more at this moment.
+	// ReadFrom appends to buf up to max unresolved messages whose offset is
+	// >= from, in ascending offset order, and returns the extended slice.
+	// Offsets may have gaps (resolved or dropped entries); fewer than max
+	// messages means the log has nothing more at this moment.
 	ReadFrom(from uint64, max int, buf []Message) ([]Message, error)
 	// Head returns the offset of the last appended message, 0 when the log has
 	// never held one.
 	Head() uint64
-	// LoadCursor returns the persisted cursor: every offset <= cursor is resolved
-	// (acked, dead-lettered, dropped by policy, expired or filtered out).
+	// LoadCursor returns the cursor to resume from: every offset <= cursor is
+	// resolved (acked, dead-lettered, dropped by policy or expired).
 	LoadCursor() (uint64, error)
-	// SaveCursor persists the cursor. The dispatcher only ever moves it forward.
-	// The log may trim entries at or below it.
-	SaveCursor(cursor uint64) error
-	// DeadLetter durably records a dead letter before it returns; only then may
-	// the cursor pass its offset.
+	// Resolve records that the messages at offsets are resolved. It must not
+	// block and must not keep offsets after it returns; the records become
+	// durable with the log's next commit, so after a crash at most the
+	// resolutions of the last commit interval are lost (those messages are
+	// delivered again). ReadFrom never returns a resolved message again.
+	Resolve(offsets []uint64)
+	// DeadLetter durably records a dead letter before it returns; only then
+	// may its offset be resolved.
 	DeadLetter(d DeadLetter) error
 }

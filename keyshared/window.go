@@ -249,9 +249,11 @@ type window struct {
 	deadlines deadlineList
 	retries   retryHeap
 
-	// count is the number of entries (in flight plus blocked); the dispatcher
-	// reads from the log only while count < Config.Window.
+	// count is the number of entries (in flight plus blocked), bytes their
+	// size (Message.Size); the dispatcher reads from the log only while
+	// count < Config.Window and bytes < Config.WindowBytes.
 	count    int
+	bytes    int64
 	inflight int
 	// stalledKeys counts keys with messages in the window but none in flight.
 	stalledKeys int
@@ -314,6 +316,7 @@ func (w *window) add(m *Message) (*entry, bool) {
 	w.order.push(e)
 	w.byOffset.put(m.Offset, e)
 	w.count++
+	w.bytes += int64(m.Size())
 	w.markKey(ks)
 	return e, ks.head == e
 }
@@ -331,6 +334,7 @@ func (w *window) removeHead(e *entry) {
 	w.order.remove(e)
 	w.byOffset.del(e.msg.Offset)
 	w.count--
+	w.bytes -= int64(e.msg.Size())
 	w.markKey(ks)
 	*e = entry{heapIdx: -1, knext: w.freeEntries}
 	w.freeEntries = e

@@ -299,7 +299,7 @@ func crashChild(t *testing.T, dir string) {
 		}
 		report("b %s0 %d %d", round, seq, off)
 		if seq%10 == 9 {
-			if err := l.SaveCursor(off - 3); err != nil {
+			if err := saveCursor(l, off - 3); err != nil {
 				fail(err)
 			}
 			report("cursor b %d", off-3)
@@ -548,7 +548,7 @@ func appendAckCycles(tb testing.TB, s GroupStore, group string, n int, payload [
 		if firstErr != nil {
 			tb.Fatal(firstErr)
 		}
-		if err := l.SaveCursor(last); err != nil {
+		if err := saveCursor(l, last); err != nil {
 			tb.Fatal(err)
 		}
 		done += k

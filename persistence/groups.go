@@ -306,7 +306,7 @@ func (s *Groups) Log(name string) (keyshared.Log, error) {
 	if _, err := s.Group(name); err != nil {
 		return nil, err
 	}
-	return groupLog{s: s, name: name}, nil
+	return newGroupLog(s, name)
 }
 
 func (s *Groups) head(name string) uint64 {
@@ -314,6 +314,15 @@ func (s *Groups) head(name string) uint64 {
 	defer s.mu.RUnlock()
 	if g := s.mu.groups[name]; g != nil {
 		return g.st.head
+	}
+	return 0
+}
+
+func (s *Groups) first(name string) uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if g := s.mu.groups[name]; g != nil {
+		return g.st.first
 	}
 	return 0
 }
@@ -549,7 +558,7 @@ func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 				}
 				continue
 			}
-			if st.st.members > 0 || now.Sub(timeFromNanos(st.st.lastSeen)) < ttl {
+			if st.st.members > 0 || st.st.pending() > 0 || st.st.deadLetters > 0 || now.Sub(timeFromNanos(st.st.lastSeen)) < ttl {
 				continue
 			}
 			if err := b.root.DeleteBucket([]byte(name)); err != nil {

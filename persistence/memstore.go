@@ -139,7 +139,7 @@ func (s *MemGroups) Log(name string) (keyshared.Log, error) {
 	if _, err := s.Group(name); err != nil {
 		return nil, err
 	}
-	return groupLog{s: s, name: name}, nil
+	return newGroupLog(s, name)
 }
 
 // OnAppend implements GroupStore.
@@ -292,6 +292,15 @@ func (s *MemGroups) head(name string) uint64 {
 	}
 	defer s.mu.Unlock()
 	return g.st.head
+}
+
+func (s *MemGroups) first(name string) uint64 {
+	g, err := s.lockGroup(name)
+	if err != nil {
+		return 0
+	}
+	defer s.mu.Unlock()
+	return g.st.first
 }
 
 func (s *MemGroups) cursor(name string) (uint64, error) {
@@ -458,7 +467,7 @@ func (s *MemGroups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error
 	}
 	var swept []string
 	for name, g := range s.mu.groups {
-		if g.st.members == 0 && now.Sub(timeFromNanos(g.st.lastSeen)) >= ttl {
+		if g.st.members == 0 && g.st.pending() == 0 && g.st.deadLetters == 0 && now.Sub(timeFromNanos(g.st.lastSeen)) >= ttl {
 			swept = append(swept, name)
 			delete(s.mu.groups, name)
 		}

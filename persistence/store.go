@@ -217,7 +217,8 @@ type GroupStore interface {
 	// counts from the moment the count drops to zero.
 	MembersChanged(group string, members int, now time.Time) error
 	// SweepIdle deletes every group that has had no members for ttl or longer
-	// at now and returns their names.
+	// at now, holds no unresolved message and no dead letter, and returns
+	// their names. A group holding messages is never swept.
 	SweepIdle(now time.Time, ttl time.Duration) ([]string, error)
 
 	// Flush returns once every operation submitted before it has committed,
@@ -288,30 +289,91 @@ func (st *groupState) checkCursor(c uint64) error {
 	return nil
 }
 
-// groupLog adapts one group of a store to keyshared.Log.
+// groupLog adapts one group of a store to keyshared.Log. It keeps the
+// offsets resolved above the cursor in memory (the store persists only the
+// contiguous cursor, at most once per cursorInterval), so acks above the
+// cursor are lost at a crash or restart.
 type groupLog struct {
 	s    logStore
 	name string
+
+	resolved map[uint64]struct{} // above cursor
+	cursor   uint64              // every offset <= cursor resolved
+	saved    uint64
+	lastSave time.Time
 }
+
+// cursorInterval debounces cursor saves.
+const cursorInterval = time.Second
 
 // logStore is what groupLog needs from a store.
 type logStore interface {
 	readFrom(group string, from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error)
 	head(group string) uint64
+	first(group string) uint64
 	cursor(group string) (uint64, error)
 	saveCursor(group string, c uint64) error
 	addDeadLetter(group string, d keyshared.DeadLetter) error
 }
 
-var _ keyshared.Log = groupLog{}
+var _ keyshared.Log = (*groupLog)(nil)
 
-func (l groupLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
-	return l.s.readFrom(l.name, from, max, buf)
+func newGroupLog(s logStore, name string) (*groupLog, error) {
+	c, err := s.cursor(name)
+	if err != nil {
+		return nil, err
+	}
+	return &groupLog{s: s, name: name, resolved: map[uint64]struct{}{}, cursor: c, saved: c}, nil
 }
-func (l groupLog) Head() uint64                   { return l.s.head(l.name) }
-func (l groupLog) LoadCursor() (uint64, error)    { return l.s.cursor(l.name) }
-func (l groupLog) SaveCursor(cursor uint64) error { return l.s.saveCursor(l.name, cursor) }
-func (l groupLog) DeadLetter(d keyshared.DeadLetter) error {
+
+func (l *groupLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
+	from = max64(from, l.cursor+1)
+	n := len(buf)
+	buf, err := l.s.readFrom(l.name, from, max+len(l.resolved), buf)
+	// Drop what was resolved (a restarted dispatcher reads those again).
+	out := buf[:n]
+	for _, m := range buf[n:] {
+		if _, done := l.resolved[m.Offset]; !done && len(out)-n < max {
+			out = append(out, m)
+		}
+	}
+	return out, err
+}
+
+func max64(a, b uint64) uint64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+func (l *groupLog) Head() uint64                { return l.s.head(l.name) }
+func (l *groupLog) LoadCursor() (uint64, error) { return l.cursor, nil }
+
+// Resolve records offsets as resolved and persists the contiguous cursor,
+// at most once per cursorInterval.
+func (l *groupLog) Resolve(offs []uint64) {
+	for _, o := range offs {
+		if o > l.cursor {
+			l.resolved[o] = struct{}{}
+		}
+	}
+	first := l.s.first(l.name) // entries below it were dropped (drop-oldest)
+	for {
+		if _, ok := l.resolved[l.cursor+1]; !ok && l.cursor+1 >= first {
+			break
+		}
+		delete(l.resolved, l.cursor+1)
+		l.cursor++
+	}
+	if l.cursor > l.saved && time.Since(l.lastSave) >= cursorInterval {
+		if err := l.s.saveCursor(l.name, l.cursor); err == nil {
+			l.saved, l.lastSave = l.cursor, time.Now()
+		}
+	}
+}
+
+func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
 	return l.s.addDeadLetter(l.name, d)
 }
 

@@ -59,6 +59,10 @@ type GroupView struct {
 	InFlight        int    `json:"in_flight"`
 	Blocked         int    `json:"blocked"` // in the window, not in flight
 	BlockedKeys     int    `json:"blocked_keys"`
+	// UnroutableKeys counts keys whose next message no member may take (key
+	// filters, read access): they wait for one that may.
+	UnroutableKeys int   `json:"unroutable_keys"`
+	WindowBytes    int64 `json:"window_bytes"` // size of the messages read into memory
 	PoisonedKeys    int    `json:"poisoned_keys"` // keys stopped by the block poison policy
 	MembersAtLimit  int    `json:"members_at_limit"`
 	DeadLetters     uint64 `json:"dead_letters"` // stored now
@@ -90,7 +94,6 @@ type GroupCounters struct {
 	DeadLettered uint64 `json:"dead_lettered"`
 	Dropped      uint64 `json:"dropped"` // by the drop poison policy
 	Expired      uint64 `json:"expired"`
-	Skipped      uint64 `json:"skipped"` // no member's key filters match
 	Evictions    uint64 `json:"evictions"`
 	Refused      uint64 `json:"refused"` // deliveries a member could not take (not attempts)
 	StaleAcks    uint64 `json:"stale_acks"`

@@ -1,0 +1,134 @@
+package hooks
+
+import (
+	"sync/atomic"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/keyshared"
+)
+
+// ReasonPacketTooLarge (0x95) is the reason a message is dead-lettered with
+// when it exceeds a member's Maximum Packet Size.
+const ReasonPacketTooLarge byte = 0x95
+
+// groupOut delivers one group's messages to its members (keyshared.Deliverer).
+// It is called on the group's dispatcher goroutine (reliable path) or on a
+// publisher's goroutine (QoS 0 routing), and never blocks: every write goes
+// to the member's connection queue.
+type groupOut struct {
+	h *KeyShared
+	g *ksGroup
+}
+
+var _ keyshared.Deliverer = (*groupOut)(nil)
+
+// Deliver implements keyshared.Deliverer. The dispatcher only offers a
+// member messages it may read (MemberOptions.CanRead), so no check here.
+func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
+	h := o.h
+	cl, ok := h.server.Clients.Get(member)
+	if !ok || cl.Closed() || cl.Net.Conn == nil {
+		return false
+	}
+	ms := h.members.get(member, o.g.name)
+	if ms == nil {
+		return false
+	}
+	pk := publishPacket(m, min(m.QoS, ms.qos))
+	if pk.FixedHeader.Qos == 0 {
+		return o.deliverQoS0(cl, pk, m)
+	}
+	id, err := cl.NextPacketID()
+	if err != nil {
+		return false // every packet id is in use: retried on the next ack or heartbeat
+	}
+	pk.PacketID = uint16(id)
+	h.inflight.track(cl.ID, pk.PacketID, o.g, m.Offset)
+	if cl.State.Inflight.Set(pk) {
+		atomic.AddInt64(&h.server.Info.Inflight, 1)
+	}
+	if err := cl.WritePacket(pk); err != nil {
+		h.inflight.untrack(cl.ID, pk.PacketID)
+		if cl.State.Inflight.Delete(pk.PacketID) {
+			atomic.AddInt64(&h.server.Info.Inflight, -1)
+		}
+		if err == packets.ErrPacketTooLarge {
+			// The member will never take it; another may: dead-letter it
+			// with the reason, rather than retry it here forever.
+			_ = o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge)
+			return true
+		}
+		return false
+	}
+	return true
+}
+
+// deliverQoS0 writes a message at QoS 0: a QoS 0 publish routed on the ring
+// (a frame the member's queue policy may drop), or a logged message to a
+// member subscribed at QoS 0 (written is done: it cannot acknowledge).
+func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.Message) bool {
+	if m.QoS == 0 {
+		q, ok := cl.Net.Conn.(*connq.Conn)
+		if !ok {
+			return cl.WritePacket(pk) == nil
+		}
+		frame, err := encodeQoS0(pk, cl.Properties.ProtocolVersion, false, nil)
+		if err != nil || !fits(cl, frame) {
+			return false // dropped and counted by the router
+		}
+		return q.Enqueue(frame)
+	}
+	err := cl.WritePacket(pk)
+	switch {
+	case err == packets.ErrPacketTooLarge:
+		_ = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
+	case err != nil:
+		return false
+	default:
+		_ = o.g.d.Ack(cl.ID, m.Offset)
+	}
+	return true
+}
+
+// Revoke implements keyshared.Deliverer: the delivery is forgotten, also in
+// the session's inflight state, so a resumed session does not resend it.
+func (o *groupOut) Revoke(member string, offset uint64) {
+	h := o.h
+	id, ok := h.inflight.revoke(o.g.name, member, offset)
+	if !ok {
+		return
+	}
+	if cl, found := h.server.Clients.Get(member); found && cl.State.Inflight.Delete(id) {
+		atomic.AddInt64(&h.server.Info.Inflight, -1)
+	}
+}
+
+// publishPacket is the PUBLISH that carries m at qos.
+func publishPacket(m *keyshared.Message, qos byte) packets.Packet {
+	pk := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos},
+		TopicName:   m.Topic,
+		Payload:     m.Payload,
+		Created:     m.PublishedAt.Unix(),
+		Properties: packets.Properties{
+			PayloadFormat:     m.Props.PayloadFormat,
+			PayloadFormatFlag: m.Props.PayloadFormatSet,
+			ContentType:       m.Props.ContentType,
+			ResponseTopic:     m.Props.ResponseTopic,
+			CorrelationData:   m.Props.CorrelationData,
+		},
+	}
+	if !m.ExpiresAt.IsZero() {
+		pk.Expiry = m.ExpiresAt.Unix() // the encoder turns it into the remaining interval
+	}
+	if len(m.Props.User) > 0 {
+		pk.Properties.User = make([]packets.UserProperty, len(m.Props.User))
+		for i, u := range m.Props.User {
+			pk.Properties.User[i] = packets.UserProperty{Key: u.Key, Val: u.Val}
+		}
+	}
+	return pk
+}

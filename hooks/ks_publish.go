@@ -1,0 +1,132 @@
+package hooks
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// message is the group log entry of a publish.
+func (h *KeyShared) message(pk packets.Packet) keyshared.Message {
+	m := keyshared.Message{
+		Topic:       pk.TopicName,
+		Key:         pk.TopicName,
+		Payload:     pk.Payload,
+		QoS:         pk.FixedHeader.Qos,
+		PublishedAt: time.Now(),
+		Props: keyshared.Properties{
+			PayloadFormat:    pk.Properties.PayloadFormat,
+			PayloadFormatSet: pk.Properties.PayloadFormatFlag,
+			ContentType:      pk.Properties.ContentType,
+			ResponseTopic:    pk.Properties.ResponseTopic,
+			CorrelationData:  pk.Properties.CorrelationData,
+		},
+	}
+	for _, u := range pk.Properties.User {
+		if u.Key == h.cfg.KeyProperty {
+			m.Key = u.Val
+			break
+		}
+	}
+	if len(pk.Properties.User) > 0 {
+		m.Props.User = make([]keyshared.UserProperty, len(pk.Properties.User))
+		for i, u := range pk.Properties.User {
+			m.Props.User[i] = keyshared.UserProperty{Key: u.Key, Val: u.Val}
+		}
+	}
+	if pk.Expiry > 0 {
+		m.ExpiresAt = time.Unix(pk.Expiry, 0)
+	} else if pk.Properties.MessageExpiryInterval > 0 {
+		m.ExpiresAt = m.PublishedAt.Add(time.Duration(pk.Properties.MessageExpiryInterval) * time.Second)
+	}
+	return m
+}
+
+// publish appends a QoS >= 1 publish to the logs of groups; the publisher's
+// PUBACK/PUBREC leaves only once the append is durable (it is held in the
+// connection's queue, or, without one, publish waits). A QoS 0 publish is
+// routed on each group's ring. A refused append is never acknowledged as a
+// success: MQTT 5 gets reason 0x97 (backlog full) or 0x80, MQTT 3.1.1 is
+// disconnected.
+func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGroup) (packets.Packet, error) {
+	m := h.message(pk)
+	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
+		for _, g := range groups {
+			g.r.Route(&m)
+		}
+		return pk, nil
+	}
+	names := make([]string, len(groups))
+	for i, g := range groups {
+		names[i] = g.name
+	}
+	v5 := cl.Properties.ProtocolVersion == 5
+	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
+		// Do not make the publisher wait for the commit: mochi goes on reading
+		// while its acknowledgement waits in the connection's queue until the
+		// commit that covers this message is durable (or turns into a failure).
+		typ := packets.Puback
+		if pk.FixedHeader.Qos == 2 {
+			typ = packets.Pubrec
+		}
+		hold := q.HoldAck(typ, pk.PacketID, v5)
+		h.store.AppendMultiAsync(names, m, func(rs []persistence.AppendResult) {
+			if err := h.appendFailure(cl, pk.TopicName, rs); err != nil {
+				hold.Fail(refusalCode(err).Code)
+				return
+			}
+			hold.Release()
+		})
+		return pk, nil
+	}
+	failed := h.appendFailure(cl, pk.TopicName, h.store.AppendMulti(names, m))
+	if failed == nil {
+		return pk, nil
+	}
+	if v5 {
+		return pk, refusalCode(failed)
+	}
+	// MQTT 3.1.1 cannot refuse a publish: close the connection without acknowledging it.
+	cl.Stop(fmt.Errorf("keyshared: message not stored: %w", failed))
+	return pk, packets.ErrRejectPacket
+}
+
+// appendFailure logs and counts refused appends and returns the error to
+// report, if any (a full backlog wins: it is the one a publisher can act on).
+func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistence.AppendResult) error {
+	var failed error
+	for _, r := range rs {
+		if r.Err != nil {
+			h.AppendErrors.Add(1)
+			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "err", r.Err)
+			if failed == nil || errors.Is(r.Err, persistence.ErrBacklogFull) {
+				failed = r.Err
+			}
+		}
+	}
+	return failed
+}
+
+// refusalCode is the MQTT 5 reason code for a refused append.
+func refusalCode(err error) packets.Code {
+	if errors.Is(err, persistence.ErrBacklogFull) {
+		return packets.ErrQuotaExceeded
+	}
+	return packets.ErrUnspecifiedError
+}
+
+// clip shortens a client-controlled string for a log line.
+func clip(s string) string {
+	const max = 128
+	if len(s) <= max {
+		return s
+	}
+	return fmt.Sprintf("%s... (%d bytes)", s[:max], len(s))
+}

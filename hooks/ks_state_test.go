@@ -1,0 +1,204 @@
+package hooks
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/keyline-mq/keyline/internal/share"
+)
+
+func testGroup(name string) *ksGroup {
+	n, err := share.Parse(name)
+	if err != nil {
+		panic(err)
+	}
+	return &ksGroup{name: name, n: n}
+}
+
+func TestRegistryMatchesAndCachesCopies(t *testing.T) {
+	r := newGroupRegistry()
+	for _, name := range []string{"w/orders/#", "w/orders/+/eu", "x/other"} {
+		if _, err := r.ensure(name, func() (*ksGroup, error) { return testGroup(name), nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func(gs []*ksGroup) []string {
+		var out []string
+		for _, g := range gs {
+			out = append(out, g.name)
+		}
+		return out
+	}
+	// A topic that is a view into a large buffer: the cache must keep a copy.
+	packet := []byte("orders/1/eu" + strings.Repeat("x", 1<<20))
+	topic := string(packet[:len("orders/1/eu")])
+	if got := names(r.match(topic)); !slices.Equal(got, []string{"w/orders/#", "w/orders/+/eu"}) {
+		t.Fatalf("match = %v", got)
+	}
+	r.matches.m.Range(func(k, _ any) bool {
+		if unsafe.StringData(k.(string)) == &packet[0] {
+			t.Errorf("cache key %q is a view into the packet", k)
+		}
+		return true
+	})
+	if b := r.matches.bytes.Load(); b <= 0 || b > 1<<10 {
+		t.Fatalf("cache accounts %d bytes for one small topic", b)
+	}
+	if g := r.remove("w/orders/#"); g == nil {
+		t.Fatal("remove found nothing")
+	}
+	if got := names(r.match("orders/1/eu")); !slices.Equal(got, []string{"w/orders/+/eu"}) {
+		t.Fatalf("match after remove = %v (stale cache)", got)
+	}
+}
+
+func TestRegistryEnsureOpensOnce(t *testing.T) {
+	r := newGroupRegistry()
+	var opened sync.WaitGroup
+	release := make(chan struct{})
+	calls := 0
+	var mu sync.Mutex
+	open := func() (*ksGroup, error) {
+		mu.Lock()
+		calls++
+		mu.Unlock()
+		<-release
+		return testGroup("w/a"), nil
+	}
+	got := make([]*ksGroup, 8)
+	for i := range got {
+		opened.Add(1)
+		go func() {
+			defer opened.Done()
+			g, err := r.ensure("w/a", open)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = g
+		}()
+	}
+	close(release)
+	opened.Wait()
+	if calls != 1 {
+		t.Fatalf("opened %d times", calls)
+	}
+	for _, g := range got {
+		if g != got[0] {
+			t.Fatal("callers got different groups")
+		}
+	}
+	// A failed open lets the next caller try again.
+	boom := errors.New("boom")
+	if _, err := r.ensure("w/b", func() (*ksGroup, error) { return nil, boom }); !errors.Is(err, boom) {
+		t.Fatal(err)
+	}
+	if g, err := r.ensure("w/b", func() (*ksGroup, error) { return testGroup("w/b"), nil }); err != nil || g == nil {
+		t.Fatal(err)
+	}
+	if r.count() != 2 {
+		t.Fatalf("count %d", r.count())
+	}
+}
+
+func TestTopicCacheIsBounded(t *testing.T) {
+	c := newTopicCache[int](10, 1<<20)
+	for i := range 25 {
+		c.put(fmt.Sprint("t/", i), 1, i, 0)
+	}
+	if n := c.entries.Load(); n > 10 {
+		t.Fatalf("%d entries, bound 10", n)
+	}
+	c = newTopicCache[int](1000, 4096)
+	for i := range 100 {
+		c.put(fmt.Sprint("t/", i, strings.Repeat("x", 200)), 1, i, 0)
+	}
+	if b := c.bytes.Load(); b > 4096 {
+		t.Fatalf("%d bytes, bound 4096", b)
+	}
+	c.put(strings.Repeat("y", 5000), 1, 0, 0) // larger than the bound alone: not cached
+	if _, ok := c.get(strings.Repeat("y", 5000), 1); ok {
+		t.Fatal("an entry larger than the bound was cached")
+	}
+	c.put("a", 1, 7, 0)
+	if v, ok := c.get("a", 1); !ok || v != 7 {
+		t.Fatal("fresh entry missing")
+	}
+	if _, ok := c.get("a", 2); ok {
+		t.Fatal("stale version returned")
+	}
+	before := c.entries.Load()
+	c.put("a", 2, 8, 0)
+	if c.entries.Load() != before {
+		t.Fatalf("replacing an entry changed the count: %d -> %d", before, c.entries.Load())
+	}
+}
+
+func TestMembershipsCountBothWays(t *testing.T) {
+	ms := newMemberships()
+	if n := ms.set("c1", "g/a", &membership{qos: 1}); n != 1 {
+		t.Fatal(n)
+	}
+	if n := ms.set("c2", "g/a", &membership{qos: 1}); n != 2 {
+		t.Fatal(n)
+	}
+	ms.set("c1", "g/b", &membership{qos: 2, keyFilters: []string{"k*"}})
+	if got := ms.ids("g/a"); !slices.Equal(got, []string{"c1", "c2"}) {
+		t.Fatal(got)
+	}
+	if m := ms.get("c1", "g/b"); m == nil || m.qos != 2 {
+		t.Fatal(m)
+	}
+	if n, was := ms.remove("c1", "g/a"); n != 1 || !was {
+		t.Fatal(n, was)
+	}
+	if n, was := ms.remove("c1", "g/a"); n != 1 || was {
+		t.Fatal("second remove:", n, was)
+	}
+	if of := ms.of("c1"); len(of) != 1 || of["g/b"] == nil {
+		t.Fatal(of)
+	}
+	ms.remove("c2", "g/a")
+	if ms.count("g/a") != 0 || len(ms.byGroup) != 1 {
+		t.Fatalf("empty group kept: %v", ms.byGroup)
+	}
+}
+
+func TestInflightTableBothWays(t *testing.T) {
+	it := newInflightTable()
+	g := testGroup("w/a")
+	it.track("c", 7, g, 42)
+	if !it.owns("c", 7) || it.owns("c", 8) || it.owns("d", 7) {
+		t.Fatal("owns")
+	}
+	if id, ok := it.revoke("w/a", "c", 42); !ok || id != 7 {
+		t.Fatal(id, ok)
+	}
+	if it.owns("c", 7) {
+		t.Fatal("revoked delivery still owned")
+	}
+	it.track("c", 9, g, 43)
+	if d, ok := it.untrack("c", 9); !ok || d.offset != 43 || d.group != g {
+		t.Fatal(d, ok)
+	}
+	if _, ok := it.revoke("w/a", "c", 43); ok {
+		t.Fatal("untracked delivery revoked")
+	}
+}
+
+func TestDLQTopicFitsMQTT(t *testing.T) {
+	if got := dlqTopic("billing", "orders/eu/1"); got != "$dlq/billing/orders/eu/1" {
+		t.Fatal(got)
+	}
+	if got := dlqTopic("billing", "/lead"); got != "$dlq/billing/lead" {
+		t.Fatal(got)
+	}
+	long := strings.Repeat("t", 65530)
+	if got := dlqTopic(strings.Repeat("s", 256), long); got != "$dlq/"+strings.Repeat("s", 256) {
+		t.Fatalf("a topic past 65,535 bytes under the prefix: %d bytes", len(got))
+	}
+}
