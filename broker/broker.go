@@ -192,7 +192,7 @@ func (b *Broker) addHooks() error {
 		KeyProperty: b.cfg.KeyProperty,
 		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
 			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log // the dispatcher adds group=
+			d.Logger = b.log                     // the dispatcher adds group=
 			return d, g
 		},
 		CanRead:  canRead,

@@ -299,7 +299,7 @@ func crashChild(t *testing.T, dir string) {
 		}
 		report("b %s0 %d %d", round, seq, off)
 		if seq%10 == 9 {
-			if err := saveCursor(l, off - 3); err != nil {
+			if err := saveCursor(l, off-3); err != nil {
 				fail(err)
 			}
 			report("cursor b %d", off-3)

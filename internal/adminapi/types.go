@@ -61,8 +61,8 @@ type GroupView struct {
 	BlockedKeys     int    `json:"blocked_keys"`
 	// UnroutableKeys counts keys whose next message no member may take (key
 	// filters, read access): they wait for one that may.
-	UnroutableKeys int   `json:"unroutable_keys"`
-	WindowBytes    int64 `json:"window_bytes"` // size of the messages read into memory
+	UnroutableKeys  int    `json:"unroutable_keys"`
+	WindowBytes     int64  `json:"window_bytes"`  // size of the messages read into memory
 	PoisonedKeys    int    `json:"poisoned_keys"` // keys stopped by the block poison policy
 	MembersAtLimit  int    `json:"members_at_limit"`
 	DeadLetters     uint64 `json:"dead_letters"` // stored now
