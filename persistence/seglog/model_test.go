@@ -68,7 +68,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 	l := openLog(t, opts, nil)
 	model := map[uint64]*mgroup{}
 	ckpt := map[uint64]GroupState{} // the last persisted checkpoint
-	var total Stats // of the logs closed so far
+	var total Stats                 // of the logs closed so far
 	nextID := uint64(1)
 	msgN := uint64(0)
 	addGroup := func() {
