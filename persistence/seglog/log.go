@@ -56,7 +56,7 @@ type Log struct {
 	stats struct {
 		commits, syncs, resolveCommits, commitFailures       atomic.Uint64
 		bytes, records, appends, moved, resolveRecs          atomic.Uint64
-		compactions, removed, cacheHits, cacheMisses, synced atomic.Uint64
+		compactions, removed, cacheHits, cacheMisses, writeNanos atomic.Uint64
 	}
 }
 
@@ -217,7 +217,7 @@ func (l *Log) Stats() Stats {
 		Moved: l.stats.moved.Load(), ResolveRecords: l.stats.resolveRecs.Load(),
 		Compactions: l.stats.compactions.Load(), Removed: l.stats.removed.Load(),
 		CacheHits: l.stats.cacheHits.Load(), CacheMisses: l.stats.cacheMisses.Load(),
-		CommitFailures: l.stats.commitFailures.Load(),
+		CommitFailures: l.stats.commitFailures.Load(), WriteTime: time.Duration(l.stats.writeNanos.Load()),
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

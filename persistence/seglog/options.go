@@ -252,4 +252,6 @@ type Stats struct {
 	CacheBytes             int64
 	// CommitFailures counts commits that failed (the first one stops the writer).
 	CommitFailures uint64
+	// WriteTime is the time spent in the commits' writes and fdatasyncs.
+	WriteTime time.Duration
 }

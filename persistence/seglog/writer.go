@@ -196,6 +196,8 @@ func (l *Log) write() error {
 	if len(w.buf) == 0 {
 		return nil
 	}
+	start := time.Now()
+	defer func() { l.stats.writeNanos.Add(uint64(time.Since(start))) }()
 	if _, err := w.seg.f.WriteAt(w.buf, w.end); err != nil {
 		return err
 	}
