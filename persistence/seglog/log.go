@@ -54,8 +54,8 @@ type Log struct {
 	}
 
 	stats struct {
-		commits, syncs, resolveCommits, commitFailures       atomic.Uint64
-		bytes, records, appends, moved, resolveRecs          atomic.Uint64
+		commits, syncs, resolveCommits, commitFailures           atomic.Uint64
+		bytes, records, appends, moved, resolveRecs              atomic.Uint64
 		compactions, removed, cacheHits, cacheMisses, writeNanos atomic.Uint64
 	}
 }
