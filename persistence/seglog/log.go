@@ -26,6 +26,7 @@ type Log struct {
 	wakeC  chan struct{}  // capacity 1: the compactor has work to look at
 
 	report    RecoveryReport
+	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 	w         writer // owned by the writer goroutine
@@ -275,8 +276,13 @@ func (l *Log) Sync() error {
 // callbacks, stops the goroutines and closes the files. Called from a
 // callback it does all that except waiting for the callbacks queued behind
 // the running one: they run after it returns, and the notifier goroutine
-// ends then. Later calls return the first call's result.
+// ends then; a callback that calls Close while Close runs on another
+// goroutine (which waits for that callback) gets ErrClosed at once. Later
+// calls return the first call's result.
 func (l *Log) Close() error {
+	if !l.closing.CompareAndSwap(false, true) && l.notify.onNotifier() {
+		return ErrClosed
+	}
 	l.closeOnce.Do(func() {
 		close(l.stop)
 		l.q.close()
