@@ -49,7 +49,7 @@ var ErrFailed = errors.New("seglog: log failed")
 // MaxMessageSize is the largest message Append accepts, in bytes.
 const MaxMessageSize = 16 << 20
 
-// Defaults applied by Options.withDefaults to zero fields.
+// Defaults of the Options fields left zero.
 const (
 	DefaultSegmentSize      = 64 << 20
 	DefaultCacheBytes       = 64 << 20
@@ -58,9 +58,9 @@ const (
 	DefaultCompactLiveRatio = 0.25
 )
 
-// MinSegmentSize is the smallest Options.SegmentSize; a segment must hold at
-// least one message of MaxMessageSize only if its size allows it (larger
-// messages fail with ErrTooLarge).
+// MinSegmentSize is the smallest Options.SegmentSize. A record never spans
+// segments: an append whose records do not fit in one segment fails with
+// ErrTooLarge.
 const MinSegmentSize = 64 << 10
 
 // Options configure a Log. The zero value of each field selects its default.
