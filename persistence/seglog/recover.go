@@ -55,10 +55,18 @@ func (l *Log) recover() (spare *segment, err error) {
 			continue
 		}
 		if s.size == l.opts.SegmentSize && (last >= 0 && spare == nil || last < 0 && len(keep) < 2) {
+			// Bytes in a segment without a first frame: the first commit into
+			// it was torn (or its first header was damaged): keep a copy.
+			if nz, err := firstNonZero(s, 0); err != nil {
+				return nil, fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
+			} else if nz >= 0 {
+				l.copyToQuarantine(s, nz, "data in a segment without a first frame")
+			}
 			if junk, err := l.zeroFrom(s, 0); err != nil {
 				return nil, fmt.Errorf("%w: clear segment %d: %w", ErrUnusable, s.id, err)
 			} else if junk > 0 {
-				l.log.Warn("cleared an unused segment", "segment", s.id, "bytes", junk)
+				rep.TornBytes += junk
+				l.log.Warn("cleared a segment without a first frame", "segment", s.id, "bytes", junk)
 			}
 			if last >= 0 {
 				spare = s
@@ -303,11 +311,19 @@ func (l *Log) resolveRangeLocked(g *group, r Range) {
 	}
 }
 
-// quarantine copies up to quarantineMax bytes of s from pos to
-// Dir/quarantine and reports the damage; the rest of s is skipped.
+// quarantine reports a bad frame of s at pos and keeps a copy of its bytes;
+// the rest of s is skipped.
 func (l *Log) quarantine(s *segment, pos int64, reason string) {
+	l.report.Corrupt++
+	if name, ok := l.copyToQuarantine(s, pos, reason); ok {
+		l.log.Error("corrupt segment: the rest of it is skipped", "segment", s.id, "pos", pos, "reason", reason, "quarantined", name)
+	}
+}
+
+// copyToQuarantine copies up to quarantineMax bytes of s from pos to
+// Dir/quarantine/<segment>-<pos>.bin.
+func (l *Log) copyToQuarantine(s *segment, pos int64, reason string) (string, bool) {
 	rep := &l.report
-	rep.Corrupt++
 	n := min(quarantineMax, s.size-pos)
 	name := filepath.Join(l.opts.Dir, quarantineDir, fmt.Sprintf("%020d-%d.bin", s.id, pos))
 	b := make([]byte, n)
@@ -318,11 +334,11 @@ func (l *Log) quarantine(s *segment, pos int64, reason string) {
 		}
 	}
 	if err != nil {
-		l.log.Error("corrupt segment: could not quarantine", "segment", s.id, "pos", pos, "reason", reason, "err", err)
-		return
+		l.log.Error("could not quarantine", "segment", s.id, "pos", pos, "reason", reason, "err", err)
+		return "", false
 	}
 	rep.Quarantined = append(rep.Quarantined, name)
-	l.log.Error("corrupt segment: the rest of it is skipped", "segment", s.id, "pos", pos, "reason", reason, "quarantined", name)
+	return name, true
 }
 
 // zeroFrom writes zeros over the non-zero bytes of s from pos on and makes

@@ -332,3 +332,43 @@ func copyDir(t testing.TB, from, to string) {
 		}
 	}
 }
+
+// TestTornRoll: the first commit into a fresh segment was torn, either
+// leaving bytes behind a zero first header or a bad first frame; the log
+// before it is intact and appends continue.
+func TestTornRoll(t *testing.T) {
+	for _, mode := range []string{"no-first-header", "bad-first-frame"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			const n = 400
+			buildLog(t, dir, n)
+			segs, last := segFiles(t, dir)
+			if last != len(segs)-2 {
+				t.Fatalf("want a spare after the last segment: %d of %d", last, len(segs))
+			}
+			spare := segs[len(segs)-1]
+			b := readFile(t, spare)
+			switch mode {
+			case "no-first-header":
+				copy(b[5000:], "bytes of a commit whose first page never reached the disk")
+			case "bad-first-frame":
+				binary.LittleEndian.PutUint32(b, 100)
+				copy(b[8:], "a frame whose body never reached the disk")
+			}
+			if err := os.WriteFile(spare, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+			rep := l.Recovery()
+			if rep.TornBytes <= 0 || rep.Corrupt != 0 {
+				t.Fatalf("report %+v", rep)
+			}
+			checkGroup(t, l, 2, 1, n)
+			if off := appendOK(t, l, 2, payload(1, n+1, 80+int((n+1)%40))); off != n+1 {
+				t.Fatalf("next offset %d", off)
+			}
+			l = reopen(t, l, &Snapshot{Groups: map[uint64]GroupState{1: {}, 2: {}}})
+			checkGroup(t, l, 2, 1, n+1)
+		})
+	}
+}
