@@ -107,7 +107,7 @@ func (l *Log) runCompactor() {
 			}
 			ok := l.compact(s)
 			l.mu.Lock()
-			s.compacting = false
+			s.compacting, s.compacted = false, true
 			l.mu.Unlock()
 			if !ok {
 				return
@@ -127,7 +127,7 @@ func (l *Log) pickCompaction() *segment {
 		return nil
 	}
 	for _, s := range l.mu.segs {
-		if s.sealed && !s.compacting && s.live > 0 && float64(s.live) < l.opts.CompactLiveRatio*float64(s.records) {
+		if s.sealed && !s.compacting && !s.compacted && s.live > 0 && float64(s.live) < l.opts.CompactLiveRatio*float64(s.records) {
 			s.compacting = true
 			return s
 		}
@@ -135,8 +135,8 @@ func (l *Log) pickCompaction() *segment {
 	return nil
 }
 
-// compact copies the live records of s through the writer, in chunks of
-// compactChunk bytes, each sorted by group and offset. It reports false if
+// compact copies the live records of s through the writer, in chunks of at
+// most 1 MiB (a quarter segment if less), each sorted by group and offset. It reports false if
 // the log is closing or failed.
 func (l *Log) compact(s *segment) bool {
 	chunkMax := min(1<<20, int(l.opts.SegmentSize/4))
@@ -170,23 +170,27 @@ func (l *Log) compact(s *segment) bool {
 		if err != nil {
 			break
 		}
-		n, _, st := parseHeader(h)
+		n, crc, st := parseHeader(h)
 		if st != frameOK {
 			break
 		}
 		body, err := sc.at(pos+frameHeader, n)
-		if err != nil {
+		if err != nil || !checkCRC(body, crc) {
+			// Damaged since it was written: its live records stay where they
+			// are (ReadFrom reports the damage); nothing garbled is copied.
+			l.log.Error("compaction stopped at a bad frame", "segment", s.id, "pos", pos, "err", err)
 			break
 		}
 		end := pos + frameHeader + int64(n)
 		rec, err := decodeBody(body)
 		if err == nil && (rec.typ == recMessage || rec.typ == recMoved) && l.liveIn(s, rec.group, rec.offset) {
+			// A chunk stays within chunkMax, or is one record (which fits in a segment).
+			if bytes > 0 && bytes+msgFrameBound(len(rec.msg)) > chunkMax && !flush() {
+				return false
+			}
 			data := append([]byte(nil), rec.msg...)
 			batch = append(batch, copyRec{group: rec.group, offset: rec.offset, data: data, src: s, srcEnd: end})
 			bytes += msgFrameBound(len(data))
-			if bytes >= chunkMax && !flush() {
-				return false
-			}
 		}
 		pos = end
 	}

@@ -34,8 +34,10 @@ type segment struct {
 	sealed  bool   // no frame will be written to it again
 	refs    int    // readers between pin and unpin
 	removed bool   // unlinked; f is closed when refs drops to 0
-	// compacting is set while the compactor copies its live records forward.
-	compacting bool
+	// compacting is set while the compactor copies its live records
+	// forward; compacted once it did (a segment is compacted once per Open,
+	// so that records it could not move are not copied again and again).
+	compacting, compacted bool
 }
 
 func segName(id uint64) string { return fmt.Sprintf("%020d%s", id, segSuffix) }
