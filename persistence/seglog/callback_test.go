@@ -3,6 +3,8 @@ package seglog
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 )
@@ -159,5 +161,12 @@ func TestLockedAndDropped(t *testing.T) {
 	}
 	if _, err := Open(Options{}, nil); !errors.Is(err, ErrBadOptions) {
 		t.Fatalf("Open without a directory: %v", err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(Options{Dir: file}, nil); !errors.Is(err, ErrUnusable) {
+		t.Fatalf("Open of a file: %v", err)
 	}
 }

@@ -278,7 +278,7 @@ func (l *Log) Sync() error {
 // the running one: they run after it returns, and the notifier goroutine
 // ends then; a callback that calls Close while Close runs on another
 // goroutine (which waits for that callback) gets ErrClosed at once. Later
-// calls return the first call's result.
+// calls return the first call's result (ErrClosed, from a callback).
 func (l *Log) Close() error {
 	if !l.closing.CompareAndSwap(false, true) && l.notify.onNotifier() {
 		return ErrClosed
