@@ -1,0 +1,304 @@
+package seglog
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Writer limits.
+const (
+	// maxBatchOps and maxBatchBytes bound one commit, so that its latency
+	// stays bounded under a flood.
+	maxBatchOps   = 8192
+	maxBatchBytes = 16 << 20
+	// maxQueueBytes bounds the bytes waiting for the writer; appenders wait
+	// for room beyond it.
+	maxQueueBytes = 64 << 20
+)
+
+type opKind uint8
+
+const (
+	opAppend opKind = iota
+	opCopy          // compaction: write records again as moved records
+	opSync          // completes once everything before it is durable
+)
+
+// op is one request to the writer. Append ops come from a pool and return to
+// it after their callback ran.
+type op struct {
+	kind  opKind
+	bound int   // upper bound of the frame bytes the op writes
+	err   error // set before the writer sees it: the op fails without being written
+
+	// opAppend
+	groups []uint64
+	gbuf   [2]uint64
+	msg    []byte
+	done   func([]Result)
+	res    []Result
+	rbuf   [2]Result
+
+	// opCopy
+	copies []copyRec
+
+	// opCopy and opSync: closed once the op is durable (and, for a sync
+	// without durableOnly, once the callbacks before it ran).
+	ch          chan struct{}
+	durableOnly bool
+}
+
+var opPool = sync.Pool{New: func() any { return new(op) }}
+
+func getAppendOp(groups []uint64, msg []byte, done func([]Result)) *op {
+	o := opPool.Get().(*op)
+	o.kind, o.msg, o.done = opAppend, msg, done
+	o.groups = append(o.gbuf[:0], groups...)
+	if len(groups) <= len(o.rbuf) {
+		o.res = o.rbuf[:len(groups)]
+	} else {
+		o.res = make([]Result, len(groups))
+	}
+	clear(o.res)
+	// Room for a drop-oldest resolve record per group is reserved too.
+	o.bound = len(groups) * (msgFrameBound(len(msg)) + resolveFrameBound(1))
+	return o
+}
+
+func putAppendOp(o *op) {
+	*o = op{}
+	opPool.Put(o)
+}
+
+// fail completes every result of the op with err.
+func (o *op) fail(err error) {
+	for i := range o.res {
+		o.res[i] = Result{Err: err}
+	}
+}
+
+// queue holds the ops waiting for the writer.
+type queue struct {
+	mu struct {
+		sync.Mutex
+		ops    []*op
+		bytes  int
+		closed bool
+		room   chan struct{} // closed when the writer takes ops; replaced
+	}
+	wake chan struct{} // capacity 1
+}
+
+func newQueue() *queue {
+	q := &queue{wake: make(chan struct{}, 1)}
+	q.mu.room = make(chan struct{})
+	return q
+}
+
+func (q *queue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// push queues o, waiting while the queue holds maxQueueBytes. It fails with
+// ErrClosed once the queue is closed.
+func (q *queue) push(o *op) error {
+	q.mu.Lock()
+	for !q.mu.closed && q.mu.bytes > 0 && q.mu.bytes+o.bound > maxQueueBytes {
+		room := q.mu.room
+		q.mu.Unlock()
+		<-room
+		q.mu.Lock()
+	}
+	if q.mu.closed {
+		q.mu.Unlock()
+		return ErrClosed
+	}
+	q.mu.ops = append(q.mu.ops, o)
+	q.mu.bytes += o.bound
+	q.mu.Unlock()
+	q.signal()
+	return nil
+}
+
+// take appends up to one batch of ops to dst (which may hold ops carried
+// over). closed reports that the queue is closed and empty.
+func (q *queue) take(dst []*op) (ops []*op, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n, bytes := 0, 0
+	for _, o := range dst {
+		bytes += o.bound
+	}
+	for n < len(q.mu.ops) && len(dst)+n < maxBatchOps && (len(dst)+n == 0 || bytes+q.mu.ops[n].bound <= maxBatchBytes) {
+		bytes += q.mu.ops[n].bound
+		n++
+	}
+	dst = append(dst, q.mu.ops[:n]...)
+	taken := 0
+	for _, o := range q.mu.ops[:n] {
+		taken += o.bound
+	}
+	clear(q.mu.ops[:n])
+	q.mu.ops = q.mu.ops[n:]
+	if len(q.mu.ops) == 0 {
+		q.mu.ops = q.mu.ops[:0:0]
+	}
+	if n > 0 {
+		q.mu.bytes -= taken
+		close(q.mu.room)
+		q.mu.room = make(chan struct{})
+	}
+	return dst, q.mu.closed && len(q.mu.ops) == 0
+}
+
+func (q *queue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.mu.ops)
+}
+
+func (q *queue) close() {
+	q.mu.Lock()
+	q.mu.closed = true
+	close(q.mu.room)
+	q.mu.room = make(chan struct{})
+	q.mu.Unlock()
+	q.signal()
+}
+
+// lingerFraction bounds how long the writer waits for released appenders to
+// come back, as a fraction of the last commit's duration.
+const lingerFraction = 4
+
+// linger gives the appenders the last commit released a moment to submit
+// their next append before the writer takes the next batch (see
+// persistence's committer): without it, N blocking appenders split into two
+// cohorts that alternate. It yields the processor until released more ops
+// are queued than on entry, a few yields in a row bring nothing new, or the
+// deadline passes.
+func (q *queue) linger(released int, deadline time.Time) {
+	const maxIdleYields = 3
+	want, last, idle := -1, -1, 0
+	for {
+		q.mu.Lock()
+		n, closed := len(q.mu.ops), q.mu.closed
+		q.mu.Unlock()
+		if want < 0 {
+			want = n + released
+		}
+		if n == last {
+			idle++
+		} else {
+			idle = 0
+		}
+		last = n
+		if n >= want || closed || idle > maxIdleYields || !time.Now().Before(deadline) {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// notifier runs callbacks on one goroutine, in the order they were queued,
+// so that the writer never runs user code. Its queue is unbounded: the
+// writer never waits for a callback.
+type notifier struct {
+	mu struct {
+		sync.Mutex
+		queue  []func()
+		closed bool
+	}
+	wake chan struct{} // capacity 1
+	done chan struct{} // closed when run returns
+	gid  atomic.Uint64 // the goroutine's id, to recognise calls from callbacks
+}
+
+func newNotifier() *notifier {
+	n := &notifier{wake: make(chan struct{}, 1), done: make(chan struct{})}
+	ready := make(chan struct{})
+	go n.run(ready)
+	<-ready
+	return n
+}
+
+// push queues fn; it reports false once the notifier is closed.
+func (n *notifier) push(fn func()) bool {
+	n.mu.Lock()
+	if n.mu.closed {
+		n.mu.Unlock()
+		return false
+	}
+	n.mu.queue = append(n.mu.queue, fn)
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (n *notifier) run(ready chan struct{}) {
+	defer close(n.done)
+	n.gid.Store(goid())
+	close(ready)
+	var batch []func()
+	for {
+		n.mu.Lock()
+		batch, n.mu.queue = n.mu.queue, batch[:0]
+		closed := n.mu.closed
+		n.mu.Unlock()
+		for i, fn := range batch {
+			fn()
+			batch[i] = nil
+		}
+		if len(batch) == 0 {
+			if closed {
+				return
+			}
+			<-n.wake
+		}
+	}
+}
+
+// onNotifier reports whether the caller runs on the notifier goroutine (in a callback).
+func (n *notifier) onNotifier() bool { return goid() == n.gid.Load() }
+
+// close runs what is queued, then stops the goroutine; wait says whether to
+// wait for it (not from a callback).
+func (n *notifier) close(wait bool) {
+	n.mu.Lock()
+	n.mu.closed = true
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+	if wait {
+		<-n.done
+	}
+}
+
+// goid returns the calling goroutine's id, parsed from its stack header
+// ("goroutine 123 [running]:"). Only Sync and Close use it, to tell a call
+// from a callback.
+func goid() uint64 {
+	var b [64]byte
+	s := b[:runtime.Stack(b[:], false)]
+	const prefix = "goroutine "
+	if len(s) < len(prefix) {
+		return 0
+	}
+	var id uint64
+	for _, c := range s[len(prefix):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
