@@ -20,7 +20,7 @@ import (
 func startTestBroker(t *testing.T, token string) *broker.Broker {
 	t.Helper()
 	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), false
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), false, 1<<20
 	cfg.HTTPToken = token
 	cfg.MaxDeliveries, cfg.AckTimeout = 1, 200*time.Millisecond
 	b, err := broker.New(cfg, slog.New(slog.DiscardHandler))

@@ -113,6 +113,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f = store.fs
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
 	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
+	f.Var(&cfg.SegmentSize, "segment-size", "size of each file of the group message log under data-dir/segments (64KiB to 1GiB)")
 
 	f = mqttLimits.fs
 	f.Uint32Var(&cfg.MaxPacketSize, "max-packet-size", cfg.MaxPacketSize, "largest MQTT packet accepted, in bytes (0: no limit)")

@@ -63,7 +63,7 @@ type Broker struct {
 	bg        sync.WaitGroup // goroutines Start launched
 }
 
-// New validates cfg, opens the data file, binds every listener and returns a
+// New validates cfg, binds every listener, opens the data dir and returns a
 // broker ready to Start. A nil logger discards logs. On error nothing is left
 // open.
 func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
@@ -89,15 +89,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 
-	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, Logger: logger})
-	if err != nil {
-		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
-	}
-	b.sessions, err = b.db.OpenSessions()
-	if err != nil {
-		return nil, fmt.Errorf("broker: %w", err)
-	}
-
 	for _, l := range []struct {
 		id, proto, addr string
 		tls             *tls.Config
@@ -116,6 +107,15 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("broker: http listener: %w", err)
 		}
+	}
+
+	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize), Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
+	}
+	b.sessions, err = b.db.OpenSessions()
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
 
 	b.server = mqtt.New(&mqtt.Options{

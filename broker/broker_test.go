@@ -41,6 +41,7 @@ func testConfig(t testing.TB) Config {
 	cfg.HTTP = "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
 	cfg.Fsync = false
+	cfg.SegmentSize = 1 << 20
 	cfg.LogLevel = LogDebug
 	return cfg
 }

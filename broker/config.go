@@ -37,6 +37,8 @@ type Config struct {
 	// Storage.
 	DataDir string `yaml:"data-dir"` // directory of the bbolt file
 	Fsync   bool   `yaml:"fsync"`    // fsync every commit (off: survives a process crash, not a power loss)
+	// SegmentSize is the size of each file of the group message log.
+	SegmentSize ByteSize `yaml:"segment-size"`
 
 	// Logs.
 	LogLevel  LogLevel  `yaml:"log-level"`  // debug, info, warn, error
@@ -113,6 +115,7 @@ func DefaultConfig() Config {
 		HTTP:             "127.0.0.1:9883",
 		DataDir:          "./data",
 		Fsync:            true,
+		SegmentSize:      persistence.DefaultSegmentSize,
 		LogLevel:         LogInfo,
 		LogFormat:        LogText,
 		MaxPacketSize:    1 << 20,
@@ -172,6 +175,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: tls-cert and tls-key need a tls listener address", ErrInvalidConfig)
 	case c.DataDir == "":
 		return fmt.Errorf("%w: data-dir is empty", ErrInvalidConfig)
+	case c.SegmentSize < 64<<10 || c.SegmentSize > 1<<30:
+		return fmt.Errorf("%w: segment-size %v is not between 64KiB and 1GiB", ErrInvalidConfig, c.SegmentSize)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
 	case c.ReceiveMaximum == 0:

@@ -70,6 +70,7 @@ func startKeyline(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
+		"--segment-size", "1MiB", // small segments: every test broker writes one at start
 	}, extra...)
 	p := &proc{cmd: exec.Command(keylineBin, args...), done: make(chan struct{})}
 	stderr, err := p.cmd.StderrPipe()

@@ -179,11 +179,15 @@ func TestOpenBadFiles(t *testing.T) {
 		"bad state": func(root *bolt.Bucket) error {
 			return root.Bucket([]byte("x/y")).Put(stateKey, []byte{1, 2})
 		},
-		"state disagrees with log": func(root *bolt.Bucket) error {
-			st := groupState{head: 5, first: 1, msgs: 5}
+		"state from an earlier keyline": func(root *bolt.Bucket) error {
+			return root.Bucket([]byte("x/y")).Put(stateKey, []byte{1, 5, 1, 0, 5, 0, 0, 0, 0, 0, 0})
+		},
+		"cursor past head": func(root *bolt.Bucket) error {
+			st := groupState{}
+			st.Head, st.Cursor = 5, 6
 			return root.Bucket([]byte("x/y")).Put(stateKey, st.encode())
 		},
-		"missing log": func(root *bolt.Bucket) error { return root.Bucket([]byte("x/y")).DeleteBucket(logBucket) },
+		"missing dlq": func(root *bolt.Bucket) error { return root.Bucket([]byte("x/y")).DeleteBucket(dlqBucket) },
 		"bad meta":    func(root *bolt.Bucket) error { return root.Bucket([]byte("x/y")).Put(metaKey, []byte("{")) },
 		"bad name": func(root *bolt.Bucket) error {
 			_, err := root.CreateBucket([]byte("no slash"))
@@ -234,7 +238,8 @@ func TestOpenBadFiles(t *testing.T) {
 
 // crashChild appends forever with fsync on and reports every append that
 // returned success on stdout as "<group> <worker> <seq> <offset>"; it also
-// saves the cursor of group b and reports "cursor b <cursor>" once saved.
+// resolves group b's offsets up to a point and reports "cursor b <cursor>"
+// once that is durable.
 // Worker ids come from the environment so that rounds differ.
 func crashChild(t *testing.T, dir string) {
 	db, err := Open(dir, Options{})
@@ -292,6 +297,7 @@ func crashChild(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var resolved uint64
 	for seq := 0; ; seq++ {
 		off, err := s.Append("crash/b", msg("t", fmt.Sprintf("%s0-%d", round, seq)))
 		if err != nil {
@@ -299,7 +305,13 @@ func crashChild(t *testing.T, dir string) {
 		}
 		report("b %s0 %d %d", round, seq, off)
 		if seq%10 == 9 {
-			if err := saveCursor(l, off-3); err != nil {
+			var offs []uint64
+			for o := resolved + 1; o <= off-3; o++ {
+				offs = append(offs, o)
+			}
+			l.Resolve(offs)
+			resolved = off - 3
+			if err := s.Flush(); err != nil {
 				fail(err)
 			}
 			report("cursor b %d", off-3)
@@ -391,7 +403,7 @@ func TestCrashSafety(t *testing.T) {
 		lb, _ := s.Log("crash/b")
 		c, _ := lb.LoadCursor()
 		if c < cursorB {
-			t.Fatalf("cursor b = %d, the child saved %d", c, cursorB)
+			t.Fatalf("cursor b = %d, the child made %d durable", c, cursorB)
 		}
 		bs := readAll(t, lb, 0)
 		if len(bs) > 0 && (bs[0].Offset > c+1 || !slices.Equal(offsets(bs), seq(bs[0].Offset, lb.Head()))) {
@@ -434,7 +446,7 @@ func TestFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(mnt, "data")
-	db := openTestDB(t, dir, Options{})
+	db := openTestDB(t, dir, Options{SegmentSize: 64 << 10})
 	s := db.Groups()
 	const g = "full/#"
 	l := ensure(t, s, g, GroupConfig{})
@@ -455,8 +467,8 @@ func TestFullDisk(t *testing.T) {
 		t.Fatal("a 1 MiB tmpfs took 5 MB of appends")
 	}
 	t.Logf("after %d appends: %v", n, failure)
-	if !errors.Is(failure, syscall.ENOSPC) || !strings.HasPrefix(failure.Error(), "persistence: commit ") {
-		t.Fatalf("error = %v, want a commit error wrapping ENOSPC", failure)
+	if !errors.Is(failure, syscall.ENOSPC) || !strings.HasPrefix(failure.Error(), "persistence: ") {
+		t.Fatalf("error = %v, want an error wrapping ENOSPC", failure)
 	}
 	// Still full: async appends and cursor saves fail too, and say so.
 	errc := make(chan error, 1)
@@ -493,7 +505,7 @@ func TestFullDisk(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db = openTestDB(t, dir, Options{})
+	db = openTestDB(t, dir, Options{SegmentSize: 64 << 10})
 	l, _ = db.Groups().Log(g)
 	check(db.Groups(), l, n+1)
 }
@@ -519,7 +531,7 @@ func TestRestartWithMembers(t *testing.T) {
 }
 
 // appendAckCycles appends n messages to group and acks them as a dispatcher
-// would: a window of asynchronous appends, then one cursor save.
+// would: a window of asynchronous appends, then their resolution.
 func appendAckCycles(tb testing.TB, s GroupStore, group string, n int, payload []byte) {
 	l, err := s.Log(group)
 	if err != nil {
@@ -529,17 +541,18 @@ func appendAckCycles(tb testing.TB, s GroupStore, group string, n int, payload [
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var firstErr error
-	var last uint64
+	var offs []uint64
 	for done := 0; done < n; {
 		k := min(window, n-done)
 		wg.Add(k)
+		offs = offs[:0]
 		for range k {
 			s.AppendAsync(group, keyshared.Message{Topic: "t", Key: "k", QoS: 1, Payload: payload}, func(off uint64, err error) {
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = err
 				}
-				last = max(last, off)
+				offs = append(offs, off)
 				mu.Unlock()
 				wg.Done()
 			})
@@ -548,24 +561,31 @@ func appendAckCycles(tb testing.TB, s GroupStore, group string, n int, payload [
 		if firstErr != nil {
 			tb.Fatal(firstErr)
 		}
-		if err := saveCursor(l, last); err != nil {
-			tb.Fatal(err)
-		}
+		l.Resolve(offs)
 		done += k
 	}
 }
 
-func fileSize(tb testing.TB, path string) int64 {
-	fi, err := os.Stat(path)
+// dirBytes returns the bytes the files under dir occupy on disk.
+func dirBytes(tb testing.TB, dir string) int64 {
+	var n int64
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		n += diskBytes(tb, path)
+		return nil
+	})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return fi.Size()
+	return n
 }
 
-// Steady append+ack keeps the file bounded: trimmed pages are reused.
-func TestTrimKeepsFileBounded(t *testing.T) {
-	db := openTestDB(t, t.TempDir(), Options{NoSync: true})
+// Steady append+ack keeps the data dir bounded: resolved segments go.
+func TestSteadyAppendAckKeepsTheDataDirBounded(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir, Options{NoSync: true, SegmentSize: 256 << 10, CheckpointInterval: 10 * time.Millisecond})
 	s := db.Groups()
 	ensure(t, s, "steady/#", GroupConfig{})
 	payload := make([]byte, 100)
@@ -573,20 +593,24 @@ func TestTrimKeepsFileBounded(t *testing.T) {
 	if testing.Short() {
 		n = 20_000
 	}
-	appendAckCycles(t, s, "steady/#", n/5, payload)
+	appendAckCycles(t, s, "steady/#", n, payload)
 	mustFlush(t, s)
-	early := fileSize(t, db.Path())
-	appendAckCycles(t, s, "steady/#", n-n/5, payload)
-	mustFlush(t, s)
-	late := fileSize(t, db.Path())
 	info := mustInfo(t, s, "steady/#")
-	t.Logf("file %d bytes after %d cycles, %d after %d; %+v", early, n/5, late, n, info)
 	if info.StoredMessages != 0 || info.Head != uint64(n) {
 		t.Fatalf("info = %+v", info)
 	}
-	// Unbounded, the file would hold n entries of about 120 bytes each.
-	if late > 1<<20 || late > 2*early {
-		t.Fatalf("file grew from %d to %d bytes while everything was acked", early, late)
+	// Segments go once a checkpoint covers them: wait for one.
+	deadline := time.Now().Add(10 * time.Second)
+	for db.LogStats().Segments > 3 && time.Now().Before(deadline) {
+		mustFlush(t, s)
+		time.Sleep(20 * time.Millisecond) // polling for the background checkpoint, bounded by the deadline
+	}
+	st := db.LogStats()
+	size := dirBytes(t, dir)
+	t.Logf("data dir %d bytes after %d cycles of %d bytes (%d MB written); log %+v", size, n, len(payload), st.BytesWritten>>20, st)
+	// Unbounded, the segments would hold n entries of about 130 bytes each.
+	if st.Segments > 3 || size > 4<<20 {
+		t.Fatalf("data dir holds %d segments, %d bytes, while everything was acked", st.Segments, size)
 	}
 }
 
@@ -594,70 +618,71 @@ func TestTrimKeepsFileBounded(t *testing.T) {
 // rest of its batch is committed in a new transaction.
 func TestBatchAbortRetriesOthers(t *testing.T) {
 	db := openTestDB(t, t.TempDir(), Options{NoSync: true})
-	s := db.Groups()
-	const g = "abort/#"
-	ensure(t, s, g, GroupConfig{})
+	sess, err := db.OpenSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := db.commit
 	entered, release := make(chan struct{}), make(chan struct{})
 	blockerDone := make(chan error, 1)
 	go func() {
-		blockerDone <- s.do(func(*batch) error { close(entered); <-release; return nil })
+		blockerDone <- c.do(func(*bolt.Tx) error { close(entered); <-release; return nil })
 	}()
 	<-entered // the committer is inside a transaction; what follows forms the next batch
-	type result struct {
-		off uint64
-		err error
-	}
-	results := make(chan result, 2)
-	cb := func(off uint64, err error) { results <- result{off, err} }
-	s.AppendAsync(g, msg("t", "before"), cb)
+	sess.Put(KindClient, []byte("before"), []byte("1"))
 	boom := errors.New("boom")
-	var ( // a blocking op that aborts its transaction after writing
-		abortErr  error
-		abortDone = make(chan struct{})
-	)
-	go func() {
-		defer close(abortDone)
-		abortErr = s.do(func(b *batch) error {
-			st, err := b.group(g)
-			if err != nil {
-				return err
-			}
-			if err := st.log.Put(be64(999), []byte("junk")); err != nil {
+	abortDone := make(chan error, 1)
+	go func() { // an op that aborts its transaction after writing
+		abortDone <- c.do(func(tx *bolt.Tx) error {
+			if err := tx.Bucket(sessionsBucket).Bucket([]byte(KindClient)).Put([]byte("junk"), []byte("x")); err != nil {
 				return fatal(err)
 			}
 			return fatal(boom)
 		})
 	}()
-	// Wait until the aborting op is queued behind the first append.
+	// Wait until the aborting op is queued behind the first write.
 	for {
-		s.q.mu.Lock()
-		n := len(s.q.mu.ops)
-		s.q.mu.Unlock()
+		c.mu.Lock()
+		n := len(c.mu.ops)
+		c.mu.Unlock()
 		if n == 2 {
 			break
 		}
 		runtime.Gosched()
 	}
-	s.AppendAsync(g, msg("t", "after"), cb)
+	// A write bbolt refuses (a key over its limit) fails alone, without aborting.
+	tooBig := make(chan []error, 1)
+	go func() {
+		tooBig <- sess.Write(SessionWrite{Kind: KindClient, Key: make([]byte, MaxSessionKey+1), Val: []byte("x")},
+			SessionWrite{Kind: KindClient, Key: []byte("after"), Val: []byte("2")})
+	}()
+	for {
+		c.mu.Lock()
+		n := len(c.mu.ops)
+		c.mu.Unlock()
+		if n == 4 {
+			break
+		}
+		runtime.Gosched()
+	}
 	close(release)
 	if err := <-blockerDone; err != nil {
 		t.Fatal(err)
 	}
-	<-abortDone
-	if !errors.Is(abortErr, boom) {
-		t.Fatalf("aborting op = %v, want boom", abortErr)
+	if err := <-abortDone; !errors.Is(err, boom) {
+		t.Fatalf("aborting op = %v, want boom", err)
 	}
-	for range 2 {
-		if r := <-results; r.err != nil {
-			t.Fatalf("append in the aborted batch: %v", r.err)
+	errs := <-tooBig
+	if errs[0] == nil || errs[1] != nil {
+		t.Fatalf("writes = %v: want the oversized key refused and the other stored", errs)
+	}
+	for key, want := range map[string]string{"before": "1", "after": "2", "junk": ""} {
+		v, err := sess.Get(KindClient, []byte(key))
+		if err != nil || string(v) != want {
+			t.Fatalf("%s = %q, %v; want %q (the aborted op's write must be gone)", key, v, err, want)
 		}
 	}
-	l, _ := s.Log(g)
-	all := readAll(t, l, 0)
-	if len(all) != 2 || string(all[0].Payload) != "before" || string(all[1].Payload) != "after" {
-		t.Fatalf("log = %v (the aborted op's write must be gone)", all)
-	}
-	if st := s.Stats(); st.Errors != 0 {
+	if st := db.CommitStats(); st.Failures != 0 || st.FailedOps != 2 {
 		t.Fatalf("stats = %+v", st)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
 // errDecode is wrapped by every decoding error; loading a group turns it into ErrCorrupt.
@@ -17,7 +18,7 @@ var errDecode = errors.New("malformed record")
 const (
 	msgVersion   = 1
 	dlVersion    = 1
-	stateVersion = 1
+	stateVersion = 2
 )
 
 // Message flags.
@@ -238,52 +239,44 @@ func decodeDeadLetter(buf []byte, own bool) (keyshared.DeadLetter, []byte, error
 	return d, msg, nil
 }
 
-// groupState is a group's position and figures, stored under "state" in the
-// group's bucket and rewritten in every commit that changes it:
+// groupState is a group's checkpoint, stored under "state" in the group's
+// bucket and rewritten by each checkpoint that changes it:
 //
-//	version byte (1), then uvarints: head, first, cursor, msgs, bytes, dropped,
-//	dead letters, dead letter sequence, then varint last seen, then byte active.
+//	version byte (2), then uvarints: head, cursor, dropped, then varint last
+//	seen, byte active, uvarint count of resolved ranges above the cursor,
+//	and each as uvarint gap from the previous range's end (the cursor for
+//	the first) and uvarint length - 1.
+//
+// The messages themselves live in the segment log (package seglog), which
+// recovers the rest from the checkpoint.
 type groupState struct {
-	// head is the last offset appended; it only increases (0: nothing ever appended).
-	head uint64
-	// first is the lowest offset the log holds; head+1 when it holds none. The
-	// log holds exactly the offsets first..head: entries leave only from the front.
-	first uint64
-	// cursor is the persisted cursor; it only increases and never passes head.
-	cursor uint64
-	// msgs and bytes count the stored entries and their encoded size.
-	msgs, bytes uint64
-	// dropped counts unresolved entries removed by the drop-oldest policy.
-	dropped     uint64
-	deadLetters uint64
-	// dlSeq is the last dead letter id handed out; ids are never reused.
-	dlSeq uint64
+	seglog.GroupState
 	// lastSeen is when the group last had members, in unix nanoseconds.
 	lastSeen int64
-	// active records whether the group had members at the last write.
+	// active records whether the group had members at the last checkpoint.
 	active bool
-
-	// Not stored: members is what the broker last reported, rejected counts
-	// ErrBacklogFull refusals since open.
-	members  int
-	rejected uint64
-}
-
-func newGroupState(now time.Time) groupState {
-	return groupState{first: 1, lastSeen: timeNanos(now)}
 }
 
 func (st *groupState) encode() []byte {
-	b := make([]byte, 0, 64)
+	b := make([]byte, 0, 48+8*len(st.Resolved))
 	b = append(b, stateVersion)
-	for _, v := range [...]uint64{st.head, st.first, st.cursor, st.msgs, st.bytes, st.dropped, st.deadLetters, st.dlSeq} {
+	for _, v := range [...]uint64{st.Head, st.Cursor, st.Dropped} {
 		b = binary.AppendUvarint(b, v)
 	}
 	b = binary.AppendVarint(b, st.lastSeen)
 	if st.active {
-		return append(b, 1)
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
 	}
-	return append(b, 0)
+	b = binary.AppendUvarint(b, uint64(len(st.Resolved)))
+	prev := st.Cursor
+	for _, r := range st.Resolved {
+		b = binary.AppendUvarint(b, r.First-prev)
+		b = binary.AppendUvarint(b, r.Last-r.First)
+		prev = r.Last
+	}
+	return b
 }
 
 func decodeState(buf []byte) (groupState, error) {
@@ -293,25 +286,70 @@ func decodeState(buf []byte) (groupState, error) {
 		if d.err != nil {
 			return st, d.err
 		}
+		if v == 1 {
+			return st, fmt.Errorf("%w: state version 1: written by an earlier keyline that kept group logs in this file; start with an empty data dir", errDecode)
+		}
 		return st, fmt.Errorf("%w: state version %d", errDecode, v)
 	}
-	for _, p := range [...]*uint64{&st.head, &st.first, &st.cursor, &st.msgs, &st.bytes, &st.dropped, &st.deadLetters, &st.dlSeq} {
+	for _, p := range [...]*uint64{&st.Head, &st.Cursor, &st.Dropped} {
 		*p = d.uvarint()
 	}
 	st.lastSeen = d.varint()
 	st.active = d.byte() == 1
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(buf)) {
+		return groupState{}, fmt.Errorf("%w: %d resolved ranges in %d bytes", errDecode, n, len(buf))
+	}
+	prev := st.Cursor
+	for range n {
+		first := prev + d.uvarint()
+		last := first + d.uvarint()
+		if d.err != nil {
+			break
+		}
+		if first <= prev+1 || last > st.Head || last < first {
+			return groupState{}, fmt.Errorf("%w: resolved range %d..%d after %d (head %d)", errDecode, first, last, prev, st.Head)
+		}
+		st.Resolved = append(st.Resolved, seglog.Range{First: first, Last: last})
+		prev = last
+	}
 	if d.err != nil {
 		return groupState{}, d.err
 	}
-	if st.first == 0 || st.first > st.head+1 || st.cursor > st.head || st.msgs != st.head+1-st.first {
-		return groupState{}, fmt.Errorf("%w: inconsistent state head=%d first=%d cursor=%d msgs=%d",
-			errDecode, st.head, st.first, st.cursor, st.msgs)
+	if st.Cursor > st.Head {
+		return groupState{}, fmt.Errorf("%w: inconsistent state head=%d cursor=%d", errDecode, st.Head, st.Cursor)
+	}
+	return st, nil
+}
+
+// dlqState counts a group's dead letters, stored under "dlq-state" and
+// written in the transaction of every dead-letter operation:
+//
+//	uvarint dead letters held, uvarint last id handed out (ids are never reused)
+type dlqState struct {
+	count, seq uint64
+}
+
+func (d dlqState) encode() []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(make([]byte, 0, 20), d.count), d.seq)
+}
+
+func decodeDLQState(buf []byte) (dlqState, error) {
+	d := decoder{b: buf}
+	st := dlqState{count: d.uvarint(), seq: d.uvarint()}
+	if d.err != nil {
+		return dlqState{}, d.err
+	}
+	if st.count > st.seq {
+		return dlqState{}, fmt.Errorf("%w: %d dead letters but last id %d", errDecode, st.count, st.seq)
 	}
 	return st, nil
 }
 
 // groupMeta is a group's identity and settings, stored as JSON under "meta".
 type groupMeta struct {
+	// ID names the group in the segment log; ids are never reused.
+	ID      uint64      `json:"id"`
 	Share   string      `json:"share"`
 	Filter  string      `json:"filter"`
 	Created time.Time   `json:"created"`

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"flag"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
 	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
 var codecSeed = flag.Uint64("codec.seed", 0, "seed for TestCodecRoundTrip (0: from the clock)")
@@ -108,20 +110,42 @@ func TestCodecRoundTrip(t *testing.T) {
 }
 
 func TestStateRoundTrip(t *testing.T) {
-	st := groupState{head: 1 << 40, first: 1<<40 - 5, cursor: 1<<40 - 3, msgs: 6, bytes: 12345, dropped: 7,
-		deadLetters: 8, dlSeq: 9, lastSeen: time.Now().UnixNano(), active: true, members: 3, rejected: 4}
+	st := groupState{lastSeen: time.Now().UnixNano(), active: true}
+	st.Head, st.Cursor, st.Dropped = 1<<40, 1<<40-100, 7
+	st.Resolved = []seglog.Range{{First: 1<<40 - 98, Last: 1<<40 - 90}, {First: 1<<40 - 10, Last: 1<<40 - 10}, {First: 1<<40 - 5, Last: 1 << 40}}
 	got, err := decodeState(st.encode())
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.members, st.rejected = 0, 0 // not stored
-	if got != st {
+	if !reflect.DeepEqual(got, st) {
 		t.Fatalf("got %+v want %+v", got, st)
 	}
-	for _, bad := range []groupState{{head: 3, first: 5, msgs: 0}, {head: 3, first: 1, msgs: 2}, {head: 3, first: 1, msgs: 3, cursor: 4}, {first: 0}} {
-		if _, err := decodeState(bad.encode()); !errors.Is(err, errDecode) {
-			t.Errorf("decodeState(%+v) = %v, want errDecode", bad, err)
+	bad := []groupState{}
+	add := func(head, cursor uint64, rs ...seglog.Range) {
+		var b groupState
+		b.Head, b.Cursor, b.Resolved = head, cursor, rs
+		bad = append(bad, b)
+	}
+	add(3, 4)                                                                    // cursor past head
+	add(10, 2, seglog.Range{First: 3, Last: 4})                                  // a range adjacent to the cursor
+	add(10, 2, seglog.Range{First: 5, Last: 11})                                 // past the head
+	add(10, 2, seglog.Range{First: 5, Last: 6}, seglog.Range{First: 7, Last: 8}) // adjacent ranges
+	for _, b := range bad {
+		if _, err := decodeState(b.encode()); !errors.Is(err, errDecode) {
+			t.Errorf("decodeState(%+v) = %v, want errDecode", b, err)
 		}
+	}
+	for n := range st.encode() {
+		if _, err := decodeState(st.encode()[:n]); !errors.Is(err, errDecode) {
+			t.Fatalf("state cut at %d: %v", n, err)
+		}
+	}
+	d := dlqState{count: 3, seq: 9}
+	if got, err := decodeDLQState(d.encode()); err != nil || got != d {
+		t.Fatalf("dlq state %+v, %v", got, err)
+	}
+	if _, err := decodeDLQState(dlqState{count: 4, seq: 3}.encode()); !errors.Is(err, errDecode) {
+		t.Fatalf("more dead letters than ids: %v", err)
 	}
 }
 

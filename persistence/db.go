@@ -11,10 +11,15 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
 // FileName is the name of the database file inside the data directory.
 const FileName = "keyline.db"
+
+// SegmentsDir is the directory of the group message log inside the data directory.
+const SegmentsDir = "segments"
 
 // ErrLocked is returned by Open when another process holds the database file.
 var ErrLocked = errors.New("persistence: database is in use by another process")
@@ -22,6 +27,15 @@ var ErrLocked = errors.New("persistence: database is in use by another process")
 // ErrCorrupt is returned by Open when the file in the data directory is not a
 // usable Keyline database (corrupt, truncated, or some other kind of file).
 var ErrCorrupt = errors.New("persistence: database file is corrupt or not a bbolt database")
+
+// ErrEmptyFile is returned by Open for an empty database file in a data
+// directory that holds a segment log: the file that recorded the groups is
+// gone, and starting afresh would lose them.
+var ErrEmptyFile = errors.New("persistence: database file is empty")
+
+// DefaultSegmentSize is the size of the message log's segment files unless
+// Options.SegmentSize says otherwise.
+const DefaultSegmentSize = 16 << 20
 
 // Options configure Open.
 type Options struct {
@@ -31,23 +45,41 @@ type Options struct {
 	// OpenTimeout bounds the wait for the file lock another process holds.
 	// Zero means one second.
 	OpenTimeout time.Duration
+	// SegmentSize is the size of the message log's segment files (0:
+	// DefaultSegmentSize). Each is written with zeros when it is created.
+	SegmentSize int64
+	// CacheBytes bounds the message log's in-memory tail (0: seglog's default).
+	CacheBytes int64
+	// CheckpointInterval is how often the groups' state is checkpointed into
+	// the database file when it changed (0: one second).
+	CheckpointInterval time.Duration
 	// Logger receives the store's logs; nil discards them.
 	Logger *slog.Logger
 }
 
-// DB is the open database. It is safe for concurrent use.
+// DB is the open data directory: the bbolt file (group metadata, dead
+// letters, checkpoints, sessions, retained messages), written by one
+// committer goroutine, and the segment log of group messages. It is safe for
+// concurrent use.
 type DB struct {
 	bolt   *bolt.DB
 	path   string
 	opts   Options
 	log    *slog.Logger
+	commit *committer
 	groups *Groups
 }
 
-// Open opens (creating if needed) the database in dir.
+// Open opens (creating if needed) the data directory dir.
 func Open(dir string, opts Options) (*DB, error) {
 	if opts.OpenTimeout <= 0 {
 		opts.OpenTimeout = time.Second
+	}
+	if opts.CheckpointInterval <= 0 {
+		opts.CheckpointInterval = time.Second
+	}
+	if opts.SegmentSize == 0 {
+		opts.SegmentSize = DefaultSegmentSize
 	}
 	logger := opts.Logger
 	if logger == nil {
@@ -57,6 +89,12 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("persistence: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		if _, err := os.Stat(filepath.Join(dir, SegmentsDir)); err == nil {
+			return nil, fmt.Errorf("%w: %s, beside a message log (%s): the groups it recorded are lost; restore the file from a backup, or move the data dir aside to start empty",
+				ErrEmptyFile, path, filepath.Join(dir, SegmentsDir))
+		}
+	}
 	b, err := openBolt(path, &bolt.Options{
 		Timeout:        opts.OpenTimeout,
 		NoSync:         opts.NoSync,
@@ -77,7 +115,9 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
 	}
 	db := &DB{bolt: b, path: path, opts: opts, log: logger}
-	if db.groups, err = openGroups(db); err != nil {
+	db.commit = newCommitter(b, logger)
+	if db.groups, err = openGroups(db, filepath.Join(dir, SegmentsDir)); err != nil {
+		db.commit.close()
 		if cerr := b.Close(); cerr != nil {
 			logger.Error("close after failed open", "path", path, "err", cerr)
 		}
@@ -100,15 +140,33 @@ func openBolt(path string, o *bolt.Options) (b *bolt.DB, err error) {
 // Path returns the database file's path.
 func (db *DB) Path() string { return db.path }
 
-// Close closes the database. It first lets the group store commit what was
-// submitted to it and run the callbacks; operations after Close fail with ErrClosed.
+// Close closes the data directory: the group store checkpoints and closes its
+// message log, the committer commits what was submitted, and the file closes.
+// Operations after Close fail with ErrClosed.
 func (db *DB) Close() error {
-	db.groups.close()
+	errs := []error{db.groups.close()}
+	db.commit.close()
 	if err := db.bolt.Close(); err != nil {
-		return fmt.Errorf("persistence: close %s: %w", db.path, err)
+		errs = append(errs, fmt.Errorf("persistence: close %s: %w", db.path, err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// CommitStats are the data file committer's counters since Open.
+type CommitStats struct {
+	// Commits counts transactions that committed; Failures those that did not.
+	Commits, Failures uint64
+	// FailedOps counts operations that failed (alone, or with their transaction).
+	FailedOps uint64
+}
+
+// CommitStats returns the committer's counters.
+func (db *DB) CommitStats() CommitStats {
+	return CommitStats{Commits: db.commit.commits.Load(), Failures: db.commit.failures.Load(), FailedOps: db.commit.failedOps.Load()}
+}
+
+// LogStats returns the segment log's counters.
+func (db *DB) LogStats() seglog.Stats { return db.groups.log.Stats() }
 
 // Check runs bbolt's consistency check over the whole file (every page
 // reachable once, freelist consistent, keys ordered) and returns ErrCorrupt

@@ -1,42 +1,49 @@
-// Package persistence keeps Keyline's durable state in one bbolt file
-// (FileName under the data directory): the Key-Shared group logs, cursors and
-// dead letters, and mochi's session state (clients, subscriptions, retained
-// and inflight messages, sysinfo).
+// Package persistence keeps Keyline's durable state in the data directory:
 //
-// # Layout
+//   - segments/: the segment log of Key-Shared group messages (package
+//     seglog): append-only files shared by every group and publisher, one
+//     write and one fdatasync per group commit, recovered by checksum after
+//     a crash, compacted so that disk follows the unresolved messages;
+//   - keyline.db (FileName, bbolt): each group's identity and settings, its
+//     dead letters, and the periodic checkpoint of its log state (head,
+//     cursor, offsets resolved above the cursor), plus mochi's session state
+//     (clients, subscriptions, retained and inflight messages, sysinfo).
 //
-// Group data lives under the top-level bucket "groups", one nested bucket per
-// group keyed by the group name's bytes ("<share name>/<filter>", any UTF-8; it
-// never becomes a path):
+// # Layout of keyline.db
 //
-//	groups/<name>/meta   JSON: share name, filter, creation time, GroupConfig
-//	groups/<name>/state  binary: head, first stored offset, cursor, stored
-//	                     messages and bytes, dropped, dead letters, last dead
-//	                     letter id, last seen, active (see groupState)
-//	groups/<name>/log/   big-endian uint64 offset -> encoded message (codec.go)
-//	groups/<name>/dlq/   big-endian uint64 id -> encoded dead letter
+//	groups/keyline        uvarint: the next group id (ids are never reused)
+//	groups/<name>/meta    JSON: group id, share name, filter, creation time, GroupConfig
+//	groups/<name>/state   binary checkpoint: head, cursor, dropped, last seen,
+//	                      active, resolved ranges above the cursor (groupState)
+//	groups/<name>/dlq-state  dead letters held and the last dead letter id
+//	groups/<name>/dlq/    big-endian uint64 id -> encoded dead letter
+//	sessions/<kind>/      session records (SessionStore), keys opaque to this package
 //
-// Session state lives under its own top-level bucket "sessions".
+// A group's name is the bytes of "<share name>/<filter>" (any UTF-8; it never
+// becomes a path); its messages are keyed in the segment log by its id.
 //
 // # Invariants
 //
 //   - Offsets start at 1, increase by one with every append and are never
-//     reused, not even after trimming, dropping or replaying.
-//   - A log holds exactly the offsets first..head: entries leave only from the
-//     front (trimming at or below the cursor, or the drop-oldest policy).
-//   - The cursor only moves forward and never passes the head.
-//   - A group's state key and its log and dead letters change in the same
-//     transaction, so they always agree; Open checks that they do.
-//   - Only the committer goroutine writes group data, many operations per
-//     transaction (group commit); each caller is answered after the commit that
-//     holds its operation, and in-memory figures change only after that commit.
+//     reused, not even after resolutions, drops or replays.
+//   - One goroutine writes keyline.db (the committer), many operations per
+//     transaction; each operation succeeds or fails on its own, and a caller
+//     is answered only after the commit that holds its operation.
+//   - A group's dead letters and its dlq-state change in one transaction.
+//   - A message is appended to the segment log before its publisher is
+//     acknowledged; a resolution reaches the log with its next commit, and a
+//     checkpoint makes everything resolved before it durable.
 //
 // # Caveats
 //
-//   - With Options.NoSync a commit is not fsynced: data survives a crash of the
-//     process but not of the machine.
-//   - Trimming below the cursor happens after the cursor is saved, a bounded
-//     number of entries per transaction; StoredMessages may lag Backlog briefly.
+//   - With Options.NoSync neither the log nor the file is fsynced: data
+//     survives a crash of the process but not of the machine.
+//   - A crash loses the resolutions of the log's last commit interval (at
+//     most a few milliseconds): those messages are delivered again.
+//   - Member counts and last-seen times are written with checkpoints (every
+//     Options.CheckpointInterval), not at once.
+//   - Replaying a dead letter appends its message, then deletes the letter: a
+//     crash in between keeps both.
 //   - Rejected counts refusals since the store was opened; everything else in
-//     GroupInfo is persisted.
+//     GroupInfo survives a restart.
 package persistence

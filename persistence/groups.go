@@ -1,7 +1,6 @@
 package persistence
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,278 +11,359 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/keyline-mq/keyline/keyshared"
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
-// Groups is the bbolt GroupStore, on the DB's file under the top-level bucket
-// "groups". Obtain it with DB.Groups; DB.Close stops it.
+// Groups is the durable GroupStore: each group's messages in the segment log
+// (package seglog: one write and one fdatasync per commit, shared by every
+// group and publisher), and its identity, settings, dead letters and
+// periodic checkpoints in the data file (bbolt, through the one committer).
+// Obtain it with DB.Groups; DB.Close stops it.
 type Groups struct {
 	db  *DB
-	log *slog.Logger
-	q   *queue
+	lg  *slog.Logger
+	log *seglog.Log
 
 	mu struct {
 		sync.RWMutex
-		// groups holds the committed state of every group. Only the committer
-		// changes it, and only after the transaction that wrote the change committed.
 		groups map[string]*group
+		byID   map[uint64]*group
+		nextID uint64 // the next group id to hand out (ids are never reused)
 	}
-
-	// Owned by the committer goroutine.
-	trimQueue map[string]struct{} // groups whose log still holds entries at or below the cursor
-	notices   []*op               // completed ops whose callbacks wait for the notifier
-	heads     []groupHead         // groups that got entries in the last commit
+	// shape serializes creating and deleting groups.
+	shape sync.Mutex
 
 	onAppend atomic.Pointer[func(group string, head uint64)]
-	notify   *notifier
-	wg       sync.WaitGroup
 	closed   atomic.Bool
-
-	commits, commitErrors, committedOps atomic.Uint64
+	ckpt     checkpointer
 }
 
-// CommitStats are the committer's counters since Open.
-type CommitStats struct {
-	// Commits counts transactions that committed; Ops the operations they held
-	// (an append to several groups counts once).
-	Commits, Ops uint64
-	// Errors counts transactions that failed to commit (their operations failed).
-	Errors uint64
-}
-
-// Stats returns the committer's counters.
-func (s *Groups) Stats() CommitStats {
-	return CommitStats{Commits: s.commits.Load(), Ops: s.committedOps.Load(), Errors: s.commitErrors.Load()}
-}
-
-// group is one group's committed meta and state, guarded by Groups.mu.
+// group is one group's identity and the figures the data file keeps.
 type group struct {
-	meta groupMeta
-	st   groupState
+	name string
+	meta groupMeta // changed only under Groups.shape
+
+	// Guarded by Groups.mu.
+	dlq      dlqState
+	members  int
+	lastSeen int64
+	active   bool
+	// dirty: members or lastSeen changed since the last checkpoint.
+	dirty bool
 }
+
+// Bucket and key names.
+var (
+	groupsBucket = []byte("groups")
+	metaKey      = []byte("meta")
+	stateKey     = []byte("state")
+	dlqStateKey  = []byte("dlq-state")
+	dlqBucket    = []byte("dlq")
+	keylineKey   = []byte("keyline") // in groupsBucket's parent: the next group id
+)
 
 var _ GroupStore = (*Groups)(nil)
 
-// openGroups loads every group's meta and state and starts the committer.
-func openGroups(db *DB) (g *Groups, err error) {
-	s := &Groups{db: db, log: db.log.With("store", "groups"), q: newQueue(), trimQueue: make(map[string]struct{})}
+// Groups returns the group store of db.
+func (db *DB) Groups() *Groups { return db.groups }
+
+// openGroups loads every group's meta and checkpoint from the data file and
+// opens the segment log over them.
+func openGroups(db *DB, segDir string) (s *Groups, err error) {
+	s = &Groups{db: db, lg: db.log.With("store", "groups")}
 	s.mu.groups = make(map[string]*group)
+	s.mu.byID = make(map[uint64]*group)
 	defer func() {
 		// bbolt panics on some damaged pages; report them as corruption.
 		if r := recover(); r != nil {
-			g, err = nil, fmt.Errorf("%w: %s: reading groups: %v", ErrCorrupt, db.path, r)
+			s, err = nil, fmt.Errorf("%w: %s: reading groups: %v", ErrCorrupt, db.path, r)
 		}
 	}()
 	now := time.Now()
+	states := make(map[uint64]seglog.GroupState)
 	err = db.bolt.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists(groupsBucket)
 		if err != nil {
 			return fmt.Errorf("persistence: create groups bucket: %w", err)
 		}
+		if v := tx.Bucket(groupsBucket).Get(keylineKey); v != nil {
+			d := decoder{b: v}
+			s.mu.nextID = d.uvarint()
+			if d.err != nil {
+				return fmt.Errorf("%w: %s: next group id: %w", ErrCorrupt, db.path, d.err)
+			}
+		}
+		s.mu.nextID = max(s.mu.nextID, 1)
 		return root.ForEach(func(k, v []byte) error {
-			name := string(k)
 			if v != nil {
-				return fmt.Errorf("%w: %s: groups/%q is a value, not a group bucket", ErrCorrupt, db.path, name)
+				if string(k) == string(keylineKey) {
+					return nil
+				}
+				return fmt.Errorf("%w: %s: groups/%q is a value, not a group bucket", ErrCorrupt, db.path, k)
 			}
-			gr, err := loadGroup(root.Bucket(k), name, now)
+			g, st, err := loadGroup(root.Bucket(k), string(k), now)
 			if err != nil {
-				return fmt.Errorf("%w: %s: group %q: %w", ErrCorrupt, db.path, name, err)
+				return fmt.Errorf("%w: %s: group %q: %w", ErrCorrupt, db.path, k, err)
 			}
-			s.mu.groups[name] = gr
-			if gr.st.trimmable() {
-				s.trimQueue[name] = struct{}{}
+			if s.mu.byID[g.meta.ID] != nil {
+				return fmt.Errorf("%w: %s: groups %q and %q share id %d", ErrCorrupt, db.path, k, s.mu.byID[g.meta.ID].name, g.meta.ID)
 			}
+			s.mu.groups[g.name], s.mu.byID[g.meta.ID] = g, g
+			s.mu.nextID = max(s.mu.nextID, g.meta.ID+1)
+			states[g.meta.ID] = st.GroupState
 			return nil
 		})
 	})
 	if err != nil {
 		return nil, err
 	}
-	s.notify = newNotifier()
-	s.wg.Add(1)
-	go s.run()
+	s.log, err = seglog.Open(seglog.Options{
+		Dir:          segDir,
+		SegmentSize:  db.opts.SegmentSize,
+		NoSync:       db.opts.NoSync,
+		CacheBytes:   db.opts.CacheBytes,
+		OnAppend:     s.appended,
+		Logger:       db.log.With("store", "segments"),
+		ResolveDelay: 0,
+	}, states)
+	if err != nil {
+		return nil, fmt.Errorf("persistence: message log %s: %w", segDir, err)
+	}
+	rep := s.log.Recovery()
+	if rep.TornBytes > 0 || rep.Corrupt > 0 || rep.Lost > 0 {
+		s.lg.Warn("message log recovered with losses", "torn_bytes", rep.TornBytes, "corrupt_frames", rep.Corrupt,
+			"quarantined", strings.Join(rep.Quarantined, ","), "lost_offsets", rep.Lost)
+	}
+	s.lg.Debug("message log opened", "segments", rep.Segments, "bytes", rep.Bytes, "live", rep.Live, "took", rep.Took)
+	for _, g := range s.mu.groups {
+		if err := s.log.SetLimits(g.meta.ID, g.meta.Config.limits()); err != nil {
+			_ = s.log.Close()
+			return nil, fmt.Errorf("persistence: group %q: %w", g.name, err)
+		}
+	}
+	s.ckpt.start(s, db.opts.CheckpointInterval)
 	return s, nil
 }
 
-// loadGroup reads one group and checks its state against its log.
-func loadGroup(bk *bolt.Bucket, name string, now time.Time) (*group, error) {
+// loadGroup reads one group's meta, checkpoint and dead-letter counters.
+func loadGroup(bk *bolt.Bucket, name string, now time.Time) (*group, groupState, error) {
 	if _, _, err := splitGroupName(name); err != nil {
-		return nil, err
+		return nil, groupState{}, err
 	}
 	mv, sv := bk.Get(metaKey), bk.Get(stateKey)
-	lb, db := bk.Bucket(logBucket), bk.Bucket(dlqBucket)
-	if mv == nil || sv == nil || lb == nil || db == nil {
-		return nil, errors.New("missing meta, state, log or dlq")
+	if mv == nil || sv == nil || bk.Bucket(dlqBucket) == nil {
+		return nil, groupState{}, errors.New("missing meta, state or dlq")
 	}
 	meta, err := decodeMeta(mv)
 	if err != nil {
-		return nil, err
+		return nil, groupState{}, err
+	}
+	if meta.ID == 0 {
+		return nil, groupState{}, errors.New("meta has no group id (written by an earlier keyline that kept group logs in this file; start with an empty data dir)")
 	}
 	st, err := decodeState(sv)
 	if err != nil {
-		return nil, err
+		return nil, groupState{}, err
 	}
-	c := lb.Cursor()
-	first, _ := c.First()
-	last, _ := c.Last()
-	switch {
-	case st.msgs == 0 && first != nil:
-		return nil, fmt.Errorf("state says the log is empty but it holds offset %d", binary.BigEndian.Uint64(first))
-	case st.msgs > 0 && (first == nil || !bytes.Equal(first, be64(st.first)) || !bytes.Equal(last, be64(st.head))):
-		return nil, fmt.Errorf("state says the log holds offsets %d..%d, it does not", st.first, st.head)
+	g := &group{name: name, meta: meta, lastSeen: st.lastSeen}
+	if v := bk.Get(dlqStateKey); v != nil {
+		if g.dlq, err = decodeDLQState(v); err != nil {
+			return nil, groupState{}, err
+		}
 	}
 	if st.active {
 		// The broker stopped while the group had members: the idle TTL starts now.
-		st.lastSeen, st.active = timeNanos(now), false
+		g.lastSeen = timeNanos(now)
 	}
-	return &group{meta: meta, st: st}, nil
+	return g, st, nil
 }
 
-// Groups returns the bbolt group store of db.
-func (db *DB) Groups() *Groups { return db.groups }
-
-// close stops the committer after it committed everything submitted, then the notifier.
-func (s *Groups) close() {
-	if s.closed.Swap(true) {
+// appended is the segment log's OnAppend: it names the group for the
+// store's listener.
+func (s *Groups) appended(id, head uint64) {
+	fn := s.onAppend.Load()
+	if fn == nil || *fn == nil {
 		return
 	}
-	s.q.close()
-	s.wg.Wait()
-	s.notify.close()
-}
-
-// submit queues o; when the store is closed it completes o with ErrClosed at once.
-func (s *Groups) submit(o *op) {
-	if err := s.q.push(o); err != nil {
-		o.err = err
-		for i := range o.res {
-			o.res[i].Err = err
-		}
-		if o.complete != nil {
-			o.complete(o)
-		} else {
-			close(o.done)
-		}
+	s.mu.RLock()
+	g := s.mu.byID[id]
+	s.mu.RUnlock()
+	if g != nil {
+		(*fn)(g.name, head)
 	}
 }
 
-// do runs apply in the committer and waits for its commit.
-func (s *Groups) do(apply func(b *batch) error) error {
-	o := &op{apply: apply, done: make(chan struct{})}
-	s.submit(o)
-	<-o.done
-	return o.err
-}
-
-func newAppendOp(groups []string, m *keyshared.Message) *op {
-	o := &op{enc: encodeMessage(m)}
-	if len(groups) == 1 {
-		o.one[0] = groups[0]
-		o.groups = o.one[:]
-	} else {
-		o.groups = groups
+// close stops the checkpointer (it takes a last checkpoint) and closes the log.
+func (s *Groups) close() error {
+	if s.closed.Swap(true) {
+		return nil
 	}
-	o.res = make([]AppendResult, len(groups))
-	for i, g := range o.groups {
-		o.res[i].Group = g
+	errs := []error{s.ckpt.stop()}
+	if err := s.log.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("persistence: close message log: %w", err))
 	}
-	o.size = uint64(len(o.enc))
-	return o
+	return errors.Join(errs...)
 }
 
-// Append implements GroupStore.
-func (s *Groups) Append(group string, m keyshared.Message) (uint64, error) {
-	o := newAppendOp([]string{group}, &m)
-	o.done = make(chan struct{})
-	s.submit(o)
-	<-o.done
-	return o.res[0].Offset, o.res[0].Err
+func (s *Groups) lookup(name string) (*group, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	s.mu.RLock()
+	g := s.mu.groups[name]
+	s.mu.RUnlock()
+	if g == nil {
+		return nil, groupNotFound(name)
+	}
+	return g, nil
 }
-
-// AppendAsync implements GroupStore.
-func (s *Groups) AppendAsync(group string, m keyshared.Message, done func(offset uint64, err error)) {
-	o := newAppendOp([]string{group}, &m)
-	o.complete = func(o *op) { done(o.res[0].Offset, o.res[0].Err) }
-	s.submit(o)
-}
-
-// AppendMulti implements GroupStore.
-func (s *Groups) AppendMulti(groups []string, m keyshared.Message) []AppendResult {
-	o := newAppendOp(slices.Clone(groups), &m)
-	o.done = make(chan struct{})
-	s.submit(o)
-	<-o.done
-	return o.res
-}
-
-// AppendMultiAsync implements GroupStore.
-func (s *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]AppendResult)) {
-	o := newAppendOp(slices.Clone(groups), &m)
-	o.complete = func(o *op) { done(o.res) }
-	s.submit(o)
-}
-
-// OnAppend implements GroupStore.
-func (s *Groups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
 
 // EnsureGroup implements GroupStore.
 func (s *Groups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
-	share, filter, err := splitGroupName(name)
+	shareName, filter, err := splitGroupName(name)
 	if err != nil {
 		return false, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return false, err
 	}
-	var created bool
-	err = s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err == nil {
-			if st.meta.Config != cfg {
-				st.meta.Config, st.metaDirty = cfg, true
+	s.shape.Lock()
+	defer s.shape.Unlock()
+	if s.closed.Load() {
+		return false, ErrClosed
+	}
+	s.mu.RLock()
+	g := s.mu.groups[name]
+	s.mu.RUnlock()
+	if g != nil {
+		if g.meta.Config == cfg {
+			return false, nil
+		}
+		meta := g.meta
+		meta.Config = cfg
+		if err := s.putMeta(name, meta); err != nil {
+			return false, err
+		}
+		g.meta = meta
+		return false, s.log.SetLimits(meta.ID, cfg.limits())
+	}
+	s.mu.Lock()
+	id := s.mu.nextID
+	s.mu.nextID++
+	s.mu.Unlock()
+	now := time.Now()
+	meta := groupMeta{ID: id, Share: shareName, Filter: filter, Created: now, Config: cfg}
+	mv, err := meta.encode()
+	if err != nil {
+		return false, err
+	}
+	st := groupState{lastSeen: timeNanos(now)}
+	err = s.db.commit.do(func(tx *bolt.Tx) error {
+		root := tx.Bucket(groupsBucket)
+		if err := root.Put(keylineKey, binaryUvarint(id+1)); err != nil {
+			return fatal(err)
+		}
+		bk, err := root.CreateBucket([]byte(name))
+		if err != nil {
+			return fatal(err)
+		}
+		if _, err := bk.CreateBucket(dlqBucket); err != nil {
+			return fatal(err)
+		}
+		for _, kv := range [][2][]byte{{metaKey, mv}, {stateKey, st.encode()}, {dlqStateKey, dlqState{}.encode()}} {
+			if err := bk.Put(kv[0], kv[1]); err != nil {
+				return fatal(err)
 			}
-			return nil
 		}
-		if !errors.Is(err, ErrGroupNotFound) {
-			return err
-		}
-		now := time.Now()
-		_, err = b.create(name, groupMeta{Share: share, Filter: filter, Created: now, Config: cfg}, now)
-		created = err == nil
-		return err
+		return nil
 	})
-	return created, err
+	if err != nil {
+		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
+	}
+	if err := s.log.AddGroup(id, seglog.GroupState{}, cfg.limits()); err != nil {
+		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
+	}
+	g = &group{name: name, meta: meta, lastSeen: st.lastSeen}
+	s.mu.Lock()
+	s.mu.groups[name], s.mu.byID[id] = g, g
+	s.mu.Unlock()
+	return true, nil
+}
+
+func binaryUvarint(v uint64) []byte { return binary.AppendUvarint(nil, v) }
+
+// putMeta rewrites a group's meta.
+func (s *Groups) putMeta(name string, meta groupMeta) error {
+	mv, err := meta.encode()
+	if err != nil {
+		return err
+	}
+	return s.db.commit.do(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(groupsBucket).Bucket([]byte(name))
+		if bk == nil {
+			return groupNotFound(name)
+		}
+		return fatal(bk.Put(metaKey, mv))
+	})
 }
 
 // DeleteGroup implements GroupStore.
 func (s *Groups) DeleteGroup(name string) error {
-	return s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		if err := b.root.DeleteBucket([]byte(name)); err != nil {
-			return fatal(err)
-		}
-		st.deleted = true
-		return nil
+	s.shape.Lock()
+	defer s.shape.Unlock()
+	g, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	return s.deleteLocked(g)
+}
+
+// deleteLocked deletes g (shape held): first from the data file (durably),
+// then from the log, whose records of it become garbage.
+func (s *Groups) deleteLocked(g *group) error {
+	err := s.db.commit.do(func(tx *bolt.Tx) error {
+		return fatal(tx.Bucket(groupsBucket).DeleteBucket([]byte(g.name)))
 	})
+	if err != nil {
+		return fmt.Errorf("persistence: delete group %q: %w", g.name, err)
+	}
+	s.mu.Lock()
+	delete(s.mu.groups, g.name)
+	delete(s.mu.byID, g.meta.ID)
+	s.mu.Unlock()
+	s.log.DropGroup(g.meta.ID)
+	return nil
 }
 
 // Group implements GroupStore.
 func (s *Groups) Group(name string) (GroupInfo, error) {
-	if s.closed.Load() {
-		return GroupInfo{}, ErrClosed
+	g, err := s.lookup(name)
+	if err != nil {
+		return GroupInfo{}, err
+	}
+	return s.info(g)
+}
+
+func (s *Groups) info(g *group) (GroupInfo, error) {
+	li, err := s.log.Group(g.meta.ID)
+	if err != nil {
+		if errors.Is(err, seglog.ErrGroupNotFound) {
+			return GroupInfo{}, groupNotFound(g.name)
+		}
+		return GroupInfo{}, fmt.Errorf("persistence: group %q: %w", g.name, err)
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	g := s.mu.groups[name]
-	if g == nil {
-		return GroupInfo{}, groupNotFound(name)
-	}
-	return g.st.info(name, &g.meta), nil
+	return GroupInfo{
+		Name: g.name, Share: g.meta.Share, Filter: g.meta.Filter, Created: g.meta.Created, Config: g.meta.Config,
+		Head: li.Head, Cursor: li.DurableCursor, Backlog: li.Messages,
+		StoredMessages: li.Messages, StoredBytes: li.Bytes,
+		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count,
+		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
+	}, nil
 }
 
 // Groups implements GroupStore.
@@ -292,294 +372,166 @@ func (s *Groups) Groups() ([]GroupInfo, error) {
 		return nil, ErrClosed
 	}
 	s.mu.RLock()
-	out := make([]GroupInfo, 0, len(s.mu.groups))
-	for name, g := range s.mu.groups {
-		out = append(out, g.st.info(name, &g.meta))
+	gs := make([]*group, 0, len(s.mu.groups))
+	for _, g := range s.mu.groups {
+		gs = append(gs, g)
 	}
 	s.mu.RUnlock()
+	out := make([]GroupInfo, 0, len(gs))
+	for _, g := range gs {
+		info, err := s.info(g)
+		if errors.Is(err, ErrGroupNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
 	slices.SortFunc(out, func(a, b GroupInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
 // Log implements GroupStore.
 func (s *Groups) Log(name string) (keyshared.Log, error) {
-	if _, err := s.Group(name); err != nil {
+	g, err := s.lookup(name)
+	if err != nil {
 		return nil, err
 	}
-	return newGroupLog(s, name)
+	return &segLog{s: s, g: g}, nil
 }
 
-func (s *Groups) head(name string) uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if g := s.mu.groups[name]; g != nil {
-		return g.st.head
+// --- appends ---
+
+// logResults turns the segment log's results into AppendResults.
+func logResults(names []string, rs []seglog.Result) []AppendResult {
+	out := make([]AppendResult, len(names))
+	for i, name := range names {
+		out[i] = AppendResult{Group: name, Offset: rs[i].Offset, Err: logError(name, rs[i].Err)}
 	}
-	return 0
+	return out
 }
 
-func (s *Groups) first(name string) uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if g := s.mu.groups[name]; g != nil {
-		return g.st.first
-	}
-	return 0
-}
-
-func (s *Groups) cursor(name string) (uint64, error) {
-	info, err := s.Group(name)
-	return info.Cursor, err
-}
-
-func (s *Groups) saveCursor(name string, c uint64) error {
-	return s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		if c == st.st.cursor {
-			return nil
-		}
-		if err := st.st.checkCursor(c); err != nil {
-			return fmt.Errorf("group %q: %w", name, err)
-		}
-		st.st.cursor, st.dirty = c, true
+// logError maps a segment log error to this package's.
+func logError(name string, err error) error {
+	switch {
+	case err == nil:
 		return nil
-	})
+	case errors.Is(err, seglog.ErrBacklogFull):
+		return fmt.Errorf("%w: group %q: %v", ErrBacklogFull, name, err)
+	case errors.Is(err, seglog.ErrGroupNotFound):
+		return groupNotFound(name)
+	case errors.Is(err, seglog.ErrClosed):
+		return ErrClosed
+	case errors.Is(err, seglog.ErrTooLarge):
+		return fmt.Errorf("%w: group %q: %v", ErrBacklogFull, name, err)
+	}
+	return fmt.Errorf("persistence: group %q: %w", name, err)
 }
 
-// view runs fn in a read transaction on the group's bucket.
-func (s *Groups) view(name string, fn func(bk *bolt.Bucket) error) error {
+// ids resolves group names to log ids; unknown names get id 0 (the log
+// refuses them with ErrGroupNotFound).
+func (s *Groups) ids(names []string) []uint64 {
+	ids := make([]uint64, len(names))
+	s.mu.RLock()
+	for i, n := range names {
+		if g := s.mu.groups[n]; g != nil {
+			ids[i] = g.meta.ID
+		}
+	}
+	s.mu.RUnlock()
+	return ids
+}
+
+// AppendMultiAsync implements GroupStore.
+func (s *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]AppendResult)) {
+	names := slices.Clone(groups)
 	if s.closed.Load() {
-		return ErrClosed
+		rs := make([]seglog.Result, len(names))
+		for i := range rs {
+			rs[i].Err = seglog.ErrClosed
+		}
+		done(logResults(names, rs))
+		return
 	}
-	err := s.db.bolt.View(func(tx *bolt.Tx) error {
-		bk := tx.Bucket(groupsBucket).Bucket([]byte(name))
-		if bk == nil {
-			return groupNotFound(name)
-		}
-		return fn(bk)
-	})
-	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-		return ErrClosed
-	}
-	return err
+	s.log.Append(s.ids(names), encodeMessage(&m), func(rs []seglog.Result) { done(logResults(names, rs)) })
 }
 
-func (s *Groups) readFrom(name string, from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
-	if max <= 0 {
-		return buf, nil
-	}
-	err := s.view(name, func(bk *bolt.Bucket) error {
-		c := bk.Bucket(logBucket).Cursor()
-		n := 0
-		for k, v := c.Seek(be64(from)); k != nil && n < max; k, v = c.Next() {
-			m, err := decodeMessage(v, false)
-			if err != nil {
-				return fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, name, binary.BigEndian.Uint64(k), err)
-			}
-			m.Offset = binary.BigEndian.Uint64(k)
-			buf = append(buf, m)
-			n++
-		}
-		return nil
-	})
-	return buf, err
+// AppendAsync implements GroupStore.
+func (s *Groups) AppendAsync(group string, m keyshared.Message, done func(offset uint64, err error)) {
+	s.AppendMultiAsync([]string{group}, m, func(rs []AppendResult) { done(rs[0].Offset, rs[0].Err) })
 }
 
-func (s *Groups) addDeadLetter(name string, d keyshared.DeadLetter) error {
-	d.Group = name
-	v := appendDeadLetter(nil, &d)
-	return s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		id := st.st.dlSeq + 1
-		if err := st.dlq.Put(be64(id), v); err != nil {
-			return fatal(err)
-		}
-		st.st.dlSeq, st.st.deadLetters, st.dirty = id, st.st.deadLetters+1, true
-		return nil
-	})
+// AppendMulti implements GroupStore.
+func (s *Groups) AppendMulti(groups []string, m keyshared.Message) []AppendResult {
+	ch := make(chan []AppendResult, 1)
+	s.AppendMultiAsync(groups, m, func(rs []AppendResult) { ch <- rs })
+	return <-ch
 }
 
-// DeadLetters implements GroupStore.
-func (s *Groups) DeadLetters(name string, after uint64, limit int) ([]DeadLetterEntry, error) {
-	var out []DeadLetterEntry
-	err := s.view(name, func(bk *bolt.Bucket) error {
-		c := bk.Bucket(dlqBucket).Cursor()
-		for k, v := c.Seek(be64(after + 1)); k != nil && len(out) < limit && after != ^uint64(0); k, v = c.Next() {
-			e, err := decodeDeadLetterEntry(name, k, v)
-			if err != nil {
-				return err
-			}
-			out = append(out, e)
-		}
-		return nil
-	})
-	return out, err
+// Append implements GroupStore.
+func (s *Groups) Append(group string, m keyshared.Message) (uint64, error) {
+	rs := s.AppendMulti([]string{group}, m)
+	return rs[0].Offset, rs[0].Err
 }
 
-func decodeDeadLetterEntry(group string, k, v []byte) (DeadLetterEntry, error) {
-	id := binary.BigEndian.Uint64(k)
-	d, _, err := decodeDeadLetter(v, false)
-	if err != nil {
-		return DeadLetterEntry{}, fmt.Errorf("%w: group %q dead letter %d: %w", ErrCorrupt, group, id, err)
-	}
-	d.Group = group
-	return DeadLetterEntry{ID: id, DeadLetter: d}, nil
-}
+// OnAppend implements GroupStore.
+func (s *Groups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
 
-// DeadLetter implements GroupStore.
-func (s *Groups) DeadLetter(name string, id uint64) (DeadLetterEntry, error) {
-	var e DeadLetterEntry
-	err := s.view(name, func(bk *bolt.Bucket) error {
-		k := be64(id)
-		v := bk.Bucket(dlqBucket).Get(k)
-		if v == nil {
-			return fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
-		}
-		var err error
-		e, err = decodeDeadLetterEntry(name, k, v)
-		return err
-	})
-	return e, err
-}
-
-// DeleteDeadLetter implements GroupStore.
-func (s *Groups) DeleteDeadLetter(name string, id uint64) error {
-	return s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		k := be64(id)
-		if st.dlq.Get(k) == nil {
-			return fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
-		}
-		if err := st.dlq.Delete(k); err != nil {
-			return fatal(err)
-		}
-		st.st.deadLetters, st.dirty = st.st.deadLetters-1, true
-		return nil
-	})
-}
-
-// ReplayDeadLetter implements GroupStore.
-func (s *Groups) ReplayDeadLetter(name string, id uint64) (uint64, error) {
-	var off uint64
-	err := s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		k := be64(id)
-		v := st.dlq.Get(k)
-		if v == nil {
-			return fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
-		}
-		_, enc, err := decodeDeadLetter(v, false)
-		if err != nil {
-			return fmt.Errorf("%w: group %q dead letter %d: %w", ErrCorrupt, name, id, err)
-		}
-		if off, err = b.appendEntry(st, enc, uint64(len(enc))); err != nil {
-			return err
-		}
-		if err := st.dlq.Delete(k); err != nil {
-			return fatal(err)
-		}
-		st.st.deadLetters--
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
-	return off, nil
-}
-
-// PurgeDeadLetters implements GroupStore.
-func (s *Groups) PurgeDeadLetters(name string) (int, error) {
-	var n int
-	err := s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		n = int(st.st.deadLetters)
-		if n == 0 {
-			return nil
-		}
-		if err := st.bucket.DeleteBucket(dlqBucket); err != nil {
-			return fatal(err)
-		}
-		if st.dlq, err = st.bucket.CreateBucket(dlqBucket); err != nil {
-			return fatal(err)
-		}
-		st.st.deadLetters, st.dirty = 0, true
-		return nil
-	})
-	return n, err
-}
-
-// MembersChanged implements GroupStore.
+// MembersChanged implements GroupStore. The count and the time are kept in
+// memory and written with the next checkpoint.
 func (s *Groups) MembersChanged(name string, members int, now time.Time) error {
-	return s.do(func(b *batch) error {
-		st, err := b.group(name)
-		if err != nil {
-			return err
-		}
-		st.st.members = max(members, 0)
-		if active := members > 0; active != st.st.active {
-			st.st.active, st.st.lastSeen, st.dirty = active, timeNanos(now), true
-		}
-		return nil
-	})
+	g, err := s.lookup(name)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g.members = max(members, 0)
+	if active := members > 0; active != g.active {
+		g.active, g.lastSeen = active, timeNanos(now)
+	}
+	g.dirty = true
+	return nil
 }
 
 // SweepIdle implements GroupStore.
 func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
+	s.shape.Lock()
+	defer s.shape.Unlock()
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	s.mu.RLock()
+	var idle []*group
+	for _, g := range s.mu.groups {
+		if g.members == 0 && g.dlq.count == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl {
+			idle = append(idle, g)
+		}
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(idle, func(a, b *group) int { return strings.Compare(a.name, b.name) })
 	var swept []string
-	err := s.do(func(b *batch) error {
-		swept = swept[:0]
-		s.mu.RLock()
-		names := make([]string, 0, len(s.mu.groups))
-		for name := range s.mu.groups {
-			names = append(names, name)
+	for _, g := range idle {
+		li, err := s.log.Group(g.meta.ID)
+		if err != nil || li.Messages > 0 {
+			continue // holds messages: never swept
 		}
-		s.mu.RUnlock()
-		slices.Sort(names)
-		for _, name := range names {
-			st, err := b.group(name)
-			if err != nil {
-				if isFatal(err) {
-					return err
-				}
-				continue
-			}
-			if st.st.members > 0 || st.st.pending() > 0 || st.st.deadLetters > 0 || now.Sub(timeFromNanos(st.st.lastSeen)) < ttl {
-				continue
-			}
-			if err := b.root.DeleteBucket([]byte(name)); err != nil {
-				return fatal(err)
-			}
-			st.deleted = true
-			swept = append(swept, name)
+		if err := s.deleteLocked(g); err != nil {
+			return swept, err
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+		swept = append(swept, g.name)
 	}
 	return swept, nil
 }
 
-// Flush implements GroupStore.
+// Flush implements GroupStore: the log's commits, then the data file's.
 func (s *Groups) Flush() error {
-	ch := make(chan struct{})
-	o := &op{apply: func(*batch) error { return nil }, flush: true, complete: func(*op) { close(ch) }}
-	s.submit(o)
-	<-ch
-	return o.err
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if err := s.log.Sync(); err != nil {
+		return logError("", err)
+	}
+	return s.db.commit.sync()
 }

@@ -121,10 +121,3 @@ func sameMessage(got, want keyshared.Message, off uint64) string {
 	}
 	return ""
 }
-
-// saveCursor persists a group's cursor directly (the dispatcher resolves
-// offsets through Log.Resolve instead).
-func saveCursor(l keyshared.Log, c uint64) error {
-	g := l.(*groupLog)
-	return g.s.saveCursor(g.name, c)
-}

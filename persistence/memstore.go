@@ -11,10 +11,10 @@ import (
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
-// MemGroups is an in-memory GroupStore with the same behaviour as the bbolt
-// one (limits, offsets, dead letters, callbacks), minus durability: for tests
-// and for running without a data directory. Entries are kept encoded, so the
-// byte limits count the same sizes.
+// MemGroups is an in-memory GroupStore with the same behaviour as the durable
+// one (limits, offsets, resolutions, dead letters, callbacks), minus
+// durability: for tests, and as the reference the store suite checks both
+// against. Messages are kept encoded, so the byte limits count the same sizes.
 type MemGroups struct {
 	mu struct {
 		sync.Mutex
@@ -27,12 +27,23 @@ type MemGroups struct {
 
 type memGroup struct {
 	meta groupMeta
-	st   groupState
-	// log holds offsets st.first.. st.head: log[i] is offset st.first+i.
-	log [][]byte
+	// msgs holds the unresolved messages by offset; order lists their
+	// offsets ascending (resolved ones are dropped from its front lazily).
+	msgs   map[uint64][]byte
+	order  []uint64
+	bytes  uint64
+	head   uint64
+	cursor uint64 // every offset <= cursor is resolved
+	// dropped counts offsets the drop-oldest policy resolved; rejected the
+	// appends refused at a limit.
+	dropped, rejected uint64
 	// dlq holds encoded dead letters by id; dlIDs lists the ids in ascending order.
-	dlq   map[uint64][]byte
-	dlIDs []uint64
+	dlq      map[uint64][]byte
+	dlIDs    []uint64
+	dlSeq    uint64
+	members  int
+	lastSeen int64
+	active   bool
 }
 
 var _ GroupStore = (*MemGroups)(nil)
@@ -73,7 +84,7 @@ func (s *MemGroups) lockGroup(name string) (*memGroup, error) {
 
 // EnsureGroup implements GroupStore.
 func (s *MemGroups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
-	share, filter, err := splitGroupName(name)
+	shareName, filter, err := splitGroupName(name)
 	if err != nil {
 		return false, err
 	}
@@ -91,9 +102,10 @@ func (s *MemGroups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
 	}
 	now := time.Now()
 	s.mu.groups[name] = &memGroup{
-		meta: groupMeta{Share: share, Filter: filter, Created: now, Config: cfg},
-		st:   newGroupState(now),
-		dlq:  make(map[uint64][]byte),
+		meta:     groupMeta{Share: shareName, Filter: filter, Created: now, Config: cfg},
+		msgs:     make(map[uint64][]byte),
+		dlq:      make(map[uint64][]byte),
+		lastSeen: timeNanos(now),
 	}
 	return true, nil
 }
@@ -108,6 +120,16 @@ func (s *MemGroups) DeleteGroup(name string) error {
 	return nil
 }
 
+func (g *memGroup) info(name string) GroupInfo {
+	return GroupInfo{
+		Name: name, Share: g.meta.Share, Filter: g.meta.Filter, Created: g.meta.Created, Config: g.meta.Config,
+		Head: g.head, Cursor: g.cursor, Backlog: uint64(len(g.msgs)),
+		StoredMessages: uint64(len(g.msgs)), StoredBytes: g.bytes,
+		Dropped: g.dropped, Rejected: g.rejected, DeadLetters: uint64(len(g.dlIDs)),
+		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
+	}
+}
+
 // Group implements GroupStore.
 func (s *MemGroups) Group(name string) (GroupInfo, error) {
 	g, err := s.lockGroup(name)
@@ -115,7 +137,7 @@ func (s *MemGroups) Group(name string) (GroupInfo, error) {
 		return GroupInfo{}, err
 	}
 	defer s.mu.Unlock()
-	return g.st.info(name, &g.meta), nil
+	return g.info(name), nil
 }
 
 // Groups implements GroupStore.
@@ -127,7 +149,7 @@ func (s *MemGroups) Groups() ([]GroupInfo, error) {
 	}
 	out := make([]GroupInfo, 0, len(s.mu.groups))
 	for name, g := range s.mu.groups {
-		out = append(out, g.st.info(name, &g.meta))
+		out = append(out, g.info(name))
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b GroupInfo) int { return strings.Compare(a.Name, b.Name) })
@@ -139,62 +161,75 @@ func (s *MemGroups) Log(name string) (keyshared.Log, error) {
 	if _, err := s.Group(name); err != nil {
 		return nil, err
 	}
-	return newGroupLog(s, name)
+	return &memLog{s: s, name: name}, nil
 }
 
 // OnAppend implements GroupStore.
 func (s *MemGroups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
 
+// resolveLocked resolves off; drop counts it as dropped by the policy.
+func (g *memGroup) resolveLocked(off uint64, drop bool) {
+	enc, ok := g.msgs[off]
+	if !ok {
+		return
+	}
+	delete(g.msgs, off)
+	g.bytes -= uint64(len(enc))
+	if drop {
+		g.dropped++
+	}
+	for len(g.order) > 0 {
+		if _, live := g.msgs[g.order[0]]; live {
+			break
+		}
+		g.order = g.order[1:]
+	}
+	if len(g.order) == 0 {
+		g.cursor, g.order = g.head, nil
+	} else {
+		g.cursor = g.order[0] - 1
+	}
+}
+
 // appendLocked applies the group's limits and appends enc.
 func (g *memGroup) appendLocked(name string, enc []byte) (uint64, error) {
-	cfg, size := g.meta.Config, uint64(len(enc))
-	if cfg.MaxBytes > 0 && size > cfg.MaxBytes {
-		g.st.rejected++
-		return 0, fmt.Errorf("%w: group %q: message of %d bytes exceeds the limit of %d bytes", ErrBacklogFull, name, size, cfg.MaxBytes)
+	lim, size := g.meta.Config.limits(), uint64(len(enc))
+	over := func() bool {
+		return (lim.MaxMessages > 0 && uint64(len(g.msgs))+1 > lim.MaxMessages) || (lim.MaxBytes > 0 && g.bytes+size > lim.MaxBytes)
 	}
-	if g.st.overLimit(cfg, size) {
-		g.trimLocked()
-		if g.st.overLimit(cfg, size) {
-			if cfg.policy() == PolicyReject {
-				g.st.rejected++
-				return 0, fmt.Errorf("%w: group %q holds %d messages, %d bytes (limits %d messages, %d bytes)",
-					ErrBacklogFull, name, g.st.pending(), g.st.bytes, cfg.MaxMessages, cfg.MaxBytes)
-			}
-			for g.st.msgs > 0 && g.st.overLimit(cfg, size) {
-				g.deleteFirstLocked()
-				g.st.dropped++
-			}
+	if lim.MaxBytes > 0 && size > lim.MaxBytes {
+		g.rejected++
+		return 0, fmt.Errorf("%w: group %q: message of %d bytes exceeds the limit of %d bytes", ErrBacklogFull, name, size, lim.MaxBytes)
+	}
+	if over() {
+		if !lim.DropOldest {
+			g.rejected++
+			return 0, fmt.Errorf("%w: group %q holds %d messages, %d bytes (limits %d messages, %d bytes)",
+				ErrBacklogFull, name, len(g.msgs), g.bytes, lim.MaxMessages, lim.MaxBytes)
+		}
+		for len(g.order) > 0 && over() {
+			g.resolveLocked(g.order[0], true)
 		}
 	}
-	g.log = append(g.log, enc)
-	g.st.head++
-	g.st.msgs++
-	g.st.bytes += size
-	return g.st.head, nil
-}
-
-func (g *memGroup) deleteFirstLocked() {
-	g.st.bytes -= uint64(len(g.log[0]))
-	g.log[0] = nil
-	g.log = g.log[1:]
-	g.st.first++
-	g.st.msgs--
-	if len(g.log) == 0 {
-		g.log = nil
+	g.head++
+	g.msgs[g.head] = enc
+	g.order = append(g.order, g.head)
+	g.bytes += size
+	if len(g.msgs) == 1 {
+		g.cursor = g.head - 1
 	}
-}
-
-func (g *memGroup) trimLocked() {
-	for g.st.trimmable() {
-		g.deleteFirstLocked()
-	}
+	return g.head, nil
 }
 
 // appendLocked appends enc to groups and fills res. It queues the callback
 // done (if any) and then the append notifications on the notifier, so that
 // they run after those of earlier appends.
 func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult, done func([]AppendResult)) {
-	var heads []groupHead
+	type head struct {
+		group string
+		head  uint64
+	}
+	var heads []head
 	for i, name := range groups {
 		res[i] = AppendResult{Group: name}
 		g := s.mu.groups[name]
@@ -204,7 +239,7 @@ func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult
 		}
 		res[i].Offset, res[i].Err = g.appendLocked(name, enc)
 		if res[i].Err == nil {
-			heads = append(heads, groupHead{name, res[i].Offset})
+			heads = append(heads, head{name, res[i].Offset})
 		}
 	}
 	if done != nil {
@@ -259,88 +294,75 @@ func (s *MemGroups) AppendMultiAsync(groups []string, m keyshared.Message, done 
 	s.appendMulti(groups, &m, done)
 }
 
-func (s *MemGroups) readFrom(name string, from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
-	g, err := s.lockGroup(name)
+// memLog is one group's keyshared.Log over a MemGroups.
+type memLog struct {
+	s    *MemGroups
+	name string
+}
+
+func (l *memLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
+	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return buf, err
 	}
-	defer s.mu.Unlock()
-	from = maxU64(from, g.st.first)
-	for off := from; off <= g.st.head && max > 0; off++ {
-		m, err := decodeMessage(g.log[off-g.st.first], false)
-		if err != nil {
-			return buf, fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, name, off, err)
+	defer l.s.mu.Unlock()
+	i, _ := slices.BinarySearch(g.order, from)
+	for ; i < len(g.order) && max > 0; i++ {
+		enc, live := g.msgs[g.order[i]]
+		if !live {
+			continue
 		}
-		m.Offset = off
+		m, err := decodeMessage(enc, false)
+		if err != nil {
+			return buf, fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, l.name, g.order[i], err)
+		}
+		m.Offset = g.order[i]
 		buf = append(buf, m)
 		max--
 	}
 	return buf, nil
 }
 
-func maxU64(a, b uint64) uint64 {
-	if a > b {
-		return a
-	}
-	return b
-}
-
-func (s *MemGroups) head(name string) uint64 {
-	g, err := s.lockGroup(name)
+func (l *memLog) Head() uint64 {
+	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return 0
 	}
-	defer s.mu.Unlock()
-	return g.st.head
+	defer l.s.mu.Unlock()
+	return g.head
 }
 
-func (s *MemGroups) first(name string) uint64 {
-	g, err := s.lockGroup(name)
-	if err != nil {
-		return 0
-	}
-	defer s.mu.Unlock()
-	return g.st.first
-}
-
-func (s *MemGroups) cursor(name string) (uint64, error) {
-	g, err := s.lockGroup(name)
+func (l *memLog) LoadCursor() (uint64, error) {
+	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return 0, err
 	}
-	defer s.mu.Unlock()
-	return g.st.cursor, nil
+	defer l.s.mu.Unlock()
+	return g.cursor, nil
 }
 
-func (s *MemGroups) saveCursor(name string, c uint64) error {
-	g, err := s.lockGroup(name)
+func (l *memLog) Resolve(offsets []uint64) {
+	g, err := l.s.lockGroup(l.name)
 	if err != nil {
-		return err
+		return
 	}
-	defer s.mu.Unlock()
-	if c == g.st.cursor {
-		return nil
+	defer l.s.mu.Unlock()
+	for _, o := range offsets {
+		g.resolveLocked(o, false)
 	}
-	if err := g.st.checkCursor(c); err != nil {
-		return fmt.Errorf("group %q: %w", name, err)
-	}
-	g.st.cursor = c
-	g.trimLocked()
-	return nil
 }
 
-func (s *MemGroups) addDeadLetter(name string, d keyshared.DeadLetter) error {
-	d.Group = name
+func (l *memLog) DeadLetter(d keyshared.DeadLetter) error {
+	d.Group = l.name
 	v := appendDeadLetter(nil, &d)
-	g, err := s.lockGroup(name)
+	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return err
 	}
-	defer s.mu.Unlock()
-	g.st.dlSeq++
-	g.dlq[g.st.dlSeq] = v
-	g.dlIDs = append(g.dlIDs, g.st.dlSeq)
-	g.st.deadLetters++
+	defer l.s.mu.Unlock()
+	g.dlSeq++
+	g.dlq[g.dlSeq] = v
+	g.dlIDs = append(g.dlIDs, g.dlSeq)
 	return nil
 }
 
@@ -358,17 +380,13 @@ func (s *MemGroups) DeadLetters(name string, after uint64, limit int) ([]DeadLet
 		if id <= after {
 			continue
 		}
-		e, err := memDeadLetter(name, id, g.dlq[id])
+		e, err := decodeDeadLetterEntry(name, be64(id), g.dlq[id])
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, e)
 	}
 	return out, nil
-}
-
-func memDeadLetter(group string, id uint64, v []byte) (DeadLetterEntry, error) {
-	return decodeDeadLetterEntry(group, be64(id), v)
 }
 
 // DeadLetter implements GroupStore.
@@ -382,7 +400,7 @@ func (s *MemGroups) DeadLetter(name string, id uint64) (DeadLetterEntry, error) 
 	if !ok {
 		return DeadLetterEntry{}, fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
 	}
-	return memDeadLetter(name, id, v)
+	return decodeDeadLetterEntry(name, be64(id), v)
 }
 
 func (g *memGroup) removeDeadLetterLocked(id uint64) {
@@ -390,7 +408,6 @@ func (g *memGroup) removeDeadLetterLocked(id uint64) {
 	if i, ok := slices.BinarySearch(g.dlIDs, id); ok {
 		g.dlIDs = slices.Delete(g.dlIDs, i, i+1)
 	}
-	g.st.deadLetters--
 }
 
 // DeleteDeadLetter implements GroupStore.
@@ -440,7 +457,7 @@ func (s *MemGroups) PurgeDeadLetters(name string) (int, error) {
 	defer s.mu.Unlock()
 	n := len(g.dlIDs)
 	clear(g.dlq)
-	g.dlIDs, g.st.deadLetters = nil, 0
+	g.dlIDs = nil
 	return n, nil
 }
 
@@ -451,9 +468,9 @@ func (s *MemGroups) MembersChanged(name string, members int, now time.Time) erro
 		return err
 	}
 	defer s.mu.Unlock()
-	g.st.members = max(members, 0)
-	if active := members > 0; active != g.st.active {
-		g.st.active, g.st.lastSeen = active, timeNanos(now)
+	g.members = max(members, 0)
+	if active := members > 0; active != g.active {
+		g.active, g.lastSeen = active, timeNanos(now)
 	}
 	return nil
 }
@@ -467,7 +484,7 @@ func (s *MemGroups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error
 	}
 	var swept []string
 	for name, g := range s.mu.groups {
-		if g.st.members == 0 && g.st.pending() == 0 && g.st.deadLetters == 0 && now.Sub(timeFromNanos(g.st.lastSeen)) >= ttl {
+		if g.members == 0 && len(g.msgs) == 0 && len(g.dlIDs) == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl {
 			swept = append(swept, name)
 			delete(s.mu.groups, name)
 		}
@@ -483,9 +500,10 @@ func (s *MemGroups) Flush() error {
 		s.mu.Unlock()
 		return ErrClosed
 	}
+	s.mu.Unlock()
 	ch := make(chan struct{})
 	s.notify.push(func() { close(ch) })
-	s.mu.Unlock()
 	<-ch
 	return nil
 }
+

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
@@ -30,57 +29,35 @@ var sessionsBucket = []byte("sessions")
 // ErrUnknownKind is returned for a session record kind this package does not define.
 var ErrUnknownKind = errors.New("persistence: unknown session record kind")
 
-type opKind uint8
-
-const (
-	opPut opKind = iota
-	opDelete
-	opDeletePrefix
-)
-
-type syncResult struct {
-	err   error
-	batch uint64 // the commit the waiter was released by
-}
-
-type sessionOp struct {
-	op   opKind
-	kind string
-	key  []byte
-	val  []byte
-}
-
 // SessionStore keeps the broker's session state (clients, subscriptions,
-// retained messages, inflight messages, sysinfo) as key/value records.
+// retained messages, inflight messages, sysinfo) as key/value records in the
+// data file, through its one committer.
 //
-// Writes are queued in call order and committed by one goroutine, many per
-// transaction. Put, Delete and DeletePrefix return at once; Sync waits until
-// every write queued before it is committed, so a caller that needs a record
-// durable before it answers a client calls Sync after its writes. Writes that
-// nobody waits for reach the disk within one commit, a few milliseconds.
+// Put, Delete and DeletePrefix queue a write and return at once; it reaches
+// the disk within one commit, a few milliseconds (write-behind: what nobody
+// waits for). Write commits records and reports each one's outcome: use it
+// for what a client is told is stored (a SUBACK, a PUBACK). Each write
+// succeeds or fails on its own: a record bbolt cannot store (a key over 32
+// KiB) fails alone, never the others of its transaction.
 type SessionStore struct {
-	db *DB
-
-	mu struct {
-		sync.Mutex
-		pending []sessionOp       // queued writes, in call order
-		waiters []chan syncResult // Sync callers waiting for pending to commit
-		closed  bool
-		// unreported is the error of a failed commit that no Sync waited on
-		// (its writes were queued before any Sync call), and that commit's
-		// number: a later Sync reports it.
-		unreported      error
-		unreportedBatch uint64
-	}
-	kick chan struct{} // wakes the committer; capacity 1
-	done chan struct{} // closed when the committer has exited
-
-	commits     atomic.Uint64
+	db          *DB
+	closed      atomic.Bool
 	writeErrors atomic.Uint64
 }
 
-// OpenSessions creates the session buckets if needed and starts the committer.
-// Close it before closing the DB.
+// SessionWrite is one record change for Write.
+type SessionWrite struct {
+	Kind string
+	Key  []byte
+	// Val is the record to put; nil with Delete set removes Key instead.
+	Val    []byte
+	Delete bool
+}
+
+// MaxSessionKey is the longest key a session record may have (bbolt's limit).
+const MaxSessionKey = bolt.MaxKeySize
+
+// OpenSessions creates the session buckets if needed.
 func (db *DB) OpenSessions() (*SessionStore, error) {
 	err := db.bolt.Update(func(tx *bolt.Tx) error {
 		root, err := tx.CreateBucketIfNotExists(sessionsBucket)
@@ -97,152 +74,113 @@ func (db *DB) OpenSessions() (*SessionStore, error) {
 	if err != nil {
 		return nil, fmt.Errorf("persistence: create session buckets: %w", err)
 	}
-	s := &SessionStore{db: db, kick: make(chan struct{}, 1), done: make(chan struct{})}
-	go s.run()
-	return s, nil
+	return &SessionStore{db: db}, nil
 }
 
-// Put queues a write of val under key in kind.
-func (s *SessionStore) Put(kind string, key, val []byte) {
-	s.enqueue(sessionOp{op: opPut, kind: kind, key: key, val: val})
-}
-
-// Delete queues the removal of key from kind.
-func (s *SessionStore) Delete(kind string, key []byte) {
-	s.enqueue(sessionOp{op: opDelete, kind: kind, key: key})
-}
-
-// DeletePrefix queues the removal of every key in kind that starts with prefix.
-func (s *SessionStore) DeletePrefix(kind string, prefix []byte) {
-	s.enqueue(sessionOp{op: opDeletePrefix, kind: kind, key: prefix})
-}
-
-func (s *SessionStore) enqueue(op sessionOp) {
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
-		s.writeErrors.Add(1)
-		s.db.log.Error("persistence: session write after close", "kind", op.kind)
-		return
+// sessionBucket returns the bucket of kind.
+func sessionBucket(tx *bolt.Tx, kind string) (*bolt.Bucket, error) {
+	if b := tx.Bucket(sessionsBucket).Bucket([]byte(kind)); b != nil {
+		return b, nil
 	}
-	s.mu.pending = append(s.mu.pending, op)
-	s.mu.Unlock()
-	s.wake()
+	return nil, fmt.Errorf("%w: %q", ErrUnknownKind, kind)
 }
 
-func (s *SessionStore) wake() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
-}
-
-// Sync waits until every write queued before the call is committed and
-// returns the commit's error, if any.
-func (s *SessionStore) Sync() error {
-	ch := make(chan syncResult, 1)
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
-		return ErrClosed
-	}
-	s.mu.waiters = append(s.mu.waiters, ch)
-	s.mu.Unlock()
-	s.wake()
-	r := <-ch
-	if r.err != nil {
-		return r.err
-	}
-	// An earlier commit, which no Sync waited on, held writes queued before
-	// this call: report its failure.
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.mu.unreported; err != nil && s.mu.unreportedBatch < r.batch {
-		s.mu.unreported = nil
+func (w SessionWrite) apply(tx *bolt.Tx) error {
+	b, err := sessionBucket(tx, w.Kind)
+	if err != nil {
 		return err
+	}
+	if w.Delete {
+		return fatal(b.Delete(w.Key))
+	}
+	if err := b.Put(w.Key, w.Val); err != nil {
+		return fatal(fmt.Errorf("%s record of %d bytes under a key of %d bytes: %w", w.Kind, len(w.Val), len(w.Key), err))
 	}
 	return nil
 }
 
-// Commits returns the number of transactions committed so far.
-func (s *SessionStore) Commits() uint64 { return s.commits.Load() }
+func (s *SessionStore) queue(apply func(tx *bolt.Tx) error, kind string) {
+	ok := !s.closed.Load() && s.db.commit.queue(apply, func(err error) {
+		s.writeErrors.Add(1)
+		s.db.log.Error("persistence: session write failed", "kind", kind, "err", err)
+	})
+	if !ok {
+		s.writeErrors.Add(1)
+		s.db.log.Error("persistence: session write after close", "kind", kind)
+	}
+}
+
+// Put queues a write of val under key in kind.
+func (s *SessionStore) Put(kind string, key, val []byte) {
+	s.queue(SessionWrite{Kind: kind, Key: key, Val: val}.apply, kind)
+}
+
+// Delete queues the removal of key from kind.
+func (s *SessionStore) Delete(kind string, key []byte) {
+	s.queue(SessionWrite{Kind: kind, Key: key, Delete: true}.apply, kind)
+}
+
+// DeletePrefix queues the removal of every key in kind that starts with prefix.
+func (s *SessionStore) DeletePrefix(kind string, prefix []byte) {
+	s.queue(func(tx *bolt.Tx) error {
+		b, err := sessionBucket(tx, kind)
+		if err != nil {
+			return err
+		}
+		return fatal(deletePrefix(b, prefix))
+	}, kind)
+}
+
+// Write commits ws and returns one error per write (nil: it is durable).
+// Writes queued before it are committed first.
+func (s *SessionStore) Write(ws ...SessionWrite) []error {
+	errs := make([]error, len(ws))
+	ops := make([]*txOp, len(ws))
+	for i, w := range ws {
+		ops[i] = &txOp{apply: w.apply, done: make(chan struct{})}
+		if s.closed.Load() || !s.db.commit.submit(ops[i]) {
+			ops[i] = nil
+			errs[i] = ErrClosed
+		}
+	}
+	for i, o := range ops {
+		if o == nil {
+			continue
+		}
+		<-o.done
+		if errs[i] = o.err; o.err != nil {
+			s.writeErrors.Add(1)
+		}
+	}
+	return errs
+}
+
+// Sync waits until every write queued before the call is committed (or
+// failed: write-behind failures are counted in WriteErrors and logged).
+func (s *SessionStore) Sync() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.db.commit.sync()
+}
+
+// Commits returns the number of transactions the data file's committer made.
+func (s *SessionStore) Commits() uint64 { return s.db.commit.commits.Load() }
 
 // WriteErrors returns the number of writes lost to a failed commit or made after Close.
 func (s *SessionStore) WriteErrors() uint64 { return s.writeErrors.Load() }
 
-// Close commits what is queued, stops the committer and returns the last commit's error.
+// Close commits what is queued; writes after it fail (and are counted).
 func (s *SessionStore) Close() error {
-	s.mu.Lock()
-	if s.mu.closed {
-		s.mu.Unlock()
+	if s.closed.Load() {
 		return nil
 	}
-	s.mu.Unlock()
 	err := s.Sync()
-	s.mu.Lock()
-	s.mu.closed = true
-	s.mu.Unlock()
-	s.wake()
-	<-s.done
-	return err
-}
-
-func (s *SessionStore) run() {
-	defer close(s.done)
-	var batch uint64
-	for range s.kick {
-		batch++
-		s.mu.Lock()
-		ops, waiters, closed := s.mu.pending, s.mu.waiters, s.mu.closed
-		s.mu.pending, s.mu.waiters = nil, nil
-		s.mu.Unlock()
-		var err error
-		if len(ops) > 0 {
-			err = s.commit(ops)
-			if err != nil {
-				s.writeErrors.Add(uint64(len(ops)))
-				s.db.log.Error("persistence: session state commit failed", "writes", len(ops), "error", err)
-			} else {
-				s.commits.Add(1)
-			}
-		}
-		if err != nil && len(waiters) == 0 {
-			s.mu.Lock()
-			s.mu.unreported, s.mu.unreportedBatch = err, batch
-			s.mu.Unlock()
-		}
-		for _, w := range waiters {
-			w <- syncResult{err, batch}
-		}
-		if closed {
-			return
-		}
-	}
-}
-
-func (s *SessionStore) commit(ops []sessionOp) error {
-	return s.db.bolt.Update(func(tx *bolt.Tx) error {
-		root := tx.Bucket(sessionsBucket)
-		for _, op := range ops {
-			b := root.Bucket([]byte(op.kind))
-			if b == nil {
-				return fmt.Errorf("%w: %q", ErrUnknownKind, op.kind)
-			}
-			var err error
-			switch op.op {
-			case opPut:
-				err = b.Put(op.key, op.val)
-			case opDelete:
-				err = b.Delete(op.key)
-			case opDeletePrefix:
-				err = deletePrefix(b, op.key)
-			}
-			if err != nil {
-				return fmt.Errorf("%s %q: %w", op.kind, op.key, err)
-			}
-		}
+	s.closed.Store(true)
+	if errors.Is(err, ErrClosed) {
 		return nil
-	})
+	}
+	return err
 }
 
 func deletePrefix(b *bolt.Bucket, prefix []byte) error {

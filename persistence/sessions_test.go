@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -139,8 +140,11 @@ func TestSessionStoreUnknownKind(t *testing.T) {
 	defer db.Close()
 	defer s.Close()
 	s.Put("bogus", []byte("k"), []byte("v"))
-	if err := s.Sync(); err == nil {
-		t.Fatal("Sync after a write to an unknown kind succeeded")
+	if err := s.Sync(); err != nil || s.WriteErrors() != 1 {
+		t.Fatalf("Sync = %v, write errors %d: want the bad write counted, the rest fine", err, s.WriteErrors())
+	}
+	if errs := s.Write(SessionWrite{Kind: "bogus", Key: []byte("k"), Val: []byte("v")}); !errors.Is(errs[0], ErrUnknownKind) {
+		t.Fatalf("Write to an unknown kind = %v", errs[0])
 	}
 	if err := s.ForEach("bogus", func(_, _ []byte) error { return nil }); err == nil {
 		t.Fatal("ForEach of an unknown kind succeeded")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/enum"
 	"github.com/keyline-mq/keyline/internal/share"
+	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
 // ErrGroupNotFound is returned for an operation on a group that does not exist
@@ -27,10 +28,6 @@ var ErrBadConfig = errors.New("persistence: invalid group config")
 // byte limit under any policy. The broker answers it with MQTT 5 reason code
 // 0x97 (quota exceeded).
 var ErrBacklogFull = errors.New("persistence: group backlog full")
-
-// ErrBadCursor is returned by SaveCursor for a cursor that moves backwards or
-// past the group's head.
-var ErrBadCursor = errors.New("persistence: cursor out of range")
 
 // ErrDeadLetterNotFound is returned for a dead letter id the group does not hold.
 var ErrDeadLetterNotFound = errors.New("persistence: dead letter not found")
@@ -105,6 +102,11 @@ func (c GroupConfig) Validate() error {
 		return fmt.Errorf("%w: backlog policy %d (want %s)", ErrBadConfig, c.Policy, BacklogPolicies)
 	}
 	return nil
+}
+
+// limits are the segment log's limits for c.
+func (c GroupConfig) limits() seglog.Limits {
+	return seglog.Limits{MaxMessages: c.MaxMessages, MaxBytes: c.MaxBytes, DropOldest: c.policy() == PolicyDropOldest}
 }
 
 func (c GroupConfig) policy() BacklogPolicy {
@@ -233,148 +235,6 @@ func splitGroupName(name string) (shareName, filter string, err error) {
 		return "", "", fmt.Errorf("%w: %w", ErrBadGroupName, err)
 	}
 	return n.Share, n.Filter, nil
-}
-
-// pending returns how many stored messages lie after the cursor.
-func (st *groupState) pending() uint64 {
-	low := st.first - 1 // offsets <= low are gone
-	if st.cursor > low {
-		low = st.cursor
-	}
-	if st.head < low {
-		return 0
-	}
-	return st.head - low
-}
-
-// trimmable reports whether the log still holds entries at or below the cursor.
-func (st *groupState) trimmable() bool { return st.msgs > 0 && st.first <= st.cursor }
-
-// overLimit reports whether appending size bytes would exceed cfg's limits,
-// counting the stored messages and bytes. With no trimmable entries that is
-// exact; otherwise it is an upper bound.
-func (st *groupState) overLimit(cfg GroupConfig, size uint64) bool {
-	return (cfg.MaxMessages > 0 && st.pending()+1 > cfg.MaxMessages) ||
-		(cfg.MaxBytes > 0 && st.bytes+size > cfg.MaxBytes)
-}
-
-func (st *groupState) info(name string, meta *groupMeta) GroupInfo {
-	return GroupInfo{
-		Name:           name,
-		Share:          meta.Share,
-		Filter:         meta.Filter,
-		Created:        meta.Created,
-		Config:         meta.Config,
-		Head:           st.head,
-		Cursor:         st.cursor,
-		Backlog:        st.pending(),
-		StoredMessages: st.msgs,
-		StoredBytes:    st.bytes,
-		Dropped:        st.dropped,
-		Rejected:       st.rejected,
-		DeadLetters:    st.deadLetters,
-		Members:        st.members,
-		LastSeen:       timeFromNanos(st.lastSeen),
-	}
-}
-
-// checkCursor validates a cursor move from st.cursor to c.
-func (st *groupState) checkCursor(c uint64) error {
-	if c < st.cursor {
-		return fmt.Errorf("%w: %d is below the saved cursor %d", ErrBadCursor, c, st.cursor)
-	}
-	if c > st.head {
-		return fmt.Errorf("%w: %d is past the head %d", ErrBadCursor, c, st.head)
-	}
-	return nil
-}
-
-// groupLog adapts one group of a store to keyshared.Log. It keeps the
-// offsets resolved above the cursor in memory (the store persists only the
-// contiguous cursor, at most once per cursorInterval), so acks above the
-// cursor are lost at a crash or restart.
-type groupLog struct {
-	s    logStore
-	name string
-
-	resolved map[uint64]struct{} // above cursor
-	cursor   uint64              // every offset <= cursor resolved
-	saved    uint64
-	lastSave time.Time
-}
-
-// cursorInterval debounces cursor saves.
-const cursorInterval = time.Second
-
-// logStore is what groupLog needs from a store.
-type logStore interface {
-	readFrom(group string, from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error)
-	head(group string) uint64
-	first(group string) uint64
-	cursor(group string) (uint64, error)
-	saveCursor(group string, c uint64) error
-	addDeadLetter(group string, d keyshared.DeadLetter) error
-}
-
-var _ keyshared.Log = (*groupLog)(nil)
-
-func newGroupLog(s logStore, name string) (*groupLog, error) {
-	c, err := s.cursor(name)
-	if err != nil {
-		return nil, err
-	}
-	return &groupLog{s: s, name: name, resolved: map[uint64]struct{}{}, cursor: c, saved: c}, nil
-}
-
-func (l *groupLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
-	from = max64(from, l.cursor+1)
-	n := len(buf)
-	buf, err := l.s.readFrom(l.name, from, max+len(l.resolved), buf)
-	// Drop what was resolved (a restarted dispatcher reads those again).
-	out := buf[:n]
-	for _, m := range buf[n:] {
-		if _, done := l.resolved[m.Offset]; !done && len(out)-n < max {
-			out = append(out, m)
-		}
-	}
-	return out, err
-}
-
-func max64(a, b uint64) uint64 {
-	if a > b {
-		return a
-	}
-	return b
-}
-
-func (l *groupLog) Head() uint64                { return l.s.head(l.name) }
-func (l *groupLog) LoadCursor() (uint64, error) { return l.cursor, nil }
-
-// Resolve records offsets as resolved and persists the contiguous cursor,
-// at most once per cursorInterval.
-func (l *groupLog) Resolve(offs []uint64) {
-	for _, o := range offs {
-		if o > l.cursor {
-			l.resolved[o] = struct{}{}
-		}
-	}
-	first := l.s.first(l.name) // entries below it were dropped (drop-oldest)
-	for {
-		if _, ok := l.resolved[l.cursor+1]; !ok && l.cursor+1 >= first {
-			break
-		}
-		delete(l.resolved, l.cursor+1)
-		l.cursor++
-	}
-	if l.cursor > l.saved && time.Since(l.lastSave) >= cursorInterval {
-		if err := l.s.saveCursor(l.name, l.cursor); err == nil {
-			l.saved, l.lastSave = l.cursor, time.Now()
-		}
-	}
-}
-
-func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
-	return l.s.addDeadLetter(l.name, d)
 }
 
 func groupNotFound(name string) error { return fmt.Errorf("%w: %q", ErrGroupNotFound, name) }

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // sequence numbers in order, keyed by topic.
 func TestFleetSmoke(t *testing.T) {
 	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync = "127.0.0.1:0", "", t.TempDir(), false
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "", t.TempDir(), false, 1<<20
 	b, err := broker.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func (o *output) String() string {
 // and finds every key in order.
 func TestWorkerSmoke(t *testing.T) {
 	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync = "127.0.0.1:0", "", t.TempDir(), false
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "", t.TempDir(), false, 1<<20
 	cfg.RetryBackoff = []time.Duration{100 * time.Millisecond}
 	b, err := broker.New(cfg, nil)
 	if err != nil {

@@ -39,7 +39,7 @@ func newBroker(t *testing.T, mod func(*broker.Config)) *broker.Broker {
 	cfg := broker.DefaultConfig()
 	cfg.TCP = "127.0.0.1:0"
 	cfg.HTTP = "127.0.0.1:0"
-	cfg.DataDir = t.TempDir()
+	cfg.DataDir, cfg.SegmentSize = t.TempDir(), 1<<20
 	cfg.Fsync = false
 	if mod != nil {
 		mod(&cfg)
@@ -431,7 +431,7 @@ func TestWorkerVanish(t *testing.T) {
 // why, and calls fail instead of hanging.
 func TestWorkerBrokerGone(t *testing.T) {
 	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync = "127.0.0.1:0", "", t.TempDir(), false
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "", t.TempDir(), false, 1<<20
 	b, err := broker.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -112,7 +112,7 @@ func (l *Log) recover() (spare *segment, err error) {
 	l.w.seg = l.active()
 	l.w.end = l.w.seg.end
 	rep.Took = time.Since(start)
-	l.log.Info("recovered", "segments", rep.Segments, "bytes", rep.Bytes, "records", rep.Records, "live", rep.Live,
+	l.log.Debug("recovered", "segments", rep.Segments, "bytes", rep.Bytes, "records", rep.Records, "live", rep.Live,
 		"torn_bytes", rep.TornBytes, "corrupt", rep.Corrupt, "garbage", rep.Garbage, "lost", rep.Lost, "took", rep.Took)
 	return spare, nil
 }

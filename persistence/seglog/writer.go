@@ -217,9 +217,18 @@ func (l *Log) roll() error {
 	w := &l.w
 	pr := <-l.prep.ready
 	if pr.err != nil {
-		l.prep.req <- w.seg.id + 1 // try again for the next roll
-		l.log.Error("no segment to roll to", "err", pr.err)
-		return pr.err
+		// The background preparation failed (a full disk, say): try once
+		// more now, so that a roll after the cause is gone does not meet a
+		// stale failure. Only this error path waits for zero-filling.
+		id := w.seg.id + 1
+		s, err := createSegment(l.opts.Dir, id, l.opts.SegmentSize, l.opts.NoSync)
+		if err != nil {
+			l.prep.req <- id // and again in the background for the next roll
+			err = fmt.Errorf("seglog: prepare segment %d: %w", id, err)
+			l.log.Error("no segment to roll to", "err", err)
+			return err
+		}
+		pr = prepared{seg: s}
 	}
 	l.mu.Lock()
 	w.seg.sealed = true
