@@ -165,4 +165,3 @@ func (s *Groups) PurgeDeadLetters(name string) (int, error) {
 	})
 	return n, err
 }
-

@@ -506,4 +506,3 @@ func (s *MemGroups) Flush() error {
 	<-ch
 	return nil
 }
-
