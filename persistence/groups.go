@@ -361,7 +361,7 @@ func (s *Groups) info(g *group) (GroupInfo, error) {
 		Name: g.name, Share: g.meta.Share, Filter: g.meta.Filter, Created: g.meta.Created, Config: g.meta.Config,
 		Head: li.Head, Cursor: li.DurableCursor, Backlog: li.Messages,
 		StoredMessages: li.Messages, StoredBytes: li.Bytes,
-		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count,
+		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count, Unsynced: li.Unsynced,
 		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
 	}, nil
 }

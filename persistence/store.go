@@ -136,6 +136,9 @@ type GroupInfo struct {
 	StoredBytes    uint64
 	// Dropped counts unresolved messages dropped by the drop-oldest policy (persisted).
 	Dropped uint64
+	// Unsynced counts resolutions (acks, dead letters, drops) not yet durable:
+	// a crash now would deliver those messages again.
+	Unsynced uint64
 	// Rejected counts appends refused with ErrBacklogFull since the store was opened.
 	Rejected    uint64
 	DeadLetters uint64

@@ -53,12 +53,15 @@ type GroupView struct {
 
 	Head            uint64 `json:"head"`             // last offset appended to the log
 	Cursor          uint64 `json:"cursor"`           // every offset <= cursor is resolved
-	PersistedCursor uint64 `json:"persisted_cursor"` // the cursor last saved (<= cursor)
-	Backlog         uint64 `json:"backlog"`          // head - cursor: messages not resolved yet
-	Lag             uint64 `json:"lag"`              // messages not yet read into the window
-	InFlight        int    `json:"in_flight"`
-	Blocked         int    `json:"blocked"` // in the window, not in flight
-	BlockedKeys     int    `json:"blocked_keys"`
+	PersistedCursor uint64 `json:"persisted_cursor"` // the cursor no crash can take back (<= cursor)
+	// UnsyncedResolutions counts acks (and other resolutions) not yet
+	// durable: a crash now would deliver those messages again.
+	UnsyncedResolutions uint64 `json:"unsynced_resolutions"`
+	Backlog             uint64 `json:"backlog"` // head - cursor: messages not resolved yet
+	Lag                 uint64 `json:"lag"`     // messages not yet read into the window
+	InFlight            int    `json:"in_flight"`
+	Blocked             int    `json:"blocked"` // in the window, not in flight
+	BlockedKeys         int    `json:"blocked_keys"`
 	// UnroutableKeys counts keys whose next message no member may take (key
 	// filters, read access): they wait for one that may.
 	UnroutableKeys  int    `json:"unroutable_keys"`

@@ -41,6 +41,9 @@ type group struct {
 	pending       rangeSet
 	pendingListed bool
 	inflightMin   uint64
+	// inflightCount is the number of offsets in the resolve records of the
+	// commit being written.
+	inflightCount uint64
 	ckptCursor    uint64
 
 	// runs index the unresolved messages, sorted by first, disjoint.

@@ -207,7 +207,8 @@ func (l *Log) Group(id uint64) (GroupInfo, error) {
 	}
 	return GroupInfo{Head: g.head, Cursor: g.cursor, DurableCursor: g.durableCursor(),
 		Messages: g.msgs, Bytes: g.bytes, Dropped: g.dropped, Refused: g.refused,
-		Cached: uint64(g.cache.n()), CachedBytes: uint64(g.cache.bytes), Runs: len(g.runs), Limits: g.lim}, nil
+		Cached: uint64(g.cache.n()), CachedBytes: uint64(g.cache.bytes), Runs: len(g.runs), Limits: g.lim,
+		Unsynced: g.pending.count() + g.inflightCount}, nil
 }
 
 // Stats returns the log's counters.

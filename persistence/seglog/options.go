@@ -199,6 +199,10 @@ type GroupInfo struct {
 	Cached, CachedBytes uint64
 	// Runs is the number of runs in the group's index.
 	Runs int
+	// Unsynced counts resolutions a crash could still take back: handed to
+	// Resolve but not yet in a committed resolve record (a persisted
+	// checkpoint may cover some of them already).
+	Unsynced uint64
 	// Limits are the group's limits.
 	Limits Limits
 }

@@ -9,7 +9,17 @@ type rangeSet struct {
 	r []Range
 }
 
-func (s *rangeSet) len() int     { return len(s.r) }
+func (s *rangeSet) len() int { return len(s.r) }
+
+// count returns the number of offsets in the set.
+func (s *rangeSet) count() uint64 {
+	var n uint64
+	for _, r := range s.r {
+		n += r.Last - r.First + 1
+	}
+	return n
+}
+
 func (s *rangeSet) empty() bool  { return len(s.r) == 0 }
 func (s *rangeSet) reset()       { s.r = s.r[:0] }
 func (s *rangeSet) first() Range { return s.r[0] }

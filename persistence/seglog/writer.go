@@ -359,6 +359,9 @@ func (l *Log) takeResolvesLocked(room int) {
 		if g.inflightMin == 0 || g.pending.r[0].First < g.inflightMin {
 			g.inflightMin = g.pending.r[0].First
 		}
+		for _, r := range g.pending.r[:k] {
+			g.inflightCount += r.Last - r.First + 1
+		}
 		g.pending.r = append(g.pending.r[:0], g.pending.r[k:]...)
 		if !g.pending.empty() {
 			break
@@ -407,7 +410,7 @@ func (l *Log) publish() []groupHead {
 	}
 	for _, r := range w.res {
 		seg.records++
-		r.g.inflightMin = 0 // one commit at a time: its resolutions are durable now
+		r.g.inflightMin, r.g.inflightCount = 0, 0 // one commit at a time: its resolutions are durable now
 	}
 	for _, g := range w.touch {
 		g.touched = false
