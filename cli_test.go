@@ -235,3 +235,38 @@ func TestCLIErrors(t *testing.T) {
 		t.Errorf("--help does not mention the admin subcommands: %q", out)
 	}
 }
+
+// TestCLIEscapesWhatClientsSent: names, keys and topics come from clients; a
+// terminal escape sequence in one is printed quoted, never raw.
+func TestCLIEscapesWhatClientsSent(t *testing.T) {
+	t.Setenv("KEYLINE_HTTP_TOKEN", "")
+	b := startTestBroker(t, "")
+	server := "http://" + b.Addr("http")
+	const group = "evil\x1b]0;owned\x07/orders/#"
+	deadLetter(t, b, group, "orders/\x1b[2J", "\x1b[31mred\x1b[0m", "payload\x1b[5m")
+	for _, args := range [][]string{
+		{"groups", "list"}, {"groups", "show", group}, {"dlq", "list", group},
+	} {
+		code, out, stderr := keyline(t, append(args, "--server", server)...)
+		if code != 0 {
+			t.Fatalf("%v: %d %s", args, code, stderr)
+		}
+		if strings.ContainsAny(out, "\x1b\x07") {
+			t.Fatalf("%v printed a raw control character:\n%q", args, out)
+		}
+		if !strings.Contains(out, `\x1b`) {
+			t.Fatalf("%v: the escaped sequence is missing:\n%s", args, out)
+		}
+	}
+}
+
+func TestTermQuotesControlCharacters(t *testing.T) {
+	for in, want := range map[string]string{
+		"plain/topic": "plain/topic", "tab\there": "tab\there", "ü/ñ": "ü/ñ",
+		"\x1b[2J": `\x1b[2J`, "bell\x07": `bell\a`, "nul\x00": `nul\x00`, "\xff": `\xff`, "del\x7f": `del\x7f`,
+	} {
+		if got := term(in); got != want {
+			t.Errorf("term(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

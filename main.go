@@ -108,7 +108,11 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls")
 	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls")
 	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz and the admin API (empty disables)")
-	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none)")
+	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none; also $KEYLINE_HTTP_TOKEN or the config file, which keep it off the command line)")
+	f.StringSliceVar(&cfg.HTTPAllowedHosts, "http-allowed-hosts", cfg.HTTPAllowedHosts, "host names the HTTP listener answers to, besides IP addresses and localhost (DNS rebinding protection)")
+	f.BoolVar(&cfg.Pprof, "pprof", cfg.Pprof, "serve Go's profiler under /debug/pprof/ on --http (behind the token when one is set)")
+	f.StringSliceVar(&cfg.WSAllowedOrigins, "ws-allowed-origins", cfg.WSAllowedOrigins, "browser origins a WebSocket connection may come from, besides the listener's own host (* for any)")
+	f.Var(&cfg.SessionOwnership, "session-ownership", "with auth, a CONNECT using another user's client id is refused, or gets a fresh session: refuse or fresh")
 
 	f = store.fs
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
@@ -184,7 +188,7 @@ func parseArgs(args []string) (broker.Config, action, error) {
 		return probe, actionVersion, nil
 	}
 	if configPath == "" {
-		return probe, actionRun, probe.Validate()
+		return probe, actionRun, finishConfig(&probe)
 	}
 
 	cfg := broker.DefaultConfig()
@@ -195,7 +199,17 @@ func parseArgs(args []string) (broker.Config, action, error) {
 	if err := fs.Parse(args); err != nil {
 		return cfg, actionRun, usageError{err}
 	}
-	return cfg, actionRun, cfg.Validate()
+	return cfg, actionRun, finishConfig(&cfg)
+}
+
+// finishConfig takes the admin token from $KEYLINE_HTTP_TOKEN when neither a
+// flag nor the file gave one (so it need not sit on the command line, where
+// every local user can read it), then validates.
+func finishConfig(cfg *broker.Config) error {
+	if cfg.HTTPToken == "" {
+		cfg.HTTPToken = os.Getenv("KEYLINE_HTTP_TOKEN")
+	}
+	return cfg.Validate()
 }
 
 func printUsage(w io.Writer) {

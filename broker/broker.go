@@ -22,7 +22,6 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keyline-mq/keyline/hooks"
@@ -50,6 +49,7 @@ type Broker struct {
 	httpSrv *http.Server
 
 	connStats *connq.Stats // totals of every connection's outbound queue
+	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
 	stop      chan struct{} // closed when Shutdown begins; ends background loops
@@ -96,7 +96,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		if l.addr == "" {
 			continue
 		}
-		ln, err := listen(l.id, l.proto, l.addr, l.tls)
+		ln, err := listen(l.id, l.proto, l.addr, l.tls, cfg.WSAllowedOrigins)
 		if err != nil {
 			return nil, fmt.Errorf("broker: %s listener: %w", l.id, err)
 		}
@@ -166,17 +166,15 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 }
 
 func (b *Broker) addHooks() error {
+	b.auth = hooks.NewAuth(b.server, b.cfg.Auth)
+	b.auth.FreshSessions = b.cfg.SessionOwnership == OwnershipFresh
+	if err := b.server.AddHook(b.auth, nil); err != nil {
+		return fmt.Errorf("broker: auth hook: %w", err)
+	}
 	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
-		a := hooks.NewAuth(b.cfg.Auth)
-		if err := b.server.AddHook(a, nil); err != nil {
-			return fmt.Errorf("broker: auth hook: %w", err)
-		}
-		canRead = func(cl *mqtt.Client, topic string) bool { return a.OnACLCheck(cl, topic, false) }
+		canRead = b.auth.CanRead
 	} else {
-		if err := b.server.AddHook(new(auth.AllowHook), nil); err != nil {
-			return fmt.Errorf("broker: allow-all hook: %w", err)
-		}
 		var exposed []string
 		for _, ln := range b.mqttLns {
 			if !isLoopback(ln.Address()) {
@@ -213,6 +211,10 @@ func (b *Broker) addHooks() error {
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
+	}
+	b.auth.OnDiscard = func(cl *mqtt.Client) { // a session discarded for another user
+		storage.OnClientExpired(cl)
+		b.fanout.OnClientExpired(cl)
 	}
 	return nil
 }
@@ -397,7 +399,9 @@ func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
 	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
 	mux := http.NewServeMux()
-	registerDebug(mux)
+	if b.cfg.Pprof {
+		registerDebug(mux)
+	}
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
@@ -412,5 +416,5 @@ func (b *Broker) httpHandler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return b.adminHandler(mux)
+	return b.hostCheck(b.adminHandler(mux))
 }

@@ -66,6 +66,19 @@ type Config struct {
 	GroupIdleTTL   time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
 	GroupOverrides []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
 	HTTPToken      string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
+	// HTTPAllowedHosts are the host names (besides IP addresses and
+	// localhost) the HTTP listener answers to.
+	HTTPAllowedHosts []string `yaml:"http-allowed-hosts"`
+	// Pprof serves Go's profiler under /debug/pprof/ (behind the token).
+	Pprof bool `yaml:"pprof"`
+	// WSAllowedOrigins are the browser origins (besides the listener's own
+	// host) a WebSocket connection may come from; "*": any.
+	WSAllowedOrigins []string `yaml:"ws-allowed-origins"`
+
+	// SessionOwnership says what a CONNECT gets that uses a client id whose
+	// session another username holds (with auth configured): refused, or a
+	// fresh session (the other user's is discarded).
+	SessionOwnership SessionOwnership `yaml:"session-ownership"`
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
@@ -128,6 +141,7 @@ func DefaultConfig() Config {
 		ConnQueueHard:    8 << 20,
 		ConnQueueGrace:   10 * time.Second,
 		KeyProperty:      "key",
+		SessionOwnership: OwnershipRefuse,
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -189,6 +203,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
+	case c.SessionOwnership == 0:
+		return fmt.Errorf("%w: session-ownership is not set (want %s)", ErrInvalidConfig, SessionOwnerships)
 	case c.KeyProperty == "":
 		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
 	case c.GroupIdleTTL < 0:

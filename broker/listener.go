@@ -65,7 +65,7 @@ func (l *listener) isClosed() bool {
 	return l.mu.closed
 }
 
-func listen(id, proto, addr string, tlsConf *tls.Config) (*listener, error) {
+func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string) (*listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -77,7 +77,9 @@ func listen(id, proto, addr string, tlsConf *tls.Config) (*listener, error) {
 	if proto == "ws" {
 		up := &websocket.Upgrader{
 			Subprotocols: []string{"mqtt"},
-			CheckOrigin:  func(*http.Request) bool { return true },
+			// A web page may not open MQTT connections from the operator's
+			// browser to a broker on another host (cross-site WebSocket).
+			CheckOrigin: func(r *http.Request) bool { return originAllowed(r, allowedOrigins) },
 		}
 		l.web = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.upgrade(up, w, r) }),

@@ -90,3 +90,37 @@ func NewLogger(w io.Writer, level LogLevel, format LogFormat) (*slog.Logger, err
 	}
 	return nil, fmt.Errorf("%w: log-format is not one of %s", ErrInvalidConfig, LogFormats)
 }
+
+// SessionOwnership is the session-ownership setting. The zero value means "not set".
+type SessionOwnership uint8
+
+// The session ownership policies.
+const (
+	// OwnershipRefuse refuses a CONNECT with another user's client id (MQTT 5 0x87, 3.1.1 0x05).
+	OwnershipRefuse SessionOwnership = iota + 1
+	// OwnershipFresh discards the other user's session and starts a fresh one.
+	OwnershipFresh
+)
+
+// SessionOwnerships names the policies, in value order.
+var SessionOwnerships = enum.Names{"refuse", "fresh"}
+
+func (o SessionOwnership) String() string { return SessionOwnerships.Name(uint8(o)) }
+
+// UnmarshalText parses the policy from YAML and other text formats.
+func (o *SessionOwnership) UnmarshalText(b []byte) error {
+	v, err := SessionOwnerships.Parse("session-ownership", string(b), ErrInvalidConfig)
+	if err == nil {
+		*o = SessionOwnership(v)
+	}
+	return err
+}
+
+// MarshalText prints the policy's name.
+func (o SessionOwnership) MarshalText() ([]byte, error) { return []byte(o.String()), nil }
+
+// Set makes *SessionOwnership a flag value (pflag.Value).
+func (o *SessionOwnership) Set(s string) error { return o.UnmarshalText([]byte(s)) }
+
+// Type names the flag's value type in --help.
+func (o *SessionOwnership) Type() string { return "policy" }

@@ -42,6 +42,8 @@ var brokerMetrics = []metricDef{
 	{"keyline_fanout_deliveries_total", "QoS 0 deliveries queued by the encode-once fan-out path.", prometheus.CounterValue},
 	{"keyline_fanout_encodes_total", "PUBLISH frames encoded by the fan-out path (one per message and frame variant).", prometheus.CounterValue},
 	{"keyline_fanout_too_large_total", "Fan-out deliveries skipped because the frame exceeded the client's maximum packet size.", prometheus.CounterValue},
+	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
+	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
 	{"keyline_conn_dropped_messages_total", "QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
 	{"keyline_conn_dropped_bytes_total", "Bytes of QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
 	{"keyline_conn_slow_disconnects_total", "Clients disconnected because their outbound queue overflowed.", prometheus.CounterValue},
@@ -93,6 +95,10 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_fanout_deliveries_total"] = float64(f.Stats.Deliveries.Load())
 		values["keyline_fanout_encodes_total"] = float64(f.Stats.Encodes.Load())
 		values["keyline_fanout_too_large_total"] = float64(f.Stats.TooLarge.Load())
+	}
+	if a := c.b.auth; a != nil {
+		values["keyline_reserved_publishes_refused_total"] = float64(a.ReservedRefused.Load())
+		values["keyline_client_id_takeovers_refused_total"] = float64(a.Refused.Load())
 	}
 	if cs := c.b.connStats; cs != nil {
 		values["keyline_conn_dropped_messages_total"] = float64(cs.DroppedMessages.Load())

@@ -1,0 +1,160 @@
+package hooks
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+
+	"github.com/mochi-mqtt/server/v2/hooks/auth"
+)
+
+// acl is a mochi auth ledger's ACL compiled for deterministic decisions.
+// mochi keeps a rule's filters (and each user's) in Go maps and takes the
+// first that matches in map order, so a user with {"#": 3, "secret/#": 0}
+// could read secret/plans most of the time. Here filters are tried most
+// specific first (see moreSpecific), and a deny wins over an allow of equal
+// specificity.
+//
+// Decision for a client, a topic and an access (read or write):
+//  1. the user's own ACL (users: <name>: acl:), if any of its filters
+//     matches: the most specific one decides;
+//  2. else the ACL rules in file order whose client, username and remote
+//     match: a rule without filters allows; otherwise its most specific
+//     matching filter decides; a rule none of whose filters match is skipped;
+//  3. else the topic is allowed, except $dlq/...: dead letters carry other
+//     clients' payloads, so reading them needs a filter that names $dlq.
+//
+// As in MQTT's own matching, a filter that starts with a wildcard says
+// nothing about topics that start with '$' ($dlq/..., $SYS/..., and the full
+// string of a shared subscription, $share/<share>/<filter>): a rule names
+// them explicitly or leaves them alone, so a deny-all "#": 0 at the end of the
+// rules does not forbid every group's share name.
+type acl struct {
+	users map[string][]aclFilter
+	rules []aclRule
+}
+
+type aclRule struct {
+	client, username, remote auth.RString
+	filters                  []aclFilter // sorted: most specific first
+	any                      bool        // no filters: the rule allows everything
+}
+
+type aclFilter struct {
+	filter string
+	access auth.Access
+	// dollar: the filter starts with '$' (it may match '$' topics).
+	dollar bool
+}
+
+func compileACL(l *auth.Ledger) *acl {
+	a := &acl{users: map[string][]aclFilter{}}
+	if l == nil {
+		return a
+	}
+	for name, u := range l.Users {
+		if len(u.ACL) > 0 {
+			a.users[name] = sortFilters(u.ACL)
+		}
+	}
+	for _, r := range l.ACL {
+		a.rules = append(a.rules, aclRule{client: r.Client, username: r.Username, remote: r.Remote,
+			filters: sortFilters(r.Filters), any: len(r.Filters) == 0})
+	}
+	return a
+}
+
+func sortFilters(fs auth.Filters) []aclFilter {
+	out := make([]aclFilter, 0, len(fs))
+	for f, access := range fs {
+		out = append(out, aclFilter{filter: string(f), access: access, dollar: strings.HasPrefix(string(f), "$")})
+	}
+	slices.SortFunc(out, func(x, y aclFilter) int {
+		if c := moreSpecific(x.filter, y.filter); c != 0 {
+			return c
+		}
+		// Equally specific: a deny first, then by name (determinism).
+		if c := cmp.Compare(x.access, y.access); c != 0 {
+			return c
+		}
+		return strings.Compare(x.filter, y.filter)
+	})
+	return out
+}
+
+// moreSpecific orders topic filters: negative when a is more specific than
+// b. More literal levels first; then without '#' before with it; then more
+// levels; 0 when none of these tells them apart.
+func moreSpecific(a, b string) int {
+	la, ha, pa := filterShape(a)
+	lb, hb, pb := filterShape(b)
+	if c := cmp.Compare(lb, la); c != 0 {
+		return c
+	}
+	if ha != hb {
+		if ha {
+			return 1
+		}
+		return -1
+	}
+	return cmp.Compare(pb, pa)
+}
+
+func filterShape(f string) (literals int, hash bool, plus int) {
+	for level := range strings.SplitSeq(f, "/") {
+		switch level {
+		case "#":
+			hash = true
+		case "+":
+			plus++
+		default:
+			literals++
+		}
+	}
+	return
+}
+
+func grants(access auth.Access, write bool) bool {
+	if write {
+		return access == auth.WriteOnly || access == auth.ReadWrite
+	}
+	return access == auth.ReadOnly || access == auth.ReadWrite
+}
+
+// decide applies the ACL to one access of topic (a topic name, or a filter
+// for a subscription).
+func (a *acl) decide(client, username, remote, topic string, write bool) bool {
+	dollar := strings.HasPrefix(topic, "$")
+	dlqTopic := strings.HasPrefix(topic, "$dlq/") || topic == "$dlq"
+	pick := func(fs []aclFilter) (bool, bool) {
+		for _, f := range fs {
+			if dollar && !f.dollar {
+				continue // a wildcard does not reach '$' topics
+			}
+			if auth.RString(f.filter).FilterMatches(topic) {
+				return grants(f.access, write), true
+			}
+		}
+		return false, false
+	}
+	if fs, ok := a.users[username]; ok {
+		if allow, decided := pick(fs); decided {
+			return allow
+		}
+	}
+	for _, r := range a.rules {
+		if !r.client.Matches(client) || !r.username.Matches(username) || !r.remote.Matches(remote) {
+			continue
+		}
+		if r.any {
+			if dlqTopic {
+				continue
+			}
+			return true
+		}
+		if allow, decided := pick(r.filters); decided {
+			return allow
+		}
+	}
+	return !dlqTopic
+}
