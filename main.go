@@ -139,16 +139,20 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 
 	f = keyshared.fs
 	f.StringVar(&cfg.KeyProperty, "key-property", cfg.KeyProperty, "MQTT 5 user property holding a message's routing key (else the topic)")
+	f.Var(&cfg.MaxKeySize, "max-key-size", "longest routing key accepted; longer: MQTT 5 PUBACK 0x99, 3.1.1 disconnect, QoS 0 dropped (0: no limit)")
+	f.IntVar(&cfg.MaxGroups, "max-groups", cfg.MaxGroups, "most groups; a SUBSCRIBE that would create one more gets 0x97 (0: no limit)")
+	f.IntVar(&cfg.MaxGroupsPerClient, "max-groups-per-client", cfg.MaxGroupsPerClient, "most groups one client may be a member of; past it SUBACK 0x97 (0: no limit)")
 	f.DurationVar(&cfg.AckTimeout, "ack-timeout", cfg.AckTimeout, "time a member has to acknowledge a message before it is retried")
 	f.IntVar(&cfg.MaxDeliveries, "max-deliveries", cfg.MaxDeliveries, "failed deliveries (nacks, timeouts, lost members) before the poison policy applies")
 	f.Var(&cfg.PoisonPolicy, "poison-policy", "for a message past --max-deliveries: dead-letter, drop or block (only its key stops)")
 	f.DurationSliceVar(&cfg.RetryBackoff, "retry-backoff", cfg.RetryBackoff, "delay before a retry, doubling per attempt: base[,max]")
 	f.IntVar(&cfg.MemberMaxInflight, "member-max-inflight", cfg.MemberMaxInflight, "messages in flight per member (lowered to its Receive Maximum)")
 	f.IntVar(&cfg.Window, "window", cfg.Window, "messages in flight plus blocked per group; when full the group stops reading its log")
+	f.Var(&cfg.WindowBytes, "window-bytes", "bytes of messages in flight plus blocked per group; when reached the group stops reading its log")
 	f.Uint64Var(&cfg.BacklogMaxMessages, "backlog-max-messages", cfg.BacklogMaxMessages, "unresolved messages a group keeps (0: no limit)")
 	f.Var(&cfg.BacklogMaxBytes, "backlog-max-bytes", "unresolved bytes a group keeps (0: no limit)")
 	f.Var(&cfg.BacklogPolicy, "backlog-policy", "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
-	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group and its backlog after this long without members (0: never)")
+	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); a group holding messages is never deleted this way")
 
 	f = general.fs
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")

@@ -186,6 +186,12 @@ func (b *Broker) addHooks() error {
 				"listeners", strings.Join(exposed, ", "))
 		}
 	}
+	// Storage before Key-Shared: a subscription that cannot be stored is
+	// refused before Key-Shared makes the client a member.
+	storage := hooks.NewStorage(b.server, b.sessions)
+	if err := b.server.AddHook(storage, nil); err != nil {
+		return fmt.Errorf("broker: storage hook: %w", err)
+	}
 	b.keyShared = hooks.NewKeyShared(b.server, b.db.Groups(), hooks.KeySharedConfig{
 		KeyProperty: b.cfg.KeyProperty,
 		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
@@ -193,17 +199,16 @@ func (b *Broker) addHooks() error {
 			d.Logger = b.log                     // the dispatcher adds group=
 			return d, g
 		},
-		CanRead:  canRead,
-		Sessions: b.sessions,
+		CanRead:            canRead,
+		Sessions:           b.sessions,
+		MaxKeySize:         int(b.cfg.MaxKeySize),
+		MaxGroups:          b.cfg.MaxGroups,
+		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
 	})
 	if err := b.server.AddHook(b.keyShared, nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}
-	storage := hooks.NewStorage(b.sessions)
 	storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
-	if err := b.server.AddHook(storage, nil); err != nil {
-		return fmt.Errorf("broker: storage hook: %w", err)
-	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l

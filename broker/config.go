@@ -61,11 +61,15 @@ type Config struct {
 	ConnQueueOverrides []ConnQueueOverride `yaml:"conn-queue-overrides"` // per listener / client-id prefix; config file only
 
 	// Key-Shared dispatch of $share/<group>/<filter> subscriptions.
-	KeyProperty    string           `yaml:"key-property"` // MQTT 5 user property holding the routing key
-	GroupSettings  `yaml:",inline"` // defaults for every group
-	GroupIdleTTL   time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
-	GroupOverrides []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
-	HTTPToken      string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
+	KeyProperty string   `yaml:"key-property"` // MQTT 5 user property holding the routing key
+	MaxKeySize  ByteSize `yaml:"max-key-size"` // longest routing key accepted (0: no limit)
+	MaxGroups   int      `yaml:"max-groups"`   // most groups (0: no limit)
+	// MaxGroupsPerClient bounds the groups one client may be a member of (0: no limit).
+	MaxGroupsPerClient int              `yaml:"max-groups-per-client"`
+	GroupSettings      `yaml:",inline"` // defaults for every group
+	GroupIdleTTL       time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
+	GroupOverrides     []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
+	HTTPToken          string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
 	// HTTPAllowedHosts are the host names (besides IP addresses and
 	// localhost) the HTTP listener answers to.
 	HTTPAllowedHosts []string `yaml:"http-allowed-hosts"`
@@ -93,6 +97,7 @@ type GroupSettings struct {
 	RetryBackoff       []time.Duration           `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
 	MemberMaxInflight  int                       `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
 	Window             int                       `yaml:"window"`               // messages in flight plus blocked per group
+	WindowBytes        ByteSize                  `yaml:"window-bytes"`         // bytes of those messages per group
 	BacklogMaxMessages uint64                    `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
 	BacklogMaxBytes    ByteSize                  `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
 	BacklogPolicy      persistence.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
@@ -124,24 +129,28 @@ type ConnQueueOverride struct {
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:              ":1883",
-		HTTP:             "127.0.0.1:9883",
-		DataDir:          "./data",
-		Fsync:            true,
-		SegmentSize:      persistence.DefaultSegmentSize,
-		LogLevel:         LogInfo,
-		LogFormat:        LogText,
-		MaxPacketSize:    1 << 20,
-		MaxInflight:      8192,
-		ReceiveMaximum:   1024,
-		MaxSessionExpiry: 0,
-		ShutdownTimeout:  10 * time.Second,
-		SlowPolicy:       connq.DropOldest,
-		ConnQueueSoft:    1 << 20,
-		ConnQueueHard:    8 << 20,
-		ConnQueueGrace:   10 * time.Second,
-		KeyProperty:      "key",
-		SessionOwnership: OwnershipRefuse,
+		TCP:                ":1883",
+		HTTP:               "127.0.0.1:9883",
+		DataDir:            "./data",
+		Fsync:              true,
+		SegmentSize:        persistence.DefaultSegmentSize,
+		LogLevel:           LogInfo,
+		LogFormat:          LogText,
+		MaxPacketSize:      1 << 20,
+		MaxInflight:        8192,
+		ReceiveMaximum:     1024,
+		MaxSessionExpiry:   0,
+		ShutdownTimeout:    10 * time.Second,
+		SlowPolicy:         connq.DropOldest,
+		ConnQueueSoft:      1 << 20,
+		ConnQueueHard:      8 << 20,
+		ConnQueueGrace:     10 * time.Second,
+		KeyProperty:        "key",
+		MaxKeySize:         1 << 10,
+		MaxGroups:          10_000,
+		MaxGroupsPerClient: 100,
+		GroupIdleTTL:       time.Hour,
+		SessionOwnership:   OwnershipRefuse,
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -149,6 +158,7 @@ func DefaultConfig() Config {
 			RetryBackoff:      []time.Duration{time.Second, time.Minute},
 			MemberMaxInflight: 1000,
 			Window:            10000,
+			WindowBytes:       8 << 20,
 			BacklogPolicy:     persistence.PolicyReject,
 		},
 	}
@@ -207,6 +217,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: session-ownership is not set (want %s)", ErrInvalidConfig, SessionOwnerships)
 	case c.KeyProperty == "":
 		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
+	case c.MaxKeySize < 0 || c.MaxKeySize > 65535:
+		return fmt.Errorf("%w: max-key-size must be between 0 and 65535 bytes", ErrInvalidConfig)
+	case c.MaxGroups < 0 || c.MaxGroupsPerClient < 0:
+		return fmt.Errorf("%w: max-groups and max-groups-per-client must not be negative", ErrInvalidConfig)
 	case c.GroupIdleTTL < 0:
 		return fmt.Errorf("%w: group-idle-ttl must not be negative", ErrInvalidConfig)
 	}

@@ -29,6 +29,9 @@ func (s GroupSettings) merge(o GroupSettings) GroupSettings {
 	if o.Window != 0 {
 		s.Window = o.Window
 	}
+	if o.WindowBytes != 0 {
+		s.WindowBytes = o.WindowBytes
+	}
 	if o.BacklogMaxMessages != 0 {
 		s.BacklogMaxMessages = o.BacklogMaxMessages
 	}
@@ -76,6 +79,8 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 		return bad("member-max-inflight must be between 1 and 65535")
 	case s.Window < 1:
 		return bad("window must be at least 1")
+	case s.WindowBytes < 1:
+		return bad("window-bytes must be at least 1")
 	case s.BacklogMaxBytes < 0:
 		return bad("backlog-max-bytes must not be negative")
 	}
@@ -86,7 +91,7 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 	if len(s.RetryBackoff) == 2 {
 		d.RetryBackoffMax = s.RetryBackoff[1]
 	}
-	d.MemberMaxInflight, d.Window = s.MemberMaxInflight, s.Window
+	d.MemberMaxInflight, d.Window, d.WindowBytes = s.MemberMaxInflight, s.Window, int64(s.WindowBytes)
 	if err := d.Validate(); err != nil {
 		return bad("%v", err)
 	}

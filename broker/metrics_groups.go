@@ -1,9 +1,32 @@
 package broker
 
 import (
-	"github.com/keyline-mq/keyline/internal/adminapi"
+	"fmt"
+	"hash/fnv"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keyline-mq/keyline/internal/adminapi"
 )
+
+// maxGroupLabel bounds the group label: a group name may be 32 KiB long, and
+// it is repeated on every per-group metric of every scrape.
+const maxGroupLabel = 200
+
+// groupLabel is a group's metrics label: its name, or for a long one its
+// first bytes and a hash of the whole (still unique in practice).
+func groupLabel(name string) string {
+	if len(name) <= maxGroupLabel {
+		return name
+	}
+	h := fnv.New64a()
+	h.Write([]byte(name))
+	cut := maxGroupLabel - 20
+	for cut > 0 && name[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
+		cut--
+	}
+	return fmt.Sprintf("%s...%016x", name[:cut], h.Sum64())
+}
 
 // groupsCollector exposes every Key-Shared group's figures at scrape time,
 // labelled group="<share>/<filter>", from the same views as the admin API.
@@ -13,6 +36,8 @@ type groupsCollector struct {
 	a            *groupAdmin
 	metrics      []groupMetric
 	appendErrors *prometheus.Desc
+	keysTooLong  *prometheus.Desc
+	refused      *prometheus.Desc
 }
 
 type groupMetric struct {
@@ -23,7 +48,11 @@ type groupMetric struct {
 
 func newGroupsCollector(a *groupAdmin) *groupsCollector {
 	c := &groupsCollector{a: a, appendErrors: prometheus.NewDesc("keyline_keyshared_append_errors_total",
-		"QoS 1/2 publishes a group log refused (backlog full or store error); the publisher was not acknowledged.", nil, nil)}
+		"QoS 1/2 publishes a group log refused (backlog full or store error); the publisher was not acknowledged.", nil, nil),
+		keysTooLong: prometheus.NewDesc("keyline_keyshared_keys_too_long_total",
+			"Publishes refused because their routing key exceeded max-key-size.", nil, nil),
+		refused: prometheus.NewDesc("keyline_keyshared_subscriptions_refused_total",
+			"Shared subscriptions refused at max-groups or max-groups-per-client.", nil, nil)}
 	gauge := func(name, help string, f func(*adminapi.GroupView) float64) {
 		c.metrics = append(c.metrics, groupMetric{prometheus.NewDesc(name, help, []string{"group"}, nil), prometheus.GaugeValue, f})
 	}
@@ -66,6 +95,8 @@ func newGroupsCollector(a *groupAdmin) *groupsCollector {
 
 func (c *groupsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.appendErrors
+	ch <- c.keysTooLong
+	ch <- c.refused
 	for _, m := range c.metrics {
 		ch <- m.desc
 	}
@@ -77,6 +108,8 @@ func (c *groupsCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.appendErrors, prometheus.CounterValue, float64(ks.AppendErrors.Load()))
+	ch <- prometheus.MustNewConstMetric(c.keysTooLong, prometheus.CounterValue, float64(ks.KeysTooLong.Load()))
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(ks.GroupsRefused.Load()))
 	views, err := c.a.groupViews()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.metrics[0].desc, err)
@@ -84,8 +117,9 @@ func (c *groupsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i := range views {
 		v := &views[i]
+		label := groupLabel(v.Name)
 		for _, m := range c.metrics {
-			ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(v), v.Name)
+			ch <- prometheus.MustNewConstMetric(m.desc, m.kind, m.value(v), label)
 		}
 	}
 }

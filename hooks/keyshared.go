@@ -34,6 +34,14 @@ type KeySharedConfig struct {
 	// Sessions, when set, keeps the key filters of persistent sessions'
 	// memberships, so that a session resumed after a restart keeps them.
 	Sessions *persistence.SessionStore
+	// MaxKeySize bounds a message's routing key in bytes (0: no bound). A
+	// longer key is refused: MQTT 5 PUBACK/PUBREC 0x99, a 3.1.1 QoS 1/2
+	// publisher is disconnected, QoS 0 is dropped; all counted.
+	MaxKeySize int
+	// MaxGroups bounds the groups (0: no bound); MaxGroupsPerClient the
+	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
+	// (3.1.1: 0x80).
+	MaxGroups, MaxGroupsPerClient int
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
@@ -59,6 +67,11 @@ type KeyShared struct {
 
 	// AppendErrors counts QoS >= 1 publishes a group log refused.
 	AppendErrors atomic.Uint64
+	// KeysTooLong counts publishes refused for a routing key over MaxKeySize.
+	KeysTooLong atomic.Uint64
+	// GroupsRefused counts shared subscriptions refused at MaxGroups or
+	// MaxGroupsPerClient.
+	GroupsRefused atomic.Uint64
 }
 
 // NewKeyShared returns the Key-Shared hook. Add it to the server before
@@ -160,13 +173,17 @@ func keyFilters(pk packets.Packet) []string {
 }
 
 // OnSubscribe invalidates malformed shared subscriptions (bad share name or
-// filter, bad key filters) so that mochi answers them 0x8F Topic Filter invalid.
+// filter, bad or too many key filters) so that mochi answers them 0x8F
+// Topic Filter invalid.
 func (h *KeyShared) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	var filtersErr error
-	for _, f := range keyFilters(pk) {
-		if err := keyshared.ValidateFilter(f); err != nil {
+	kf := keyFilters(pk)
+	if len(kf) > keyshared.MaxFilters {
+		filtersErr = fmt.Errorf("%w: %d key filters, at most %d", keyshared.ErrInvalidFilter, len(kf), keyshared.MaxFilters)
+	}
+	for _, f := range kf {
+		if err := keyshared.ValidateFilter(f); err != nil && filtersErr == nil {
 			filtersErr = err
-			break
 		}
 	}
 	for i, f := range pk.Filters {
@@ -203,9 +220,33 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 		if !ok {
 			continue
 		}
+		if why := h.overGroupLimits(cl, n.String()); why != "" {
+			h.GroupsRefused.Add(1)
+			h.Log.Info("refusing a shared subscription: "+why, "client", clip(cl.ID), "filter", clip(f.Filter))
+			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrQuotaExceeded)
+			continue
+		}
+		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
+			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "err", err)
+			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
+			continue
+		}
 		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters})
-		h.saveKeyFilters(cl, f.Filter, filters)
 	}
+}
+
+// overGroupLimits says why cl may not join group name, "" if it may.
+func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
+	if h.members.get(cl.ID, name) != nil {
+		return "" // already a member: a re-subscribe
+	}
+	if max := h.cfg.MaxGroupsPerClient; max > 0 && h.members.groupsOf(cl.ID) >= max {
+		return fmt.Sprintf("the client is a member of %d groups already (max-groups-per-client)", max)
+	}
+	if max := h.cfg.MaxGroups; max > 0 && h.groups.get(name) == nil && h.groups.count() >= max {
+		return fmt.Sprintf("the broker holds %d groups already (max-groups)", max)
+	}
+	return ""
 }
 
 // join makes cl a member of group n.
@@ -298,23 +339,20 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 }
 
 // saveKeyFilters records a persistent session's key filters for a shared
-// subscription (queued before the storage hook's commit of the subscription
-// itself, so the SUBACK covers both).
-func (h *KeyShared) saveKeyFilters(cl *mqtt.Client, filter string, filters []string) {
+// subscription and waits for the commit, so the SUBACK covers them.
+func (h *KeyShared) saveKeyFilters(cl *mqtt.Client, filter string, filters []string) error {
 	if h.cfg.Sessions == nil || !persistent(cl) {
-		return
+		return nil
 	}
-	key := subscriptionKey(cl.ID, filter)
-	if len(filters) == 0 {
-		h.cfg.Sessions.Delete(persistence.KindKeyFilters, key)
-		return
+	w := persistence.SessionWrite{Kind: persistence.KindKeyFilters, Key: subscriptionKey(cl.ID, filter), Delete: len(filters) == 0}
+	if !w.Delete {
+		data, err := json.Marshal(filters)
+		if err != nil {
+			return err
+		}
+		w.Val = data
 	}
-	data, err := json.Marshal(filters)
-	if err != nil {
-		h.Log.Error("encode key filters", "client", cl.ID, "err", err)
-		return
-	}
-	h.cfg.Sessions.Put(persistence.KindKeyFilters, key, data)
+	return h.cfg.Sessions.Write(w)[0]
 }
 
 // storedKeyFilters returns the key filters recorded for a persistent session's

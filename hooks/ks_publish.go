@@ -57,6 +57,11 @@ func (h *KeyShared) message(pk packets.Packet) keyshared.Message {
 // disconnected.
 func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGroup) (packets.Packet, error) {
 	m := h.message(pk)
+	if max := h.cfg.MaxKeySize; max > 0 && len(m.Key) > max && !cl.Net.Inline {
+		h.KeysTooLong.Add(1)
+		h.Log.Info("refused a publish: routing key longer than max-key-size", "client", clip(cl.ID), "topic", clip(pk.TopicName), "key_bytes", len(m.Key), "max", max)
+		return h.refuse(cl, pk, packets.ErrPayloadFormatInvalid, fmt.Errorf("keyshared: routing key of %d bytes, at most %d", len(m.Key), max))
+	}
 	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
 		for _, g := range groups {
 			g.r.Route(&m)
@@ -90,11 +95,25 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 	if failed == nil {
 		return pk, nil
 	}
-	if v5 {
-		return pk, refusalCode(failed)
+	return h.refuse(cl, pk, refusalCode(failed), fmt.Errorf("keyshared: message not stored: %w", failed))
+}
+
+// refuse answers a publish Key-Shared cannot take: MQTT 5 QoS 1/2 with code
+// (mochi writes it in the PUBACK/PUBREC), QoS 0 dropped, MQTT 3.1.1 QoS 1/2
+// disconnected without an acknowledgement (it has no way to refuse).
+func (h *KeyShared) refuse(cl *mqtt.Client, pk packets.Packet, code packets.Code, why error) (packets.Packet, error) {
+	switch {
+	case pk.FixedHeader.Qos == 0:
+	case cl.Properties.ProtocolVersion == 5:
+		// Written here: mochi would answer a QoS 2 publish with a PUBACK.
+		typ := packets.Puback
+		if pk.FixedHeader.Qos == 2 {
+			typ = packets.Pubrec
+		}
+		_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: typ}, PacketID: pk.PacketID, ReasonCode: code.Code})
+	default:
+		cl.Stop(why)
 	}
-	// MQTT 3.1.1 cannot refuse a publish: close the connection without acknowledging it.
-	cl.Stop(fmt.Errorf("keyshared: message not stored: %w", failed))
 	return pk, packets.ErrRejectPacket
 }
 

@@ -1,9 +1,8 @@
-// Package hooks holds Keyline's thin mochi glue: session storage, auth and
-// ACL. Logic that is not about mochi lives in persistence/ and keyshared/.
 package hooks
 
 import (
 	"bytes"
+	"sync"
 	"encoding/binary"
 	"encoding/json"
 
@@ -24,15 +23,20 @@ import (
 // SUBACK or PUBACK; inflight messages are written behind, within one commit.
 type Storage struct {
 	mqtt.HookBase
-	store *persistence.SessionStore
+	server *mqtt.Server
+	store  *persistence.SessionStore
 	// SkipInflight, when set, names inflight messages not to store (Key-Shared
 	// deliveries, whose durable copy is their group log).
 	SkipInflight func(client string, packetID uint16) bool
+
+	// failedRetain holds the publishes whose retained message could not be
+	// stored, until their acknowledgement is encoded (as a failure).
+	failedRetain sync.Map // packetKey -> struct{}
 }
 
 // NewStorage returns a storage hook writing to store.
-func NewStorage(store *persistence.SessionStore) *Storage {
-	return &Storage{store: store}
+func NewStorage(server *mqtt.Server, store *persistence.SessionStore) *Storage {
+	return &Storage{server: server, store: store}
 }
 
 // ID returns the hook's id.
@@ -51,6 +55,7 @@ func (h *Storage) Provides(b byte) bool {
 		mqtt.OnQosComplete,
 		mqtt.OnQosDropped,
 		mqtt.OnSysInfoTick,
+		mqtt.OnPacketEncode,
 		mqtt.OnClientExpired,
 		mqtt.OnRetainedExpired,
 		mqtt.StoredClients,
@@ -88,16 +93,10 @@ func inflightKey(id string, packetID uint16) []byte {
 func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
 	data, err := v.MarshalBinary()
 	if err != nil {
-		h.Log.Error("storage: encode record", "kind", kind, "error", err)
+		h.Log.Error("storage: encode record", "kind", kind, "err", err)
 		return
 	}
 	h.store.Put(kind, key, data)
-}
-
-func (h *Storage) sync(what string) {
-	if err := h.store.Sync(); err != nil {
-		h.Log.Error("storage: commit failed; the change may not survive a restart", "what", what, "error", err)
-	}
 }
 
 // forget removes everything stored for a client.
@@ -165,16 +164,20 @@ func (h *Storage) OnClientExpired(cl *mqtt.Client) { h.forget(cl.ID) }
 
 // OnSubscribed stores granted subscriptions of a persistent session and
 // waits for the commit, so a SUBACK means the subscription survives a crash.
+// A subscription that cannot be stored (a key bbolt refuses, a failed
+// commit) is refused instead: SUBACK 0x80, and mochi's subscription is taken
+// back. The writes are separate: one that fails costs no other.
 func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
 	if !persistent(cl) {
 		return
 	}
-	stored := false
+	var ws []persistence.SessionWrite
+	var idx []int
 	for i, f := range pk.Filters {
 		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
 		}
-		h.put(persistence.KindSubscription, subscriptionKey(cl.ID, f.Filter), &storage.Subscription{
+		data, err := (&storage.Subscription{
 			ID:                f.Filter,
 			T:                 storage.SubscriptionKey,
 			Client:            cl.ID,
@@ -184,11 +187,21 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 			NoLocal:           f.NoLocal,
 			RetainHandling:    f.RetainHandling,
 			RetainAsPublished: f.RetainAsPublished,
-		})
-		stored = true
+		}).MarshalBinary()
+		if err != nil {
+			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "err", err)
+			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
+			continue
+		}
+		ws = append(ws, persistence.SessionWrite{Kind: persistence.KindSubscription, Key: subscriptionKey(cl.ID, f.Filter), Val: data})
+		idx = append(idx, i)
 	}
-	if stored {
-		h.sync("subscription")
+	for j, err := range h.store.Write(ws...) {
+		if err != nil {
+			i := idx[j]
+			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "err", err)
+			refuseSubscription(h.server, cl, pk.Filters[i].Filter, reasonCodes, i, packets.ErrUnspecifiedError)
+		}
 	}
 }
 
@@ -226,16 +239,45 @@ func storedMessage(pk packets.Packet) *storage.Message {
 
 // OnRetainMessage stores (r >= 0) or deletes (r == -1) a retained message and
 // waits for the commit, so the publisher's PUBACK means it survives a crash.
+// When it cannot be stored (a topic longer than bbolt's 32 KiB keys, a
+// failed commit) the PUBACK/PUBREC mochi is about to send says 0x80 (MQTT 5)
+// or the 3.1.1 publisher is disconnected without one.
 func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
-	key := []byte(pk.TopicName)
-	if r == -1 {
-		h.store.Delete(persistence.KindRetained, key)
-	} else {
+	w := persistence.SessionWrite{Kind: persistence.KindRetained, Key: []byte(pk.TopicName), Delete: r == -1}
+	if r != -1 {
 		m := storedMessage(pk)
 		m.ID, m.T, m.Client = pk.TopicName, storage.RetainedKey, cl.ID
-		h.put(persistence.KindRetained, key, m)
+		data, err := m.MarshalBinary()
+		if err != nil {
+			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "err", err)
+			return
+		}
+		w.Val = data
 	}
-	h.sync("retained message")
+	err := h.store.Write(w)[0]
+	if err == nil {
+		return
+	}
+	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "err", err)
+	if cl.Net.Inline || pk.FixedHeader.Qos == 0 {
+		return
+	}
+	if cl.Properties.ProtocolVersion < 5 {
+		cl.Stop(err) // 3.1.1 cannot refuse a publish
+		return
+	}
+	h.failedRetain.Store(packetKey{cl.ID, pk.PacketID}, struct{}{})
+}
+
+// OnPacketEncode turns the acknowledgement of a publish whose retained
+// message was not stored into a failure (0x80).
+func (h *Storage) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if t := pk.FixedHeader.Type; t == packets.Puback || t == packets.Pubrec {
+		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
+			pk.ReasonCode = packets.ErrUnspecifiedError.Code
+		}
+	}
+	return pk
 }
 
 // OnRetainedExpired deletes an expired retained message.
@@ -277,7 +319,7 @@ func loadAll[T any](h *Storage, kind string) ([]T, error) {
 		var v T
 		if err := json.Unmarshal(val, &v); err != nil {
 			// One unreadable record must not cost every other session.
-			h.Log.Error("storage: skipping unreadable record", "kind", kind, "error", err)
+			h.Log.Error("storage: skipping unreadable record", "kind", kind, "err", err)
 			return nil
 		}
 		out = append(out, v)

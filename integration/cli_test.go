@@ -45,6 +45,26 @@ func TestBadInputGivesOneLineAndNonZeroExit(t *testing.T) {
 	defer busy.Close()
 
 	data := func() string { return filepath.Join(t.TempDir(), "data") }
+	// A real data dir, then damaged: its file truncated, or emptied.
+	damaged := func(damage func(db string)) string {
+		d := data()
+		p := startKeyline(t, d)
+		if code := p.signal(t, syscall.SIGTERM); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		damage(filepath.Join(d, "keyline.db"))
+		return d
+	}
+	truncated := damaged(func(db string) {
+		if err := os.Truncate(db, 8192); err != nil {
+			t.Fatal(err)
+		}
+	})
+	emptied := damaged(func(db string) {
+		if err := os.Truncate(db, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
 	cases := []struct {
 		name     string
 		args     []string
@@ -58,6 +78,8 @@ func TestBadInputGivesOneLineAndNonZeroExit(t *testing.T) {
 		{"http port in use", []string{"--tcp", "127.0.0.1:0", "--http", busy.Addr().String(), "--data-dir", data()}, 1, "http listener"},
 		{"unreadable TLS key", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", data(), "--tls", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", dir}, 1, "tls-key " + dir},
 		{"garbage TLS key", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", data(), "--tls", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", garbageKey}, 1, "garbage-key.pem"},
+		{"truncated data file", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", truncated}, 1, "was truncated"},
+		{"emptied data file", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", emptied}, 1, "database file is empty"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

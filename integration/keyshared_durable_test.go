@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/binary"
+	"hash/crc32"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -456,5 +457,66 @@ func TestBlockedKeyKeepsTheDataDirSmall(t *testing.T) {
 	// file, and a small multiple of what is unresolved.
 	if limit := int64(4*segment) + 8*int64(worst.StoredBytes) + 1<<20; maxDir > limit {
 		t.Fatalf("data dir reached %d bytes for %d unresolved bytes (limit %d): disk follows the oldest message, not the unresolved ones", maxDir, worst.StoredBytes, limit)
+	}
+}
+
+// TestUndecodableRecordIsQuarantined: a log record whose frame is intact
+// but whose message cannot be decoded is set aside (kept raw, counted,
+// shown in the admin API) and the group goes on with the rest.
+func TestUndecodableRecordIsQuarantined(t *testing.T) {
+	const group, filter = "bad/b/#", "$share/bad/b/#"
+	dataDir := t.TempDir()
+	p := startKeyline(t, dataDir)
+	addr := p.addrs["tcp"]
+	m := joinHolding(t, addr, "member", filter, "")
+	m.setAck(false)
+	if err := m.Disconnect(); err != nil {
+		t.Fatal(err)
+	}
+	keys := keyNames(30)
+	publishKeys(t, addr, "b/x", keys, 0, 10, 3)
+	if code := p.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit %d, want killed", code)
+	}
+	// Spoil offset 150's message (its codec version byte) and seal the frame
+	// again with a valid checksum: only the decoder can tell.
+	seg := lastSegment(t, dataDir)
+	data, err := os.ReadFile(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spoiled := false
+	for pos := 0; pos+8 <= len(data); {
+		n := int(binary.LittleEndian.Uint32(data[pos:]))
+		if n == 0 {
+			break
+		}
+		body := data[pos+8 : pos+8+n]
+		if body[0] == 1 { // a message record: type, uvarint group, uvarint offset, message
+			_, g := binary.Uvarint(body[1:])
+			off, o := binary.Uvarint(body[1+g:])
+			if off == 150 {
+				body[1+g+o] = 99
+				binary.LittleEndian.PutUint32(data[pos+4:], crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
+				spoiled = true
+				break
+			}
+		}
+		pos += 8 + n
+	}
+	if !spoiled {
+		t.Fatal("offset 150 not found in the last segment")
+	}
+	if err := os.WriteFile(seg, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p = startKeyline(t, dataDir)
+	w := joinHolding(t, p.addrs["tcp"], "member-2", filter, "")
+	v := waitGroup(t, p, group, "the good messages delivered", func(v adminapi.GroupView) bool { return v.Backlog == 0 })
+	if got := len(w.received()); got != 299 || v.Quarantined != 1 || v.Counters.Acked != 299 {
+		t.Fatalf("delivered %d, quarantined %d, acked %d: want 299, 1, 299", got, v.Quarantined, v.Counters.Acked)
+	}
+	if !strings.Contains(p.Logs(), "quarantined a group log record") {
+		t.Errorf("no log line about the quarantined record")
 	}
 }

@@ -1,7 +1,9 @@
 package persistence
 
 import (
+	"encoding/binary"
 	"errors"
+	"hash/fnv"
 	"fmt"
 	"log/slog"
 	"os"
@@ -127,8 +129,13 @@ func Open(dir string, opts Options) (*DB, error) {
 }
 
 // openBolt opens the file, turning a bbolt panic over a damaged page (its
-// freelist scan walks every page) into ErrCorrupt.
+// freelist scan walks every page) into ErrCorrupt. A file shorter than its
+// own meta page says is refused before bbolt maps it: touching the missing
+// pages would kill the process with SIGBUS.
 func openBolt(path string, o *bolt.Options) (b *bolt.DB, err error) {
+	if err := checkLength(path); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if r := recover(); r != nil {
 			b, err = nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, r)
@@ -188,6 +195,59 @@ func (db *DB) Check() error {
 	}
 	if len(problems) > 0 {
 		return fmt.Errorf("%w: %s: %s", ErrCorrupt, db.path, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// checkLength compares the file's length with the page count its newest
+// valid meta page records (bbolt's layout: a 16-byte page header, then magic,
+// version, page size, flags, root bucket, freelist, page count, txid and an
+// FNV-64a checksum of the fields before it). A file with no valid meta page
+// is left to bbolt, which reports it as invalid.
+func checkLength(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return nil // bbolt reports it
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return nil
+	}
+	var pages, txid uint64
+	var pageSize uint32
+	for _, off := range []int64{0, -1} {
+		if off < 0 {
+			if pageSize == 0 {
+				pageSize = 4096 // the first meta was unreadable: try the usual size
+			}
+			off = int64(pageSize)
+		}
+		buf := make([]byte, 80)
+		if _, err := f.ReadAt(buf, off); err != nil {
+			continue
+		}
+		le := binary.LittleEndian
+		if le.Uint32(buf[16:]) != 0xED0CDAED {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write(buf[16:72])
+		if h.Sum64() != le.Uint64(buf[72:]) {
+			continue
+		}
+		if t := le.Uint64(buf[64:]); t >= txid {
+			txid, pages, pageSize = t, le.Uint64(buf[56:]), le.Uint32(buf[24:])
+		}
+	}
+	if pages == 0 || pageSize == 0 {
+		return nil
+	}
+	if want := int64(pages) * int64(pageSize); fi.Size() < want {
+		return fmt.Errorf("%w: %s is %d bytes long, but its own header says %d (the file was truncated)", ErrCorrupt, path, fi.Size(), want)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -164,4 +165,33 @@ func (s *Groups) PurgeDeadLetters(name string) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// quarantineBucket holds, per group, the raw records the codec could not
+// decode, by offset.
+var quarantineBucket = []byte("quarantine")
+
+// maxQuarantined bounds the raw bytes kept of one bad record.
+const maxQuarantined = 64 << 10
+
+// quarantine keeps a record that cannot be decoded out of the way: raw in
+// the data file (up to maxQuarantined bytes), counted in the group's figures
+// and logged. The caller resolves its offset so the group goes on.
+func (s *Groups) quarantine(g *group, off uint64, data []byte, why error) {
+	s.lg.Error("persistence: quarantined a group log record that cannot be decoded", "group", g.name, "offset", off, "bytes", len(data), "err", why)
+	raw := bytes.Clone(data[:min(len(data), maxQuarantined)])
+	s.mu.Lock()
+	g.quarantined++
+	s.mu.Unlock()
+	s.db.commit.queue(func(tx *bolt.Tx) error {
+		bk := tx.Bucket(groupsBucket).Bucket([]byte(g.name))
+		if bk == nil {
+			return nil // deleted meanwhile
+		}
+		q, err := bk.CreateBucketIfNotExists(quarantineBucket)
+		if err != nil {
+			return fatal(err)
+		}
+		return fatal(q.Put(be64(off), raw))
+	}, func(err error) { s.lg.Error("persistence: could not keep a quarantined record", "group", g.name, "offset", off, "err", err) })
 }

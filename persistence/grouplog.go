@@ -1,9 +1,6 @@
 package persistence
 
 import (
-	"errors"
-	"fmt"
-
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/keyline-mq/keyline/keyshared"
@@ -21,17 +18,25 @@ type segLog struct {
 
 var _ keyshared.Log = (*segLog)(nil)
 
+// ReadFrom reads the group's unresolved messages. A record the codec cannot
+// decode is quarantined (kept raw in the data file, counted, logged) and
+// resolved, so that one bad record never stalls its group.
 func (l *segLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keyshared.Message, error) {
 	es, err := l.s.log.ReadFrom(l.g.meta.ID, from, max, l.buf[:0])
+	var bad []uint64
 	for i := range es {
 		// Entries are immutable and kept alive by the messages viewing them.
 		m, derr := decodeMessage(es[i].Data, false)
 		if derr != nil {
-			err = errors.Join(err, fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, l.g.name, es[i].Offset, derr))
-			break
+			l.s.quarantine(l.g, es[i].Offset, es[i].Data, derr)
+			bad = append(bad, es[i].Offset)
+			continue
 		}
 		m.Offset = es[i].Offset
 		buf = append(buf, m)
+	}
+	if len(bad) > 0 {
+		l.s.log.Resolve(l.g.meta.ID, bad)
 	}
 	clear(es)
 	l.buf = es[:0]

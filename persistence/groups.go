@@ -53,6 +53,8 @@ type group struct {
 	active   bool
 	// dirty: members or lastSeen changed since the last checkpoint.
 	dirty bool
+	// quarantined counts records set aside because they cannot be decoded.
+	quarantined uint64
 }
 
 // Bucket and key names.
@@ -169,6 +171,9 @@ func loadGroup(bk *bolt.Bucket, name string, now time.Time) (*group, groupState,
 		return nil, groupState{}, err
 	}
 	g := &group{name: name, meta: meta, lastSeen: st.lastSeen}
+	if q := bk.Bucket(quarantineBucket); q != nil {
+		g.quarantined = uint64(q.Stats().KeyN)
+	}
 	if v := bk.Get(dlqStateKey); v != nil {
 		if g.dlq, err = decodeDLQState(v); err != nil {
 			return nil, groupState{}, err
@@ -362,6 +367,7 @@ func (s *Groups) info(g *group) (GroupInfo, error) {
 		Head: li.Head, Cursor: li.DurableCursor, Backlog: li.Messages,
 		StoredMessages: li.Messages, StoredBytes: li.Bytes,
 		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count, Unsynced: li.Unsynced,
+		Quarantined: g.quarantined,
 		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
 	}, nil
 }

@@ -136,6 +136,9 @@ type GroupInfo struct {
 	StoredBytes    uint64
 	// Dropped counts unresolved messages dropped by the drop-oldest policy (persisted).
 	Dropped uint64
+	// Quarantined counts records of the group's log that could not be
+	// decoded: kept raw in the data file and skipped.
+	Quarantined uint64
 	// Unsynced counts resolutions (acks, dead letters, drops) not yet durable:
 	// a crash now would deliver those messages again.
 	Unsynced uint64

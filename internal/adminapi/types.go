@@ -57,11 +57,13 @@ type GroupView struct {
 	// UnsyncedResolutions counts acks (and other resolutions) not yet
 	// durable: a crash now would deliver those messages again.
 	UnsyncedResolutions uint64 `json:"unsynced_resolutions"`
-	Backlog             uint64 `json:"backlog"` // head - cursor: messages not resolved yet
-	Lag                 uint64 `json:"lag"`     // messages not yet read into the window
-	InFlight            int    `json:"in_flight"`
-	Blocked             int    `json:"blocked"` // in the window, not in flight
-	BlockedKeys         int    `json:"blocked_keys"`
+	// Quarantined counts log records that could not be decoded: kept raw and skipped.
+	Quarantined uint64 `json:"quarantined"`
+	Backlog     uint64 `json:"backlog"` // head - cursor: messages not resolved yet
+	Lag         uint64 `json:"lag"`     // messages not yet read into the window
+	InFlight    int    `json:"in_flight"`
+	Blocked     int    `json:"blocked"` // in the window, not in flight
+	BlockedKeys int    `json:"blocked_keys"`
 	// UnroutableKeys counts keys whose next message no member may take (key
 	// filters, read access): they wait for one that may.
 	UnroutableKeys  int    `json:"unroutable_keys"`
