@@ -2,9 +2,9 @@ package hooks
 
 import (
 	"bytes"
-	"sync"
 	"encoding/binary"
 	"encoding/json"
+	"sync"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/storage"

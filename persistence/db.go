@@ -3,8 +3,8 @@ package persistence
 import (
 	"encoding/binary"
 	"errors"
-	"hash/fnv"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"path/filepath"

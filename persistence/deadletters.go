@@ -193,5 +193,7 @@ func (s *Groups) quarantine(g *group, off uint64, data []byte, why error) {
 			return fatal(err)
 		}
 		return fatal(q.Put(be64(off), raw))
-	}, func(err error) { s.lg.Error("persistence: could not keep a quarantined record", "group", g.name, "offset", off, "err", err) })
+	}, func(err error) {
+		s.lg.Error("persistence: could not keep a quarantined record", "group", g.name, "offset", off, "err", err)
+	})
 }

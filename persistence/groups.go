@@ -368,7 +368,7 @@ func (s *Groups) info(g *group) (GroupInfo, error) {
 		StoredMessages: li.Messages, StoredBytes: li.Bytes,
 		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count, Unsynced: li.Unsynced,
 		Quarantined: g.quarantined,
-		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
+		Members:     g.members, LastSeen: timeFromNanos(g.lastSeen),
 	}, nil
 }
 
