@@ -23,6 +23,7 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -73,6 +74,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	logger = slog.New(newLimitHandler(logger.Handler()))
 	b := &Broker{cfg: cfg, log: logger, stopped: make(chan struct{}), stop: make(chan struct{})}
 	defer func() {
 		if err != nil {
@@ -140,7 +142,17 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}
 	if b.httpLn != nil {
-		b.httpSrv = &http.Server{Handler: b.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		// Bounded: a client that opens many connections, or sends headers or
+		// a body slowly, holds at most http-max-conns goroutines for at most
+		// http-read-timeout each. No write timeout: live views stream.
+		b.httpLn = netutil.LimitListener(b.httpLn, cfg.HTTPMaxConns)
+		b.httpSrv = &http.Server{
+			Handler:           b.httpHandler(),
+			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
+			ReadTimeout:       cfg.HTTPReadTimeout,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    64 << 10,
+		}
 	}
 	return b, nil
 }

@@ -73,6 +73,10 @@ type Config struct {
 	// HTTPAllowedHosts are the host names (besides IP addresses and
 	// localhost) the HTTP listener answers to.
 	HTTPAllowedHosts []string `yaml:"http-allowed-hosts"`
+	// HTTPReadTimeout bounds reading one HTTP request, body included.
+	HTTPReadTimeout time.Duration `yaml:"http-read-timeout"`
+	// HTTPMaxConns bounds the HTTP connections served at once.
+	HTTPMaxConns int `yaml:"http-max-conns"`
 	// Pprof serves Go's profiler under /debug/pprof/ (behind the token).
 	Pprof bool `yaml:"pprof"`
 	// WSAllowedOrigins are the browser origins (besides the listener's own
@@ -151,6 +155,8 @@ func DefaultConfig() Config {
 		MaxGroupsPerClient: 100,
 		GroupIdleTTL:       time.Hour,
 		SessionOwnership:   OwnershipRefuse,
+		HTTPReadTimeout:    10 * time.Second,
+		HTTPMaxConns:       256,
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -213,6 +219,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
+	case c.HTTPReadTimeout <= 0:
+		return fmt.Errorf("%w: http-read-timeout must be positive", ErrInvalidConfig)
+	case c.HTTPMaxConns < 1:
+		return fmt.Errorf("%w: http-max-conns must be at least 1", ErrInvalidConfig)
 	case c.SessionOwnership == 0:
 		return fmt.Errorf("%w: session-ownership is not set (want %s)", ErrInvalidConfig, SessionOwnerships)
 	case c.KeyProperty == "":

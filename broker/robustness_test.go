@@ -1,11 +1,13 @@
 package broker
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,5 +169,55 @@ func TestSessionAndRetainedSurviveGracefulRestart(t *testing.T) {
 	fresh.Subscribe(t, paho.SubscribeOptions{Topic: "config/#", QoS: 1})
 	if m := fresh.Next(t); string(m.Payload) != "retained-v1" || !m.Retain {
 		t.Fatalf("retained after restart = %q retain=%v", m.Payload, m.Retain)
+	}
+}
+
+// TestHTTPHasTimeoutsAndACap: a request whose body never comes holds its
+// connection for http-read-timeout at most, and connections past
+// http-max-conns wait to be accepted.
+func TestHTTPHasTimeoutsAndACap(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HTTPReadTimeout, cfg.HTTPMaxConns = 300*time.Millisecond, 2
+	b := startBroker(t, cfg)
+	addr := b.Addr("http")
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// A POST that announces a body and never sends it: closed by the server.
+	slow := dial()
+	if _, err := io.WriteString(slow, "POST /api/v1/dlq/purge?group=a/b HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadAll(slow); err != nil {
+		t.Fatalf("the server did not close a request whose body never came: %v", err)
+	}
+	// Two connections held open: a third is not served until one goes.
+	held := []net.Conn{dial(), dial()}
+	for _, c := range held {
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	third := dial()
+	if _, err := io.WriteString(third, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = third.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if _, err := third.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a third connection was served while two were held")
+	}
+	held[0].Close()
+	_ = third.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(third).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("once a slot was free: %q %v", line, err)
 	}
 }
