@@ -88,19 +88,27 @@ func (a *groupAdmin) handleDeleteGroup(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.deleteGroup(r.Context(), name, r.RemoteAddr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// deleteGroup deletes a group without members; remote names who asked, for the log.
+func (a *groupAdmin) deleteGroup(ctx context.Context, name, remote string) (adminapi.DeleteGroupResult, error) {
 	st, err := a.b.keyShared.Group(name)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeleteGroupResult{}, a.statusError(err, name, 0)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.b.keyShared.DeleteGroup(ctx, name); err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeleteGroupResult{}, a.statusError(err, name, 0)
 	}
-	a.b.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, adminapi.DeleteGroupResult{Deleted: name, Backlog: st.Info.Backlog, DeadLetters: st.Info.DeadLetters})
+	a.b.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", remote)
+	return adminapi.DeleteGroupResult{Deleted: name, Backlog: st.Info.Backlog, DeadLetters: st.Info.DeadLetters}, nil
 }
 
 func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
@@ -130,26 +138,34 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxDLQLimit))
 		return
 	}
+	page, err := a.deadLetterPage(name, after, int(limit))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// deadLetterPage returns up to limit dead letters of group name with ids after after.
+func (a *groupAdmin) deadLetterPage(name string, after uint64, limit int) (adminapi.DeadLetterPage, error) {
 	store := a.b.keyShared.Store()
 	info, err := store.Group(name)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
-	entries, err := store.DeadLetters(name, after, int(limit)+1)
+	entries, err := store.DeadLetters(name, after, limit+1)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
 	page := adminapi.DeadLetterPage{Group: name, Total: info.DeadLetters, DeadLetters: []adminapi.DeadLetterView{}}
-	if len(entries) > int(limit) {
+	if len(entries) > limit {
 		entries = entries[:limit]
 		page.More, page.NextAfter = true, entries[len(entries)-1].ID
 	}
 	for _, e := range entries {
 		page.DeadLetters = append(page.DeadLetters, deadLetterView(e))
 	}
-	writeJSON(w, http.StatusOK, page)
+	return page, nil
 }
 
 // groupTarget reads the group= parameter of a request that takes nothing else.
@@ -180,13 +196,28 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.replay(r.Context(), name, id, one, r.RemoteAddr)
+	var se *adminapi.StatusError
+	switch {
+	case errors.As(err, &se) && res.Group != "":
+		writeJSON(w, se.Status, res) // failed part way: what was replayed, and why it stopped
+	case err != nil:
+		writeError(w, err)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// replay puts dead letter id (every one unless one) of group name back on
+// its log. When it fails part way the result lists what was replayed, its
+// Error says why, and the error is a *adminapi.StatusError.
+func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one bool, remote string) (adminapi.ReplayResult, error) {
 	store := a.b.keyShared.Store()
 	var todo []adminapi.ReplayedLetter // offsets filled in as they are replayed
 	if one {
 		e, err := store.DeadLetter(name, id)
 		if err != nil {
-			a.storeError(w, err, name, id)
-			return
+			return adminapi.ReplayResult{}, a.statusError(err, name, id)
 		}
 		todo = append(todo, adminapi.ReplayedLetter{ID: e.ID, Key: e.Message.Key, Topic: e.Message.Topic})
 	} else {
@@ -194,8 +225,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		for after := uint64(0); ; {
 			page, err := store.DeadLetters(name, after, 512)
 			if err != nil {
-				a.storeError(w, err, name, 0)
-				return
+				return adminapi.ReplayResult{}, a.statusError(err, name, 0)
 			}
 			if len(page) == 0 {
 				break
@@ -207,8 +237,13 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	res := adminapi.ReplayResult{Group: name, Replayed: []adminapi.ReplayedLetter{}}
+	defer func() {
+		if res.Count > 0 {
+			a.b.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", remote)
+		}
+	}()
 	for _, rl := range todo {
-		if r.Context().Err() != nil {
+		if ctx.Err() != nil {
 			break // the client went away: stop between replays, each is atomic
 		}
 		off, err := store.ReplayDeadLetter(name, rl.ID)
@@ -216,13 +251,12 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 			continue // replayed or purged meanwhile
 		}
 		if err != nil {
-			status, msg := a.errorStatus(err, name, rl.ID)
+			se := a.statusError(err, name, rl.ID)
 			if res.Count > 0 {
-				msg = fmt.Sprintf("%s (after replaying %d)", msg, res.Count)
+				se.Message = fmt.Sprintf("%s (after replaying %d)", se.Message, res.Count)
 			}
-			res.Error = msg
-			writeJSON(w, status, res)
-			return
+			res.Error = se.Message
+			return res, se
 		}
 		res.Count++
 		if len(res.Replayed) < adminapi.MaxListedReplays {
@@ -232,10 +266,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 			res.Truncated = true
 		}
 	}
-	if res.Count > 0 {
-		a.b.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", r.RemoteAddr)
-	}
-	writeJSON(w, http.StatusOK, res)
+	return res, nil
 }
 
 func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
@@ -244,8 +275,19 @@ func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.purge(name, id, one, r.RemoteAddr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// purge deletes dead letter id (every one unless one) of group name.
+func (a *groupAdmin) purge(name string, id uint64, one bool, remote string) (adminapi.PurgeResult, error) {
 	store := a.b.keyShared.Store()
 	res := adminapi.PurgeResult{Group: name}
+	var err error
 	if one {
 		err = store.DeleteDeadLetter(name, id)
 		res.Purged = 1
@@ -253,9 +295,8 @@ func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
 		res.Purged, err = store.PurgeDeadLetters(name)
 	}
 	if err != nil {
-		a.storeError(w, err, name, id)
-		return
+		return adminapi.PurgeResult{}, a.statusError(err, name, id)
 	}
-	a.b.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, res)
+	a.b.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", remote)
+	return res, nil
 }

@@ -52,6 +52,7 @@ type Broker struct {
 	connStats *connq.Stats // totals of every connection's outbound queue
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
+	obs       *observer     // counter samples and topic streams for the console
 	stop      chan struct{} // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
@@ -213,6 +214,10 @@ func (b *Broker) addHooks() error {
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
+	}
+	b.obs = newObserver(b)
+	if err := b.server.AddHook(b.obs, nil); err != nil {
+		return fmt.Errorf("broker: observer hook: %w", err)
 	}
 	return nil
 }
@@ -401,6 +406,7 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
+	b.registerConsole(mux, groups)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
