@@ -145,7 +145,7 @@
     const count = document.getElementById('stream-count');
     const skipped = document.getElementById('stream-skipped');
     const pause = document.getElementById('stream-pause');
-    let shown = 0, paused = false, held = 0;
+    let lines = 0, paused = false, held = 0;
     pause.addEventListener('click', function () {
       paused = !paused;
       pause.textContent = paused ? 'Resume' : 'Pause';
@@ -183,8 +183,8 @@
       }
       list.append(li);
       while (list.childElementCount > MAX_LINES) { list.firstElementChild.remove(); }
-      shown++;
-      count.textContent = grouped(shown);
+      lines++;
+      count.textContent = grouped(lines);
     });
   }
 
