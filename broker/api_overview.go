@@ -11,6 +11,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // GET /api/v1/overview, /api/v1/groups/activity and /api/v1/groups/messages.
@@ -137,24 +138,48 @@ func (a *groupAdmin) groupMessages(name string, limit int) (adminapi.GroupMessag
 		msgs, v.More = msgs[:limit], true
 	}
 	held := a.heldByMembers(name)
+	members := len(ks.Members(name))
 	for _, m := range msgs {
 		p := adminapi.PendingMessageView{
 			Offset: m.Offset, Key: m.Key, Topic: m.Topic, QoS: m.QoS, PayloadSize: len(m.Payload),
 			PublishedAt: m.PublishedAt, ExpiresAt: m.ExpiresAt,
 		}
 		p.Payload, p.PayloadEncoding, p.Truncated = previewPayload(m.Payload)
-		// At most one message per key is in flight, and it is the key's
-		// oldest unresolved one: mark the first listed match only.
-		for i, h := range held[m.Key] {
+		v.Messages = append(v.Messages, p)
+	}
+	markStates(v.Messages, msgs, held, members)
+	return v, nil
+}
+
+// markStates sets the State of each listed message from the deliveries the
+// members hold. A key has at most one message in flight and it is the key's
+// oldest unresolved one (invariants 1 and 2): the key's messages before it are
+// resolved, those after it wait. A key whose held delivery is not listed has
+// it further on, so its listed messages are resolved. Of a key with no held
+// delivery nothing is known, unless the group has no member: then all wait.
+func markStates(views []adminapi.PendingMessageView, msgs []keyshared.Message, held map[string][]heldMessage, members int) {
+	inFlight := map[string]int{} // key -> index of its message in flight in msgs
+	for i, m := range msgs {
+		if _, done := inFlight[m.Key]; done {
+			continue
+		}
+		for _, h := range held[m.Key] {
 			if h.topic == m.Topic && bytes.Equal(h.payload, m.Payload) {
-				p.InFlightTo = h.member
-				held[m.Key] = append(held[m.Key][:i:i], held[m.Key][i+1:]...)
+				inFlight[m.Key] = i
+				views[i].State, views[i].InFlightTo = adminapi.MessageInFlight, h.member
 				break
 			}
 		}
-		v.Messages = append(v.Messages, p)
 	}
-	return v, nil
+	for i, m := range msgs {
+		j, ok := inFlight[m.Key]
+		switch {
+		case ok && i < j, !ok && len(held[m.Key]) > 0:
+			views[i].State = adminapi.MessageResolved
+		case ok && i > j, !ok && members == 0:
+			views[i].State = adminapi.MessageWaiting
+		}
+	}
 }
 
 // heldMessage is a Key-Shared delivery in a member's session.

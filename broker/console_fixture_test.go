@@ -46,7 +46,8 @@ func startConsoleFixture(t *testing.T, token string) *consoleFixture {
 	t.Helper()
 	cfg := testConfig(t)
 	cfg.HTTPToken = token
-	cfg.MaxDeliveries, cfg.AckTimeout = 1, 200*time.Millisecond
+	// Only the work share dead-letters at the first ack timeout; other groups keep the defaults.
+	cfg.GroupOverrides = []GroupOverride{{Share: "work", GroupSettings: GroupSettings{MaxDeliveries: 1, AckTimeout: 200 * time.Millisecond}}}
 	cfg.MaxPacketSize = 128 << 10
 	small := ByteSize(256 << 10)
 	cfg.ConnQueueOverrides = []ConnQueueOverride{{ClientPrefix: "slow-", SlowPolicy: connq.DropOldest, ConnQueueSoft: small / 4, ConnQueueHard: small}}

@@ -53,7 +53,7 @@ func (f *fakeBackend) GroupMessages(name string, limit int) (adminapi.GroupMessa
 		return adminapi.GroupMessagesView{}, err
 	}
 	return adminapi.GroupMessagesView{Group: name, Messages: []adminapi.PendingMessageView{
-		{Offset: 7, Key: "<k>", Topic: "t/<b>", Payload: "<img src=x onerror=alert(1)>", PayloadEncoding: "utf-8", PayloadSize: 28, InFlightTo: "w<1>"},
+		{Offset: 7, Key: "<k>", Topic: "t/<b>", Payload: "<img src=x onerror=alert(1)>", PayloadEncoding: "utf-8", PayloadSize: 28, State: adminapi.MessageInFlight, InFlightTo: "w<1>"},
 	}}, nil
 }
 

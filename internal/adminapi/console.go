@@ -111,7 +111,7 @@ type OverviewSample struct {
 
 // GroupMessagesView answers GET PathGroupMessages: the oldest messages of the
 // group's log after its cursor. Some of them may be resolved already (an ack
-// above the cursor does not move it); InFlightTo marks those a member holds.
+// above the cursor does not move it); State tells what is known.
 type GroupMessagesView struct {
 	Group    string               `json:"group"`
 	Cursor   uint64               `json:"cursor"`
@@ -135,11 +135,22 @@ type PendingMessageView struct {
 	Truncated       bool      `json:"truncated,omitempty"`
 	PublishedAt     time.Time `json:"published_at"`
 	ExpiresAt       time.Time `json:"expires_at,omitzero"`
+	// State is MessageInFlight, MessageWaiting, MessageResolved, or "" when
+	// it is not known. It is derived from the deliveries the members' sessions
+	// hold (matched by key, topic and payload: the dispatcher keeps offsets,
+	// the session the packet) and per-key order, so it is a best effort.
+	State string `json:"state,omitempty"`
 	// InFlightTo names the member the message is delivered to and awaits an
-	// ack from, "" when none. It is derived from the members' sessions (the
-	// dispatcher keeps offsets, the session the packet), so it is a best effort.
+	// ack from, when State is MessageInFlight.
 	InFlightTo string `json:"in_flight_to,omitempty"`
 }
+
+// States of a PendingMessageView.
+const (
+	MessageInFlight = "in-flight" // delivered, not acknowledged yet
+	MessageWaiting  = "waiting"   // behind its key's message in flight, or the group has no member
+	MessageResolved = "resolved"  // acknowledged or dead-lettered; the cursor has not passed it yet
+)
 
 // MaxPreviewBytes bounds the payload bytes a PendingMessageView or TopicEvent carries.
 const MaxPreviewBytes = 1024
