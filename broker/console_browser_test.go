@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/eclipse/paho.golang/paho"
 
@@ -84,20 +85,20 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	})
 
-	var page adminapi.DeadLetterPage
-	apiJSON(t, "GET", base+adminapi.PathDLQ+"?group="+g, "", 200, &page)
+	var dead adminapi.DeadLetterPage
+	apiJSON(t, "GET", base+adminapi.PathDLQ+"?group="+g, "", 200, &dead)
 	ids := map[string]uint64{}
-	for _, l := range page.DeadLetters {
+	for _, l := range dead.DeadLetters {
 		ids[l.Key] = l.ID
 	}
 
 	t.Run("dead letters match the API, payloads shown safely", func(t *testing.T) {
 		br.do(t, chromedp.Navigate(base+"/dlq"), chromedp.Click(chromedp.CSS(`#dlq-groups tr[data-group="`+fixtureGroup+`"] a`)),
 			chromedp.WaitVisible(chromedp.CSS("#dead-letters")))
-		if n := run(t, br, chromedp.Evaluate[int](`document.querySelectorAll('#dead-letters tbody tr').length`)); n != len(page.DeadLetters) || n != 4 {
-			t.Fatalf("%d rows, the API %d dead letters", n, len(page.DeadLetters))
+		if n := run(t, br, chromedp.Evaluate[int](`document.querySelectorAll('#dead-letters tbody tr').length`)); n != len(dead.DeadLetters) || n != 4 {
+			t.Fatalf("%d rows, the API %d dead letters", n, len(dead.DeadLetters))
 		}
-		for _, l := range page.DeadLetters {
+		for _, l := range dead.DeadLetters {
 			row := fmt.Sprintf(`#dead-letters tr[data-id="%d"] `, l.ID)
 			if k, tp, a := br.text(t, row+`td[data-col="key"]`), br.text(t, row+`td[data-col="topic"]`), br.text(t, row+`td[data-col="attempts"]`); k != l.Key || tp != l.Topic || a != strconv.Itoa(l.Attempts) {
 				t.Errorf("row %d shows %s %s %s, the API %s %s %d", l.ID, k, tp, a, l.Key, l.Topic, l.Attempts)
@@ -162,8 +163,12 @@ func TestConsoleInABrowser(t *testing.T) {
 	})
 
 	t.Run("clients: search, slow state, client page", func(t *testing.T) {
-		br.do(t, chromedp.Navigate(base+"/clients"), chromedp.SendKeys(chromedp.CSS(`input[name="q"]`), "slow"),
-			chromedp.Click(chromedp.CSS(`form.filter button`)), chromedp.WaitVisible(chromedp.CSS(`#clients tr[data-client="slow-1"]`)))
+		br.do(t, chromedp.Navigate(base+"/clients"), chromedp.SendKeys(chromedp.CSS(`input[name="q"]`), "slow"))
+		// The unfiltered page lists slow-1 too: wait for the search's answer to load.
+		run(t, br, chromedp.WaitEvent(page.LoadEventFired, nil, chromedp.Click(chromedp.CSS(`form.filter button`))))
+		if loc := run(t, br, chromedp.Location()); loc != base+"/clients?q=slow" {
+			t.Fatalf("the search loaded %s", loc)
+		}
 		if got := br.text(t, "#clients-count"); !strings.HasPrefix(got, "1 of 5 clients") {
 			t.Errorf("search: %q", got)
 		}
