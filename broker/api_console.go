@@ -18,6 +18,7 @@ func (b *Broker) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
 	mux.HandleFunc("GET "+adminapi.PathGroupActivity, groups.handleGroupActivity)
 	mux.HandleFunc("POST "+adminapi.PathClients+"/{id}/disconnect", b.handleDisconnect)
 	mux.HandleFunc("GET "+adminapi.PathTopicStream, b.handleTopicStream)
+	b.obs.groupRates = groups.sampleRates // the groups page shows rates at the first look
 	console.New(&consoleBackend{b: b, groups: groups}, console.Options{
 		Token:  b.cfg.HTTPToken,
 		Logger: b.log.With("component", "console"),

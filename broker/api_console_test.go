@@ -320,3 +320,18 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 		t.Errorf("cross-origin login = %d, want 403", resp.StatusCode)
 	}
 }
+
+// TestGroupRatesAtTheFirstLook: the observer samples every group's counters,
+// so the groups list has rates before anyone looked twice.
+func TestGroupRatesAtTheFirstLook(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	connectMember(t, b.Addr("tcp"), "m1", "$share/rates/x/#")
+	// What the observer does every few seconds (the first time 5 s after the
+	// start), as if it had done so 2 s ago.
+	b.obs.groupRates(time.Now().Add(-2 * time.Second))
+	var gl adminapi.GroupList
+	apiJSON(t, "GET", "http://"+b.Addr("http")+adminapi.PathGroups, "", 200, &gl)
+	if len(gl.Groups) != 1 || gl.Groups[0].Rates == nil || gl.Groups[0].Rates.WindowSeconds < 1.5 {
+		t.Errorf("at the first look: %+v", gl.Groups)
+	}
+}

@@ -84,6 +84,25 @@ func (a *groupAdmin) groupActivity(name string) (adminapi.GroupActivityView, err
 	return adminapi.GroupActivityView{Group: name, SampleSeconds: sampleEvery.Seconds(), History: a.b.obs.samples.groupHistory(name)}, nil
 }
 
+// sampleRates records every group's counters in the rate tracker (as
+// groupView does when it looks), so rates are there at the first look.
+func (a *groupAdmin) sampleRates(now time.Time) {
+	sts, err := a.b.keyShared.Groups()
+	if err != nil {
+		return
+	}
+	names := make(map[string]bool, len(sts))
+	for _, st := range sts {
+		s := rateSample{at: now, head: max(st.Info.Head, st.Stats.Head)}
+		if st.Running {
+			s.delivered, s.acked, s.dead = st.Stats.Delivered, st.Stats.Acked, st.Stats.DeadLettered
+		}
+		a.rates.observe(st.Info.Name, s)
+		names[st.Info.Name] = true
+	}
+	a.rates.retain(names)
+}
+
 func (a *groupAdmin) handleGroupMessages(w http.ResponseWriter, r *http.Request) {
 	q, err := queryParams(r, "group", "limit")
 	if err != nil {
