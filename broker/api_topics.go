@@ -20,7 +20,7 @@ import (
 
 const (
 	statsEvery        = 5 * time.Second
-	streamWriteBudget = 10 * time.Second // a viewer that reads nothing for this long is dropped
+	streamWriteBudget = 5 * time.Second // a viewer that reads nothing for this long is dropped (and shutdown waits no longer)
 )
 
 func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {

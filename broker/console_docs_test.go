@@ -39,7 +39,8 @@ var (
 
 // sampleTraffic runs devices, dashboards and keyed workers against f's broker
 // until the test ends: QoS 0 telemetry at about 160 msg/s, keyed QoS 1 orders
-// at about 40 msg/s for a group whose members ack a little slower than that.
+// at about 40 msg/s for a group whose members ack a little slower than that,
+// and a feed the slow subscriber drops from.
 func sampleTraffic(t *testing.T, f *consoleFixture) {
 	addr := f.b.Addr("tcp")
 	stop := make(chan struct{})
@@ -120,6 +121,27 @@ func sampleTraffic(t *testing.T, f *consoleFixture) {
 		return mqtttest.Outgoing{Topic: "invoices/eu/new", QoS: 1, Payload: fmt.Appendf(nil, `{"invoice":%d,"customer":%q}`, i, key),
 			User: []mqtttest.UserProperty{{Key: "key", Value: key}}}
 	})
+	// slow-1 never reads: a feed it cannot keep up with makes it drop all the
+	// time, and PINGREQs keep its keep-alive (60 s) from ending it.
+	publish("video-feed", 200*time.Millisecond, func(int) mqtttest.Outgoing {
+		return mqtttest.Outgoing{Topic: "big/frames", Payload: make([]byte, 16<<10)}
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(20 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tick.C:
+				if _, err := f.slow.Write([]byte{0xc0, 0}); err != nil {
+					return
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
 	publish("label-service", 100*time.Millisecond, func(i int) mqtttest.Outgoing {
 		key := []string{"eu-", "us-"}[i%2] + fmt.Sprint(i%11)
 		return mqtttest.Outgoing{Topic: "labels/" + key[:2], QoS: 1, Payload: fmt.Appendf(nil, "label %d", i),

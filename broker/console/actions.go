@@ -2,6 +2,7 @@ package console
 
 import (
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -160,7 +161,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) (*view, error) {
 		return nil, err
 	}
 	remote := r.RemoteAddr
-	res := resultData{}
+	res, status := resultData{}, 0
 	switch t.action {
 	case "replay":
 		rr, err := c.be.Replay(r.Context(), t.group, t.id, t.all, remote)
@@ -170,6 +171,9 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) (*view, error) {
 		res.Title = "Replay"
 		res.Lines = append(res.Lines, fmt.Sprintf("Replayed %s dead letter%s of group %s.", num(rr.Count), plural(rr.Count), t.group))
 		res.Error, res.Replays, res.Cut = rr.Error, rr.Replayed, rr.Truncated
+		if se := (*adminapi.StatusError)(nil); errors.As(err, &se) {
+			status = se.Status // stopped part way: the page says what was done, and why it stopped
+		}
 		res.Links = []field{{"Dead letters of " + t.group, dlqLink(t.group)}, {"Group " + t.group, "/groups/view?" + url.Values{"group": {t.group}}.Encode()}}
 	case "purge":
 		pr, err := c.be.Purge(t.group, t.id, t.all, remote)
@@ -200,7 +204,7 @@ func (c *Console) act(w http.ResponseWriter, r *http.Request) (*view, error) {
 		res.Lines = append(res.Lines, line)
 		res.Links = []field{{"Clients", "/clients"}}
 	}
-	return &view{Template: "result", Title: res.Title, Data: res}, nil
+	return &view{Template: "result", Title: res.Title, Status: status, Data: res}, nil
 }
 
 func plural(n int) string {

@@ -117,6 +117,10 @@ func (c *Console) Register(mux *http.ServeMux) {
 	static, _ := fs.Sub(staticFS, "static")
 	files := http.StripPrefix(StaticPrefix, http.FileServerFS(static))
 	mux.Handle("GET "+StaticPrefix, c.secure(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/") {
+			http.NotFound(w, r) // no directory listings
+			return
+		}
 		if r.URL.Query().Get("v") == c.version {
 			w.Header().Set("Cache-Control", "public, max-age=31536000, immutable")
 		} else {

@@ -358,6 +358,9 @@ func TestStaticAssets(t *testing.T) {
 			t.Errorf("GET %s = %d %q", p, resp.StatusCode, resp.Header.Get("Content-Type"))
 		}
 	}
+	if resp, _ := get(t, s.URL+"/static/"); resp.StatusCode != 404 {
+		t.Errorf("GET /static/ = %d, want 404 (no listing)", resp.StatusCode)
+	}
 	for _, p := range []string{"/login", "/logout", "/static/console.js", "/favicon.ico"} {
 		if !Public(p) {
 			t.Errorf("%s is not public", p)
