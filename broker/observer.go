@@ -39,8 +39,12 @@ func newObserver(b *Broker) *observer {
 // ID names the hook.
 func (o *observer) ID() string { return "keyline-observer" }
 
-// Provides reports which hook methods the observer implements.
-func (o *observer) Provides(b byte) bool { return b == mqtt.OnStarted || b == mqtt.OnPublished }
+// Provides reports which hook methods the observer implements. mochi asks
+// before every call, so OnPublished is provided only while a topic stream is
+// open: without one a publish costs an atomic load, not a call.
+func (o *observer) Provides(b byte) bool {
+	return b == mqtt.OnStarted || (b == mqtt.OnPublished && o.topics.watching())
+}
 
 // OnStarted starts sampling.
 func (o *observer) OnStarted() {

@@ -23,7 +23,7 @@ import (
 // subscription is added to mochi's index (an inline subscription would take
 // matching topics off the fan-out fast path). It must never slow a publisher:
 //
-//   - with no viewer, a publish costs one atomic load;
+//   - with no viewer, a publish costs one atomic load (the hook is not called);
 //   - at most maxTopicViewers streams are open at once;
 //   - each stream sends at most topicRate messages a second (a token bucket
 //     checked before anything is copied); the rest are counted as skipped;
@@ -146,6 +146,12 @@ func (w *topicWatch) close() {
 	}
 	w.mu.Unlock()
 	w.wg.Wait()
+}
+
+// watching reports whether a stream is open.
+func (w *topicWatch) watching() bool {
+	p := w.viewers.Load()
+	return p != nil && len(*p) > 0
 }
 
 // publish shows pk to the viewers whose filter matches its topic.

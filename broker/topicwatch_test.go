@@ -36,6 +36,9 @@ func TestTopicWatchIsBounded(t *testing.T) {
 	if _, err := w.open("a/#/b", now); err == nil {
 		t.Error("an invalid filter was accepted")
 	}
+	if w.watching() {
+		t.Error("watching with no stream open")
+	}
 	var vs []*topicViewer
 	for range maxTopicViewers {
 		v, err := w.open("a/#", now)
@@ -71,8 +74,14 @@ func TestTopicWatchIsBounded(t *testing.T) {
 	if len(v.ch) != before+1 {
 		t.Error("no token after 100 ms")
 	}
+	if !w.watching() {
+		t.Error("not watching with streams open")
+	}
 	for _, v := range vs {
 		w.done(v)
+	}
+	if w.watching() {
+		t.Error("still watching after every stream ended")
 	}
 	w.close()
 	if _, err := w.open("a/#", now); err != errWatchClosed {
