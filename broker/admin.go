@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"strings"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
+
+	"github.com/keyline-mq/keyline/broker/console"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
@@ -29,21 +32,26 @@ func (b *Broker) ClientViews() []adminapi.ClientView {
 		if cl.Net.Inline {
 			continue
 		}
-		v := adminapi.ClientView{
-			ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
-			ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
-			Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
-		}
-		if q, ok := cl.Net.Conn.(*connq.Conn); ok {
-			v.QueuedBytes = q.Queued()
-			v.DroppedMessages, v.DroppedBytes = q.Dropped()
-			l := q.Limits()
-			v.SlowPolicy, v.QueueSoft, v.QueueHard = l.Policy.String(), l.Soft, l.Hard
-		}
-		out = append(out, v)
+		out = append(out, viewOf(cl))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// viewOf is what the admin API shows of cl.
+func viewOf(cl *mqtt.Client) adminapi.ClientView {
+	v := adminapi.ClientView{
+		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
+		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
+		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
+	}
+	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
+		v.QueuedBytes = q.Queued()
+		v.DroppedMessages, v.DroppedBytes = q.Dropped()
+		l := q.Limits()
+		v.SlowPolicy, v.QueueSoft, v.QueueHard = l.Policy.String(), l.Soft, l.Hard
+	}
+	return v
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -63,22 +71,21 @@ func (b *Broker) handleClients(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (b *Broker) handleClient(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	for _, v := range b.ClientViews() {
-		if v.ID == id {
-			writeJSON(w, http.StatusOK, v)
-			return
-		}
+	v, err := b.clientDetail(r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
 	}
-	writeJSON(w, http.StatusNotFound, adminapi.Error{Error: "no client with id " + id})
+	writeJSON(w, http.StatusOK, v)
 }
 
 // openPaths are served without the admin token.
 var openPaths = map[string]bool{"/metrics": true, "/healthz": true, "/readyz": true}
 
-// adminHandler guards next: every path but /metrics, /healthz and /readyz
-// needs the bearer token when one is configured, and state-changing
-// cross-origin browser requests are refused (CSRF).
+// adminHandler guards next: every path but /metrics, /healthz, /readyz and
+// the console's login page and assets needs the bearer token when one is
+// configured (or the console's session cookie, which carries a value derived
+// from it), and state-changing cross-origin browser requests are refused (CSRF).
 func (b *Broker) adminHandler(next http.Handler) http.Handler {
 	csrf := http.NewCrossOriginProtection()
 	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -89,13 +96,16 @@ func (b *Broker) adminHandler(next http.Handler) http.Handler {
 	if len(token) == 0 {
 		return next
 	}
+	session := []byte(adminapi.SessionValue(b.cfg.HTTPToken))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if openPaths[r.URL.Path] {
+		if openPaths[r.URL.Path] || console.Public(r.URL.Path) || sessionOK(r, session) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 		switch {
+		case (!ok || !strings.EqualFold(scheme, "Bearer")) && wantsLogin(r):
+			redirectToLogin(w, r) // a browser opening a console page
 		case !ok || !strings.EqualFold(scheme, "Bearer"):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="keyline"`)
 			writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "missing bearer token: send Authorization: Bearer <http-token>"})

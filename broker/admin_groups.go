@@ -30,6 +30,7 @@ type groupService interface {
 	ReplayDeadLetter(group string, id uint64) (uint64, error)
 	DeleteDeadLetter(group string, id uint64) error
 	PurgeDeadLetters(group string) (int, error)
+	Pending(ctx context.Context, group string, limit int) (hooks.GroupStatus, []hooks.PendingMessage, bool, error)
 }
 
 // groupAdmin serves the group and dead-letter routes and feeds the group
@@ -105,19 +106,27 @@ func (a *groupAdmin) handleDeleteGroup(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.deleteGroup(r.Context(), name, r.RemoteAddr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// deleteGroup deletes a group without members; remote names who asked, for the log.
+func (a *groupAdmin) deleteGroup(ctx context.Context, name, remote string) (adminapi.DeleteGroupResult, error) {
 	st, err := a.groups.Group(name)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeleteGroupResult{}, a.statusError(err, name, 0)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := a.groups.DeleteGroup(ctx, name); err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeleteGroupResult{}, a.statusError(err, name, 0)
 	}
-	a.b.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, adminapi.DeleteGroupResult{Deleted: name, Backlog: st.Info.Backlog, DeadLetters: st.Info.DeadLetters})
+	a.b.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", remote)
+	return adminapi.DeleteGroupResult{Deleted: name, Backlog: st.Info.Backlog, DeadLetters: st.Info.DeadLetters}, nil
 }
 
 func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
@@ -147,26 +156,34 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxDLQLimit))
 		return
 	}
+	page, err := a.deadLetterPage(name, after, int(limit))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// deadLetterPage returns up to limit dead letters of group name with ids after after.
+func (a *groupAdmin) deadLetterPage(name string, after uint64, limit int) (adminapi.DeadLetterPage, error) {
 	st, err := a.groups.Group(name)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
 	info := st.Info
-	entries, err := a.groups.DeadLetters(name, after, int(limit)+1)
+	entries, err := a.groups.DeadLetters(name, after, limit+1)
 	if err != nil {
-		a.storeError(w, err, name, 0)
-		return
+		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
 	page := adminapi.DeadLetterPage{Group: name, Total: info.DeadLetters, DeadLetters: []adminapi.DeadLetterView{}}
-	if len(entries) > int(limit) {
+	if len(entries) > limit {
 		entries = entries[:limit]
 		page.More, page.NextAfter = true, entries[len(entries)-1].ID
 	}
 	for _, e := range entries {
 		page.DeadLetters = append(page.DeadLetters, deadLetterView(e))
 	}
-	writeJSON(w, http.StatusOK, page)
+	return page, nil
 }
 
 // groupTarget reads the group= parameter of a request that takes nothing else.
@@ -197,12 +214,27 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.replay(r.Context(), name, id, one, r.RemoteAddr)
+	var se *adminapi.StatusError
+	switch {
+	case errors.As(err, &se) && res.Group != "":
+		writeJSON(w, se.Status, res) // failed part way: what was replayed, and why it stopped
+	case err != nil:
+		writeError(w, err)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// replay puts dead letter id (every one unless one) of group name back on
+// its log. When it fails part way the result lists what was replayed, its
+// Error says why, and the error is a *adminapi.StatusError.
+func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one bool, remote string) (adminapi.ReplayResult, error) {
 	var todo []adminapi.ReplayedLetter // offsets filled in as they are replayed
 	if one {
 		e, err := a.groups.DeadLetter(name, id)
 		if err != nil {
-			a.storeError(w, err, name, id)
-			return
+			return adminapi.ReplayResult{}, a.statusError(err, name, id)
 		}
 		todo = append(todo, adminapi.ReplayedLetter{ID: e.ID, Key: e.Message.Key, Topic: e.Message.Topic})
 	} else {
@@ -210,8 +242,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		for after := uint64(0); ; {
 			page, err := a.groups.DeadLetters(name, after, 512)
 			if err != nil {
-				a.storeError(w, err, name, 0)
-				return
+				return adminapi.ReplayResult{}, a.statusError(err, name, 0)
 			}
 			if len(page) == 0 {
 				break
@@ -223,8 +254,13 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	res := adminapi.ReplayResult{Group: name, Replayed: []adminapi.ReplayedLetter{}}
+	defer func() {
+		if res.Count > 0 {
+			a.b.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", remote)
+		}
+	}()
 	for _, rl := range todo {
-		if r.Context().Err() != nil {
+		if ctx.Err() != nil {
 			break // the client went away: stop between replays, each is atomic
 		}
 		off, err := a.groups.ReplayDeadLetter(name, rl.ID)
@@ -232,13 +268,12 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 			continue // replayed or purged meanwhile
 		}
 		if err != nil {
-			status, msg := a.errorStatus(err, name, rl.ID)
+			se := a.statusError(err, name, rl.ID)
 			if res.Count > 0 {
-				msg = fmt.Sprintf("%s (after replaying %d)", msg, res.Count)
+				se.Message = fmt.Sprintf("%s (after replaying %d)", se.Message, res.Count)
 			}
-			res.Error = msg
-			writeJSON(w, status, res)
-			return
+			res.Error = se.Message
+			return res, se
 		}
 		res.Count++
 		if len(res.Replayed) < adminapi.MaxListedReplays {
@@ -248,10 +283,7 @@ func (a *groupAdmin) handleReplay(w http.ResponseWriter, r *http.Request) {
 			res.Truncated = true
 		}
 	}
-	if res.Count > 0 {
-		a.b.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", r.RemoteAddr)
-	}
-	writeJSON(w, http.StatusOK, res)
+	return res, nil
 }
 
 func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
@@ -260,7 +292,18 @@ func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
+	res, err := a.purge(name, id, one, r.RemoteAddr)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// purge deletes dead letter id (every one unless one) of group name.
+func (a *groupAdmin) purge(name string, id uint64, one bool, remote string) (adminapi.PurgeResult, error) {
 	res := adminapi.PurgeResult{Group: name}
+	var err error
 	if one {
 		err = a.groups.DeleteDeadLetter(name, id)
 		res.Purged = 1
@@ -268,9 +311,8 @@ func (a *groupAdmin) handlePurge(w http.ResponseWriter, r *http.Request) {
 		res.Purged, err = a.groups.PurgeDeadLetters(name)
 	}
 	if err != nil {
-		a.storeError(w, err, name, id)
-		return
+		return adminapi.PurgeResult{}, a.statusError(err, name, id)
 	}
-	a.b.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", r.RemoteAddr)
-	writeJSON(w, http.StatusOK, res)
+	a.b.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", remote)
+	return res, nil
 }

@@ -53,6 +53,7 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
+	obs       *observer     // counter samples and topic streams for the console
 	stop      chan struct{} // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
@@ -232,6 +233,10 @@ func (b *Broker) addHooks() error {
 	b.auth.OnDiscard = func(cl *mqtt.Client) { // a session discarded for another user
 		storage.OnClientExpired(cl)
 		b.fanout.OnClientExpired(cl)
+	}
+	b.obs = newObserver(b)
+	if err := b.server.AddHook(b.obs, nil); err != nil {
+		return fmt.Errorf("broker: observer hook: %w", err)
 	}
 	return nil
 }
@@ -422,6 +427,7 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
+	b.registerConsole(mux, groups)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

@@ -135,3 +135,56 @@ func (h *KeyShared) DeleteDeadLetter(group string, id uint64) error {
 func (h *KeyShared) PurgeDeadLetters(group string) (int, error) {
 	return h.store.PurgeDeadLetters(group)
 }
+
+// PendingMessage is a message of a group's log past its cursor and where it stands.
+type PendingMessage struct {
+	keyshared.Message
+	// Status is the dispatcher's answer; when the group is not running (no
+	// member has subscribed since the broker started) nothing has been read
+	// and every message is StateUnread.
+	Status keyshared.MessageStatus
+}
+
+// Pending returns the group's status and up to limit messages of its log
+// after the cursor, with the dispatcher's state of each; more reports
+// whether the log holds more.
+func (h *KeyShared) Pending(ctx context.Context, group string, limit int) (st GroupStatus, msgs []PendingMessage, more bool, err error) {
+	st, err = h.Group(group)
+	if err != nil {
+		return st, nil, false, err
+	}
+	log, err := h.store.Log(group)
+	if err != nil {
+		return st, nil, false, err
+	}
+	cursor := st.Info.Cursor
+	if st.Running {
+		cursor = max(cursor, st.Stats.Cursor)
+	}
+	read, err := log.ReadFrom(cursor+1, limit+1, nil)
+	if err != nil {
+		return st, nil, false, err
+	}
+	if len(read) > limit {
+		read, more = read[:limit], true
+	}
+	statuses := make([]keyshared.MessageStatus, len(read))
+	if g := h.groups.get(group); g != nil {
+		offs := make([]uint64, len(read))
+		for i, m := range read {
+			offs[i] = m.Offset
+		}
+		if statuses, err = g.d.States(ctx, offs); err != nil {
+			return st, nil, false, err
+		}
+	} else {
+		for i, m := range read {
+			statuses[i] = keyshared.MessageStatus{Offset: m.Offset, State: keyshared.StateUnread}
+		}
+	}
+	msgs = make([]PendingMessage, len(read))
+	for i, m := range read {
+		msgs[i] = PendingMessage{Message: m, Status: statuses[i]}
+	}
+	return st, msgs, more, nil
+}

@@ -51,6 +51,7 @@ const (
 	cmdRemove
 	cmdActive
 	cmdFlush
+	cmdStates
 )
 
 type command struct {
@@ -58,7 +59,10 @@ type command struct {
 	id     string
 	spec   memberSpec
 	active bool
-	reply  chan error
+	// offsets and states are cmdStates' question and answer (len equal).
+	offsets []uint64
+	states  []MessageStatus
+	reply   chan error
 }
 
 type resultKind uint8
@@ -380,6 +384,8 @@ func (d *Dispatcher) handle(cmd command, now time.Time) error {
 		return c.setActive(cmd.id, cmd.active, now)
 	case cmdFlush:
 		c.flushResolved()
+	case cmdStates:
+		c.states(cmd.offsets, cmd.states)
 	}
 	return nil
 }

@@ -1,0 +1,154 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/keyline-mq/keyline/internal/adminapi"
+)
+
+// GET /api/v1/overview, /api/v1/groups/activity and /api/v1/groups/messages.
+
+func (b *Broker) handleOverview(w http.ResponseWriter, r *http.Request) {
+	if _, err := queryParams(r); err != nil {
+		badRequest(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, b.overview())
+}
+
+// overview gathers the broker's figures: mochi's counters, the connection
+// layer's, the groups' stored totals, the data file's size and the sampler's
+// history.
+func (b *Broker) overview() adminapi.OverviewView {
+	i := b.server.Info
+	load := func(p *int64) int64 { return atomic.LoadInt64(p) }
+	v := adminapi.OverviewView{
+		StartedAt: b.started, UptimeSeconds: time.Since(b.started).Seconds(),
+		ClientsConnected: load(&i.ClientsConnected), ClientsMaximum: load(&i.ClientsMaximum),
+		Subscriptions: load(&i.Subscriptions), Retained: int64(b.server.Topics.Retained.Len()),
+		InflightMessages: load(&i.Inflight),
+		MessagesReceived: uint64(load(&i.MessagesReceived)), MessagesSent: uint64(load(&i.MessagesSent)),
+		MessagesDropped: uint64(load(&i.MessagesDropped)), InflightDropped: uint64(load(&i.InflightDropped)),
+		BytesReceived: uint64(load(&i.BytesReceived)), BytesSent: uint64(load(&i.BytesSent)),
+		DataFile: b.db.Path(), SampleSeconds: sampleEvery.Seconds(),
+	}
+	v.ClientsDisconnected = max(int64(b.server.Clients.Len())-v.ClientsConnected, 0)
+	if cs := b.connStats; cs != nil {
+		v.SlowDisconnects = cs.SlowDisconnects.Load()
+	}
+	for _, cv := range b.ClientViews() {
+		v.QueuedBytes += int64(cv.QueuedBytes)
+	}
+	if sts, err := b.keyShared.Groups(); err == nil {
+		v.Groups = len(sts)
+		for _, st := range sts {
+			v.GroupBacklog += st.Info.Backlog
+			v.DeadLetters += st.Info.DeadLetters
+		}
+	}
+	if fi, err := os.Stat(v.DataFile); err == nil {
+		v.DataFileBytes = fi.Size()
+	}
+	v.History, v.Rates = b.obs.samples.overview()
+	return v
+}
+
+func (a *groupAdmin) handleGroupActivity(w http.ResponseWriter, r *http.Request) {
+	name, err := groupTarget(r)
+	if err != nil {
+		badRequest(w, err)
+		return
+	}
+	v, err := a.groupActivity(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// groupActivity returns a group's sampled history and keeps it sampled for a while.
+func (a *groupAdmin) groupActivity(name string) (adminapi.GroupActivityView, error) {
+	if _, err := a.groups.Group(name); err != nil {
+		return adminapi.GroupActivityView{}, a.statusError(err, name, 0)
+	}
+	a.b.obs.samples.watch(name, time.Now())
+	return adminapi.GroupActivityView{Group: name, SampleSeconds: sampleEvery.Seconds(), History: a.b.obs.samples.groupHistory(name)}, nil
+}
+
+// sampleRates records every group's counters in the rate tracker (as
+// groupView does when it looks), so rates are there at the first look.
+func (a *groupAdmin) sampleRates(now time.Time) {
+	sts, err := a.b.keyShared.Groups()
+	if err != nil {
+		return
+	}
+	names := make(map[string]bool, len(sts))
+	for _, st := range sts {
+		s := rateSample{at: now, head: max(st.Info.Head, st.Stats.Head)}
+		if st.Running {
+			s.delivered, s.acked, s.dead = st.Stats.Delivered, st.Stats.Acked, st.Stats.DeadLettered
+		}
+		a.rates.observe(st.Info.Name, s)
+		names[st.Info.Name] = true
+	}
+	a.rates.retain(names)
+}
+
+func (a *groupAdmin) handleGroupMessages(w http.ResponseWriter, r *http.Request) {
+	q, err := queryParams(r, "group", "limit")
+	if err != nil {
+		badRequest(w, err)
+		return
+	}
+	name, err := groupParam(q)
+	if err != nil {
+		badRequest(w, err)
+		return
+	}
+	limit, given, err := uintParam(q, "limit")
+	if err != nil {
+		badRequest(w, err)
+		return
+	}
+	if !given {
+		limit = adminapi.DefaultGroupMessages
+	} else if limit < 1 || limit > adminapi.MaxGroupMessages {
+		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxGroupMessages))
+		return
+	}
+	v, err := a.groupMessages(r.Context(), name, int(limit))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// groupMessages reads up to limit messages of the group's log after its
+// cursor, each with the state the dispatcher gives it.
+func (a *groupAdmin) groupMessages(ctx context.Context, name string, limit int) (adminapi.GroupMessagesView, error) {
+	st, msgs, more, err := a.groups.Pending(ctx, name, limit)
+	if err != nil {
+		return adminapi.GroupMessagesView{}, a.statusError(err, name, 0)
+	}
+	v := adminapi.GroupMessagesView{Group: name, Cursor: st.Info.Cursor, Head: max(st.Info.Head, st.Stats.Head), More: more, Messages: []adminapi.PendingMessageView{}}
+	if st.Running {
+		v.Cursor = max(v.Cursor, st.Stats.Cursor)
+	}
+	for _, m := range msgs {
+		p := adminapi.PendingMessageView{
+			Offset: m.Offset, Key: m.Key, Topic: m.Topic, QoS: m.QoS, PayloadSize: len(m.Payload),
+			PublishedAt: m.PublishedAt, ExpiresAt: m.ExpiresAt,
+			State: m.Status.State.String(), InFlightTo: m.Status.Holder, Attempts: m.Status.Attempts,
+		}
+		p.Payload, p.PayloadEncoding, p.Truncated = previewPayload(m.Payload)
+		v.Messages = append(v.Messages, p)
+	}
+	return v, nil
+}
