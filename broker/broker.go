@@ -158,6 +158,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	return b, nil
 }
 
+// clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
+const clientWritesPending = 1024
+
 func (b *Broker) capabilities() *mqtt.Capabilities {
 	c := mqtt.NewDefaultServerCapabilities()
 	c.MaximumPacketSize = b.cfg.MaxPacketSize
@@ -175,6 +178,13 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
 	// is not a valid PUBACK reason: acks carry no properties and mean success.
 	c.Compatibilities.NoInheritedPropertiesOnAck = true
+	// mochi gives every client a channel of this many packet pointers for
+	// the publishes it routes (8192 by default: 64 KiB per connection and per
+	// offline session, the largest item of an idle client). Its writer drains
+	// the channel into the connection queue (internal/connq), which holds
+	// the bytes and applies the slow-consumer policy, so the channel only has
+	// to absorb a burst between two runs of that goroutine.
+	c.MaximumClientWritesPending = clientWritesPending
 	return c
 }
 

@@ -49,7 +49,10 @@ type Config struct {
 	MaxClients       int64         `yaml:"max-clients"`        // connected clients at once (0: no limit)
 	MaxInflight      uint16        `yaml:"max-inflight"`       // QoS 1/2 messages held per session (queued or unacknowledged)
 	ReceiveMaximum   uint16        `yaml:"receive-maximum"`    // QoS 1/2 publishes a client may have unacknowledged towards the broker
-	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"` // cap on how long a disconnected persistent session is kept
+	// MaxSessionExpiry caps how long a disconnected persistent session is
+	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
+	// 0: no cap, and 3.1.1 sessions never expire.
+	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"`
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
 	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
 
@@ -130,6 +133,11 @@ type ConnQueueOverride struct {
 	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
 }
 
+// DefaultMaxSessionExpiry is how long a disconnected persistent session is
+// kept unless configured: a week, so devices offline over a long weekend
+// keep their sessions and abandoned ones do not pile up for ever.
+const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
+
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
@@ -143,7 +151,7 @@ func DefaultConfig() Config {
 		MaxPacketSize:      1 << 20,
 		MaxInflight:        8192,
 		ReceiveMaximum:     1024,
-		MaxSessionExpiry:   0,
+		MaxSessionExpiry:   DefaultMaxSessionExpiry,
 		ShutdownTimeout:    10 * time.Second,
 		SlowPolicy:         connq.DropOldest,
 		ConnQueueSoft:      1 << 20,
