@@ -45,10 +45,10 @@ type Config struct {
 	LogFormat LogFormat `yaml:"log-format"` // text or json
 
 	// MQTT limits.
-	MaxPacketSize    uint32        `yaml:"max-packet-size"`    // bytes; larger packets close the connection (0: no limit)
-	MaxClients       int64         `yaml:"max-clients"`        // connected clients at once (0: no limit)
-	MaxInflight      uint16        `yaml:"max-inflight"`       // QoS 1/2 messages held per session (queued or unacknowledged)
-	ReceiveMaximum   uint16        `yaml:"receive-maximum"`    // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	MaxPacketSize  uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
+	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
+	MaxInflight    uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
+	ReceiveMaximum uint16 `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
 	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
 	// 0: no cap, and 3.1.1 sessions never expire.
