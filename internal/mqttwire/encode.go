@@ -67,18 +67,11 @@ type Subscribe struct {
 
 // AppendSubscribe appends s as a SUBSCRIBE frame.
 func AppendSubscribe(b []byte, version byte, s *Subscribe) []byte {
-	rl := 2
-	if version == Version5 {
-		rl += s.Props.blockLen()
-	}
+	n := 0
 	for _, f := range s.Filters {
-		rl += 2 + len(f.Filter) + 1
+		n += 2 + len(f.Filter) + 1
 	}
-	b = frameStart(b, TypeSubscribe, 0x02, rl)
-	b = binary.BigEndian.AppendUint16(b, s.PacketID)
-	if version == Version5 {
-		b = AppendProperties(b, &s.Props)
-	}
+	b = appendWithID(b, TypeSubscribe, version, s.PacketID, &s.Props, n)
 	for _, f := range s.Filters {
 		b = append(AppendString(b, f.Filter), f.Options)
 	}
@@ -94,20 +87,28 @@ type Unsubscribe struct {
 
 // AppendUnsubscribe appends u as an UNSUBSCRIBE frame.
 func AppendUnsubscribe(b []byte, version byte, u *Unsubscribe) []byte {
-	rl := 2
-	if version == Version5 {
-		rl += u.Props.blockLen()
-	}
+	n := 0
 	for _, f := range u.Filters {
-		rl += 2 + len(f)
+		n += 2 + len(f)
 	}
-	b = frameStart(b, TypeUnsubscribe, 0x02, rl)
-	b = binary.BigEndian.AppendUint16(b, u.PacketID)
-	if version == Version5 {
-		b = AppendProperties(b, &u.Props)
-	}
+	b = appendWithID(b, TypeUnsubscribe, version, u.PacketID, &u.Props, n)
 	for _, f := range u.Filters {
 		b = AppendString(b, f)
+	}
+	return b
+}
+
+// appendWithID starts a SUBSCRIBE or UNSUBSCRIBE whose filters take n
+// bytes: the fixed header, the packet id and, with MQTT 5, the properties.
+func appendWithID(b []byte, typ, version byte, id uint16, props *Properties, n int) []byte {
+	rl := 2 + n
+	if version == Version5 {
+		rl += props.blockLen()
+	}
+	b = frameStart(b, typ, 0x02, rl)
+	b = binary.BigEndian.AppendUint16(b, id)
+	if version == Version5 {
+		b = AppendProperties(b, props)
 	}
 	return b
 }
