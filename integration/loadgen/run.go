@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 // How a publisher is held back so that it measures sustained throughput
@@ -20,16 +22,6 @@ const (
 	gateMin   // may run at most --ahead messages past its slowest reading subscriber
 	gateGroup // may run at most --ahead messages past what its group has consumed
 )
-
-// tmpl is one pre-encoded PUBLISH frame: a stream of messages from one
-// publisher to one topic (and key), with the packet id and payload patched in.
-type tmpl struct {
-	frame  []byte
-	pidOff int // -1 at QoS 0
-	payOff int
-	stream uint32 // written to the payload's key field: key index or topic index
-	fan    int    // deliveries expected per message (reading subscribers, or 1 for a group)
-}
 
 type run struct {
 	cfg      config
@@ -127,7 +119,7 @@ func keepAlive(keepalive uint16, conns func() []*mconn, stop <-chan struct{}) {
 	}
 	t := time.NewTicker(time.Duration(keepalive) * time.Second / 2)
 	defer t.Stop()
-	ping := appendPingreq(nil)
+	ping := mqttwire.AppendPingreq(nil)
 	for {
 		select {
 		case <-stop:
@@ -159,17 +151,10 @@ type streamSpec struct {
 func (r *run) addPublisher(specs []streamSpec) *publisher {
 	p := &publisher{r: r, idx: len(r.pubs), wake: make(chan struct{}, 1), done: make(chan struct{}), ackDone: make(chan struct{})}
 	for _, s := range specs {
-		frame, off := appendPublish(nil, r.cfg.proto, s.topic, r.cfg.qos, 0, s.key, r.cfg.payload)
-		for i := off + payloadMin; i < len(frame); i++ {
-			frame[i] = 'x'
-		}
-		t := tmpl{frame: frame, pidOff: -1, payOff: off, stream: s.stream, fan: s.fan}
-		if r.cfg.qos > 0 {
-			t.pidOff = off - 2
-			if r.cfg.proto == 5 {
-				pl := propsLen(s.key)
-				t.pidOff = off - pl - varintLen(pl) - 2
-			}
+		t := newTmpl(r.cfg.proto, s.topic, r.cfg.qos, s.key, r.cfg.payload)
+		t.stream, t.fan = s.stream, s.fan
+		for i := t.payOff + payloadMin; i < len(t.frame); i++ {
+			t.frame[i] = 'x'
 		}
 		p.tmpls = append(p.tmpls, t)
 		if s.stream >= uint32(r.streams) {
@@ -474,7 +459,7 @@ func (p *publisher) readAcks() {
 	defer close(p.ackDone)
 	var out []byte
 	for {
-		pk, err := p.m.fr.next()
+		pk, err := p.m.fr.Next()
 		if err != nil {
 			if !p.r.closing.Load() && !isClosedErr(err) {
 				p.ackErr = err
@@ -483,26 +468,26 @@ func (p *publisher) readAcks() {
 			}
 			return
 		}
-		switch pk.typ {
-		case pktPuback, pktPubcomp:
-			if _, rc, err := ackID(pk); err == nil && rc >= 0x80 {
+		switch pk.Type {
+		case mqttwire.TypePuback, mqttwire.TypePubcomp:
+			if a, err := mqttwire.DecodeAck(p.m.proto, pk); err == nil && a.ReasonCode >= 0x80 {
 				p.nacks.Add(1)
 			}
 			p.release()
-		case pktPubrec:
-			id, rc, err := ackID(pk)
+		case mqttwire.TypePubrec:
+			a, err := mqttwire.DecodeAck(p.m.proto, pk)
 			if err != nil {
 				p.ackErr = err
 				return
 			}
-			if rc >= 0x80 {
+			if a.ReasonCode >= 0x80 {
 				p.nacks.Add(1)
 				p.release()
 			} else {
-				out = appendAck(out, pktPubrel, id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePubrel, a.PacketID, 0)
 			}
 		}
-		if len(out) > 0 && !p.m.fr.buffered() {
+		if len(out) > 0 && !p.m.fr.Buffered() {
 			if _, err := p.m.c.Write(out); err != nil {
 				return
 			}
@@ -529,7 +514,7 @@ func (s *subscriber) run() {
 	proto := r.cfg.proto
 	var out []byte
 	for {
-		pk, err := s.m.fr.next()
+		pk, err := s.m.fr.Next()
 		if err != nil {
 			if !r.closing.Load() {
 				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
@@ -537,27 +522,27 @@ func (s *subscriber) run() {
 			s.endBatch()
 			return
 		}
-		switch pk.typ {
-		case pktPublish:
-			m, err := decodePublish(pk, proto)
+		switch pk.Type {
+		case mqttwire.TypePublish:
+			m, err := mqttwire.DecodePublish(proto, pk)
 			if err != nil {
 				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
 				s.endBatch()
 				return
 			}
 			s.handle(&m)
-			switch m.qos {
+			switch m.QoS {
 			case 1:
-				out = appendAck(out, pktPuback, m.id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePuback, m.PacketID, 0)
 			case 2:
-				out = appendAck(out, pktPubrec, m.id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePubrec, m.PacketID, 0)
 			}
-		case pktPubrel:
-			if id, _, err := ackID(pk); err == nil {
-				out = appendAck(out, pktPubcomp, id)
+		case mqttwire.TypePubrel:
+			if a, err := mqttwire.DecodeAck(proto, pk); err == nil {
+				out = mqttwire.AppendAck(out, mqttwire.TypePubcomp, a.PacketID, 0)
 			}
 		}
-		if !s.m.fr.buffered() {
+		if !s.m.fr.Buffered() {
 			if len(out) > 0 {
 				if _, err := s.m.c.Write(out); err != nil && !r.closing.Load() {
 					s.err = err
@@ -569,10 +554,10 @@ func (s *subscriber) run() {
 	}
 }
 
-func (s *subscriber) handle(m *publish) {
+func (s *subscriber) handle(m *mqttwire.PublishView) {
 	r := s.r
 	rt := now()
-	pi, ok := getPayload(m.payload)
+	pi, ok := getPayload(m.Payload)
 	if !ok || pi.run != r.runID || int(pi.pub) >= len(r.pubs) {
 		s.foreign++
 		return
@@ -595,8 +580,11 @@ func (s *subscriber) handle(m *publish) {
 			if viol {
 				s.viol++
 			}
-			if r.cfg.keyMode == "prop" && (!m.hasKey || int(pi.key) >= len(r.keyNames) || string(m.keyProp) != r.keyNames[pi.key]) {
-				s.keyMiss++
+			if r.cfg.keyMode == "prop" {
+				key, ok := m.Props.UserValue(keyProperty)
+				if !ok || int(pi.key) >= len(r.keyNames) || string(key) != r.keyNames[pi.key] {
+					s.keyMiss++
+				}
 			}
 		}
 		return
@@ -1087,10 +1075,10 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 			return nil
 		}
 		m.c.SetDeadline(time.Now().Add(cfg.timeout))
-		if _, err := m.c.Write(appendPingreq(nil)); err != nil {
+		if _, err := m.c.Write(mqttwire.AppendPingreq(nil)); err != nil {
 			return nil
 		}
-		if p, err := m.fr.next(); err == nil && p.typ == pktPingresp {
+		if p, err := m.fr.Next(); err == nil && p.Type == mqttwire.TypePingresp {
 			alive.Add(1)
 		}
 		return nil
