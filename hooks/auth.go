@@ -57,8 +57,15 @@ func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
 func (h *Auth) Provides(b byte) bool {
-	return bytes.Contains([]byte{mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnPacketRead}, []byte{b})
+	if b == mqtt.OnPacketEncode && h.ledger == nil {
+		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
+	}
+	return authEvents.has(b)
 }
+
+var authEvents = eventSet(
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnPacketRead,
+)
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,
 // and keeps a client id to the user whose session it is.

@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"bytes"
 	"slices"
 	"sync/atomic"
 
@@ -60,13 +59,13 @@ func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) 
 func (h *Fanout) ID() string { return "keyline-fanout" }
 
 // Provides reports which hook methods Fanout implements.
-func (h *Fanout) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnSelectSubscribers, mqtt.OnSessionEstablish, mqtt.OnPublish,
-		mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished, mqtt.OnStarted, mqtt.OnClientExpired,
-		mqtt.OnPacketEncode,
-	}, []byte{b})
-}
+func (h *Fanout) Provides(b byte) bool { return fanoutEvents.has(b) }
+
+var fanoutEvents = eventSet(
+	mqtt.OnSelectSubscribers, mqtt.OnSessionEstablish, mqtt.OnPublish,
+	mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished, mqtt.OnStarted, mqtt.OnClientExpired,
+	mqtt.OnPacketEncode,
+)
 
 // OnSessionEstablish applies the queue limits that match the client's id.
 func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
@@ -256,12 +255,14 @@ func (h *Fanout) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.invalida
 // OnPacketEncode invalidates the cached routes when a CONNACK is about to go
 // out: a resumed session's subscriptions were re-indexed for its new
 // connection just before, and OnSessionEstablished only runs after the
-// client has its CONNACK (and may already be publishing to itself).
+// client has its CONNACK (and may already be publishing to itself). It
+// also marks plain successful acks for the short encoding (shortAck); the
+// broker registers this hook after every other hook that may change an ack.
 func (h *Fanout) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
 	if pk.FixedHeader.Type == packets.Connack && pk.SessionPresent {
 		h.invalidate() // only a resumed session changes the index at connect time
 	}
-	return pk
+	return shortAck(pk)
 }
 
 // OnStarted invalidates the cached routes.

@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -87,13 +86,13 @@ func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeyShar
 func (h *KeyShared) ID() string { return "keyline-keyshared" }
 
 // Provides reports which hook methods KeyShared implements.
-func (h *KeyShared) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
-		mqtt.OnSessionEstablished, mqtt.OnDisconnect,
-		mqtt.OnPublish, mqtt.OnSelectSubscribers, mqtt.OnPacketRead,
-	}, []byte{b})
-}
+func (h *KeyShared) Provides(b byte) bool { return keySharedEvents.has(b) }
+
+var keySharedEvents = eventSet(
+	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
+	mqtt.OnSessionEstablished, mqtt.OnDisconnect,
+	mqtt.OnPublish, mqtt.OnSelectSubscribers, mqtt.OnPacketRead,
+)
 
 // Init notifies dispatchers of new log entries and resumes every stored group,
 // so publishes keep landing in groups whose members are away.

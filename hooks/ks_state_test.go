@@ -188,6 +188,17 @@ func TestInflightTableBothWays(t *testing.T) {
 	if _, ok := it.revoke("w/a", "c", 43); ok {
 		t.Fatal("untracked delivery revoked")
 	}
+	// Two groups deliver to one member: a revoke names its group.
+	h := testGroup("w/b")
+	it.track("c", 1, g, 50)
+	it.track("c", 2, h, 50)
+	if id, ok := it.revoke("w/b", "c", 50); !ok || id != 2 || !it.owns("c", 1) {
+		t.Fatal("revoke took the other group's delivery", id, ok)
+	}
+	it.untrack("c", 1)
+	if n := it.clientCount(); n != 0 {
+		t.Fatalf("%d clients left in the table with nothing in flight", n)
+	}
 }
 
 func TestDLQTopicFitsMQTT(t *testing.T) {

@@ -1,10 +1,10 @@
 package hooks
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -32,6 +32,9 @@ type Storage struct {
 	// failedRetain holds the publishes whose retained message could not be
 	// stored, until their acknowledgement is encoded (as a failure).
 	failedRetain sync.Map // packetKey -> struct{}
+	// failedRetains counts failedRetain's entries (at least), so that the
+	// acks of every other publish skip the lookup.
+	failedRetains atomic.Int64
 }
 
 // NewStorage returns a storage hook writing to store.
@@ -43,28 +46,28 @@ func NewStorage(server *mqtt.Server, store *persistence.SessionStore) *Storage {
 func (h *Storage) ID() string { return "keyline-storage" }
 
 // Provides reports which hook methods Storage implements.
-func (h *Storage) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnSessionEstablished,
-		mqtt.OnDisconnect,
-		mqtt.OnSubscribed,
-		mqtt.OnUnsubscribed,
-		mqtt.OnRetainMessage,
-		mqtt.OnWillSent,
-		mqtt.OnQosPublish,
-		mqtt.OnQosComplete,
-		mqtt.OnQosDropped,
-		mqtt.OnSysInfoTick,
-		mqtt.OnPacketEncode,
-		mqtt.OnClientExpired,
-		mqtt.OnRetainedExpired,
-		mqtt.StoredClients,
-		mqtt.StoredSubscriptions,
-		mqtt.StoredInflightMessages,
-		mqtt.StoredRetainedMessages,
-		mqtt.StoredSysInfo,
-	}, []byte{b})
-}
+func (h *Storage) Provides(b byte) bool { return storageEvents.has(b) }
+
+var storageEvents = eventSet(
+	mqtt.OnSessionEstablished,
+	mqtt.OnDisconnect,
+	mqtt.OnSubscribed,
+	mqtt.OnUnsubscribed,
+	mqtt.OnRetainMessage,
+	mqtt.OnWillSent,
+	mqtt.OnQosPublish,
+	mqtt.OnQosComplete,
+	mqtt.OnQosDropped,
+	mqtt.OnSysInfoTick,
+	mqtt.OnPacketEncode,
+	mqtt.OnClientExpired,
+	mqtt.OnRetainedExpired,
+	mqtt.StoredClients,
+	mqtt.StoredSubscriptions,
+	mqtt.StoredInflightMessages,
+	mqtt.StoredRetainedMessages,
+	mqtt.StoredSysInfo,
+)
 
 // Stop commits whatever is still queued.
 func (h *Storage) Stop() error { return h.store.Sync() }
@@ -267,13 +270,21 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 		return
 	}
 	h.failedRetain.Store(packetKey{cl.ID, pk.PacketID}, struct{}{})
+	h.failedRetains.Add(1)
+}
+
+// packetKey names one packet id of one client.
+type packetKey struct {
+	client string
+	id     uint16
 }
 
 // OnPacketEncode turns the acknowledgement of a publish whose retained
 // message was not stored into a failure (0x80).
 func (h *Storage) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if t := pk.FixedHeader.Type; t == packets.Puback || t == packets.Pubrec {
+	if t := pk.FixedHeader.Type; (t == packets.Puback || t == packets.Pubrec) && h.failedRetains.Load() > 0 {
 		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
+			h.failedRetains.Add(-1)
 			pk.ReasonCode = packets.ErrUnspecifiedError.Code
 		}
 	}

@@ -120,6 +120,7 @@ const FlushTimeout = time.Second
 type frame struct {
 	b      []byte
 	shared bool  // offered through Enqueue: droppable, counted as a message
+	sent   bool  // offered through Send: counted as a message, never dropped
 	hold   *Hold // when set and undecided, this frame and all after it wait
 }
 
@@ -151,6 +152,10 @@ type Conn struct {
 	wbatch    []frame
 	wbufs     net.Buffers
 	wcoalesce []byte
+
+	// readDeadline is the read deadline in force through SetDeadline, in
+	// Unix nanoseconds (0: none).
+	readDeadline atomic.Int64
 
 	droppedMessages atomic.Uint64
 	droppedBytes    atomic.Uint64
@@ -192,24 +197,39 @@ func (c *Conn) Limits() Limits {
 func (c *Conn) Write(p []byte) (int, error) {
 	b := make([]byte, len(p))
 	copy(b, p)
+	if err := c.queue(frame{b: b}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Send queues a whole MQTT frame the caller encoded, by reference (the
+// caller must not modify b afterwards), never dropping it: a message mochi
+// does not write itself, counted in mochi's sent figures when written. Past
+// the hard limit the connection is cut and Send returns ErrSlowConsumer.
+func (c *Conn) Send(b []byte) error {
+	return c.queue(frame{b: b, sent: true})
+}
+
+// queue appends f unless it would take the queue past the hard limit.
+func (c *Conn) queue(f frame) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.closedLocked(); err != nil {
-		return 0, err
+		return err
 	}
-	if c.mu.bytes+len(b) > c.mu.limits.Hard {
+	if c.mu.bytes+len(f.b) > c.mu.limits.Hard {
 		c.failLocked(ErrSlowConsumer)
-		return 0, ErrSlowConsumer
+		return ErrSlowConsumer
 	}
-	f := frame{b: b}
 	if len(c.mu.holds) > 0 {
 		c.attachLocked(&f)
 		if c.mu.failed != nil {
-			return 0, c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
+			return c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
 		}
 	}
 	c.pushLocked(f)
-	return len(p), nil
+	return nil
 }
 
 // Enqueue offers a shared frame, queued by reference: the caller must not
@@ -563,7 +583,7 @@ func (c *Conn) account(batch []frame) {
 	c.stats.Frames.Add(uint64(len(batch)))
 	var msgs, bytes int64
 	for _, f := range batch {
-		if f.shared {
+		if f.shared || f.sent {
 			msgs++
 			bytes += int64(len(f.b))
 		}
@@ -576,5 +596,25 @@ func (c *Conn) account(batch []frame) {
 }
 
 // SetDeadline sets the read deadline only (mochi uses it for keepalive):
-// write deadlines belong to the writer.
-func (c *Conn) SetDeadline(t time.Time) error { return c.Conn.SetReadDeadline(t) }
+// write deadlines belong to the writer. mochi moves the deadline forward
+// after every packet it reads, and moving a runtime timer is a visible cost
+// at high packet rates, so a deadline at most DeadlineSlack earlier than the
+// one in force is not passed on; a deadline that is passed on is set
+// DeadlineSlack late. The deadline in force is never earlier than asked for,
+// and at most DeadlineSlack later.
+func (c *Conn) SetDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.readDeadline.Store(0)
+		return c.Conn.SetReadDeadline(t)
+	}
+	want := t.UnixNano()
+	if set := c.readDeadline.Load(); set != 0 && want <= set && set-want <= int64(DeadlineSlack) {
+		return nil
+	}
+	t = t.Add(DeadlineSlack)
+	c.readDeadline.Store(t.UnixNano())
+	return c.Conn.SetReadDeadline(t)
+}
+
+// DeadlineSlack is how much later than asked a read deadline may fall (see SetDeadline).
+const DeadlineSlack = time.Second

@@ -129,6 +129,9 @@ func TestEncodePublish(t *testing.T) {
 				Props:   Properties{MessageExpiry: 60, ContentType: "text/plain", User: []UserProperty{{"key", "k1"}}},
 				Payload: []byte("payload")}
 			frame := AppendPublish(nil, v, p)
+			if n := PublishLen(v, p); n != len(frame) {
+				t.Errorf("v%d QoS %d: PublishLen %d, frame %d bytes", v, qos, n, len(frame))
+			}
 			// The frame is sized before it is written: appended to a slice
 			// with exactly that much room, it stays in place.
 			room := make([]byte, 1, 1+len(frame))

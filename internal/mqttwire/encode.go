@@ -128,13 +128,7 @@ type Publish struct {
 // caller that fills payloads itself can append a frame with a placeholder
 // payload once and find it at len(frame)-len(p.Payload).
 func AppendPublish(b []byte, version byte, p *Publish) []byte {
-	rl := 2 + len(p.Topic) + len(p.Payload)
-	if p.QoS > 0 {
-		rl += 2
-	}
-	if version == Version5 {
-		rl += p.Props.blockLen()
-	}
+	rl := publishRemaining(version, p)
 	flags := (p.QoS & 0x03) << 1
 	if p.Dup {
 		flags |= 0x08
@@ -151,6 +145,23 @@ func AppendPublish(b []byte, version byte, p *Publish) []byte {
 		b = AppendProperties(b, &p.Props)
 	}
 	return append(b, p.Payload...)
+}
+
+// PublishLen returns the size of the frame AppendPublish appends for p.
+func PublishLen(version byte, p *Publish) int {
+	rl := publishRemaining(version, p)
+	return 1 + VarintLen(rl) + rl
+}
+
+func publishRemaining(version byte, p *Publish) int {
+	rl := 2 + len(p.Topic) + len(p.Payload)
+	if p.QoS > 0 {
+		rl += 2
+	}
+	if version == Version5 {
+		rl += p.Props.blockLen()
+	}
+	return rl
 }
 
 // AppendAck appends a PUBACK, PUBREC, PUBREL or PUBCOMP (typ) for packet id.
