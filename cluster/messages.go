@@ -1,0 +1,236 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var errorsIs = errors.Is
+
+func backoff(attempt int) time.Duration {
+	d := 50 * time.Millisecond << min(attempt, 5)
+	return min(d, time.Second)
+}
+
+// Publish sends a message published on this node to the other nodes. QoS 0
+// goes over core NATS (no wait, at most once); QoS 1 and 2 are stored in
+// KL_MSGS first, and Publish returns the stream sequence once the store is
+// acknowledged (retrying through a JetStream leader election, with one
+// message id, so a retry never stores twice).
+func (n *Node) Publish(ctx context.Context, topic string, qos byte, body []byte) (uint64, error) {
+	if qos == 0 {
+		subj, _ := TopicSubject(KindMessage, topic)
+		if err := n.nc.Publish(subj, body); err != nil {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: publish: %w", err)
+		}
+		n.Stats.CorePublished.Add(1)
+		return 0, nil
+	}
+	subj, _ := TopicSubject(KindQueued, topic)
+	seq, err := n.store(ctx, subj, body, StreamMessages)
+	if err != nil {
+		return 0, err
+	}
+	n.Stats.QueuedPublished.Add(1)
+	return seq, nil
+}
+
+// StoreRetained stores a retained message (the body says whether it is a
+// delete) for every node, and returns once it is acknowledged.
+func (n *Node) StoreRetained(ctx context.Context, topic string, body []byte) error {
+	subj, _ := TopicSubject(KindRetained, topic)
+	if _, err := n.store(ctx, subj, body, StreamRetained); err != nil {
+		return err
+	}
+	n.Stats.RetainedStored.Add(1)
+	return nil
+}
+
+func (n *Node) store(ctx context.Context, subj string, body []byte, stream string) (uint64, error) {
+	m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{hdrNode: []string{n.cfg.NodeID}}}
+	id := n.cfg.NodeID + "-" + n.boot + "-" + strconv.FormatUint(n.msgID.Add(1), 10)
+	deadline := time.Now().Add(n.cfg.PublishTimeout)
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
+		ack, err := n.js.PublishMsg(actx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(stream))
+		cancel()
+		if err == nil {
+			n.lastJSOK.Store(time.Now().UnixNano())
+			return ack.Sequence, nil
+		}
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.Code >= 400 && apiErr.Code < 500 && apiErr.Code != 408 {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: store on %s: %w", stream, err) // refused, not unavailable
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || n.stopped() {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: store on %s: %w (%v)", stream, ErrNotReady, err)
+		}
+		if !n.sleep(backoff(attempt)) {
+			return 0, ErrNotReady
+		}
+	}
+}
+
+// coreLoop hands core messages to the handler in the order the connection
+// received them (every core subscription shares one channel).
+func (n *Node) coreLoop() {
+	for {
+		select {
+		case <-n.stop:
+			return
+		case m := <-n.coreCh:
+			n.Stats.CoreReceived.Add(1)
+			if n.h.Message != nil {
+				n.h.Message(Incoming{Data: m.Data})
+			}
+		}
+	}
+}
+
+// queuedLoop reads the node's consumer in stream order. A redelivery of a
+// message already handled (its ack was lost) is acknowledged and skipped.
+func (n *Node) queuedLoop(cons jetstream.Consumer) {
+	for attempt := 0; !n.stopped(); attempt++ {
+		it, err := cons.Messages(jetstream.PullMaxMessages(1000))
+		if err != nil {
+			n.log.Warn("reading the node's consumer", "error", err)
+			if !n.sleep(backoff(attempt)) {
+				return
+			}
+			continue
+		}
+		if !n.trackIterator(it) {
+			return
+		}
+		n.readQueued(it)
+		n.untrackIterator(it)
+		it.Stop()
+		if n.stopped() {
+			return
+		}
+		// The consumer is gone (deleted, or lost with its stream): make it again.
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+		cfg := n.consumer
+		n.interest.mu.Lock()
+		subjects := make([]string, 0, len(n.interest.queued))
+		for s := range n.interest.queued {
+			subjects = append(subjects, s)
+		}
+		n.interest.mu.Unlock()
+		cfg.FilterSubjects = consumerFilters(subjects)
+		c, err := n.js.CreateOrUpdateConsumer(ctx, StreamMessages, cfg)
+		cancel()
+		if err != nil {
+			n.log.Warn("recreating the node's consumer", "error", err)
+			if !n.sleep(backoff(attempt)) {
+				return
+			}
+			continue
+		}
+		cons = c
+	}
+}
+
+func (n *Node) readQueued(it jetstream.MessagesContext) {
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
+				return
+			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				n.log.Warn("the node's consumer is gone", "error", err)
+				return
+			}
+			n.log.Debug("reading the node's consumer", "error", err)
+			continue
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			_ = m.Term()
+			continue
+		}
+		seq := md.Sequence.Stream
+		switch {
+		case seq <= n.queuedPos.Load():
+			n.Stats.QueuedRedeliver.Add(1)
+		case m.Headers().Get(hdrNode) == n.cfg.NodeID:
+			n.Stats.QueuedOwn.Add(1)
+			n.queuedPos.Store(seq)
+		default:
+			n.Stats.QueuedReceived.Add(1)
+			if n.h.Message != nil {
+				n.h.Message(Incoming{Data: m.Data(), Seq: seq, Queued: true})
+			}
+			n.queuedPos.Store(seq)
+		}
+		_ = m.Ack()
+	}
+}
+
+// QueuedPosition returns the highest KL_MSGS sequence this node has handed
+// to its handler (or skipped as its own).
+func (n *Node) QueuedPosition() uint64 { return n.queuedPos.Load() }
+
+// startRetained tails KL_RETAINED from the last message of every subject;
+// retainedOK closes once the tail was reached.
+func (n *Node) startRetained(ctx context.Context) error {
+	st, err := n.js.Stream(ctx, StreamRetained)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		close(n.retainedOK)
+	}
+	cons, err := n.js.OrderedConsumer(ctx, StreamRetained, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		FilterSubjects: []string{
+			Prefix + "." + KindRetained + ".>",
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: retained consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("cluster: retained consumer: %w", err)
+	}
+	if !n.trackIterator(it) {
+		return ErrNotReady
+	}
+	loaded := info.State.Msgs == 0
+	n.goFunc(func() {
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
+					return
+				}
+				n.log.Debug("reading retained messages", "error", err)
+				continue
+			}
+			n.Stats.RetainedReceived.Add(1)
+			if n.h.Retained != nil {
+				n.h.Retained(Incoming{Data: m.Data()})
+			}
+			if md, err := m.Metadata(); !loaded && err == nil && md.NumPending == 0 {
+				loaded = true
+				close(n.retainedOK)
+			}
+		}
+	})
+	return nil
+}
