@@ -53,13 +53,13 @@ type Handler struct {
 type Stats struct {
 	CorePublished, QueuedPublished, RetainedStored atomic.Uint64
 	CoreReceived, QueuedReceived, RetainedReceived atomic.Uint64
-	QueuedOwn       atomic.Uint64 // own QoS 1/2 publishes that came back through the consumer (skipped)
-	QueuedRedeliver atomic.Uint64 // redeliveries of messages already handled (skipped)
-	PublishErrors   atomic.Uint64
-	SlowConsumer    atomic.Uint64 // core messages NATS dropped because the node fell behind
-	ConsumerUpdates atomic.Uint64
-	Takeovers       atomic.Uint64 // sessions this node took from another node
-	Released        atomic.Uint64 // sessions another node took from this one
+	QueuedOwn                                      atomic.Uint64 // own QoS 1/2 publishes that came back through the consumer (skipped)
+	QueuedRedeliver                                atomic.Uint64 // redeliveries of messages already handled (skipped)
+	PublishErrors                                  atomic.Uint64
+	SlowConsumer                                   atomic.Uint64 // core messages NATS dropped because the node fell behind
+	ConsumerUpdates                                atomic.Uint64
+	Takeovers                                      atomic.Uint64 // sessions this node took from another node
+	Released                                       atomic.Uint64 // sessions another node took from this one
 }
 
 // Node is one Keyline node's membership in the cluster.

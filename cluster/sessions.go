@@ -19,7 +19,7 @@ var ErrRevision = errors.New("cluster: session record changed (taken over)")
 // State; the cluster reads only the fields it needs to replay.
 type SessionRecord struct {
 	ClientID   string `json:"id"`
-	Owner      string `json:"owner"`     // node id holding the session
+	Owner      string `json:"owner"`      // node id holding the session
 	Persistent bool   `json:"persistent"` // outlives its connection
 	Connected  bool   `json:"connected"`
 	// Floor: every KL_MSGS message at or below it that matched the session
