@@ -33,6 +33,7 @@ func (b *Broker) ClientViews() []adminapi.ClientView {
 			ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 			ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
 			Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
+			Node: b.NodeID(),
 		}
 		if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 			v.QueuedBytes = q.Queued()

@@ -25,6 +25,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
@@ -52,7 +53,9 @@ type Broker struct {
 	connStats *connq.Stats // totals of every connection's outbound queue
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
-	stop      chan struct{} // closed when Shutdown begins; ends background loops
+	cluster   *hooks.Cluster // cluster mode only (broker/cluster.go)
+	node      *cluster.Node  // cluster mode only
+	stop      chan struct{}  // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -198,13 +201,26 @@ func (b *Broker) addHooks() error {
 		CanRead:  canRead,
 		Sessions: b.sessions,
 	})
-	if err := b.server.AddHook(b.keyShared, nil); err != nil {
+	if b.clusterMode() {
+		// Sessions and retained messages live in the cluster, not in bbolt;
+		// the cluster hook goes before the fan-out hook (see hooks.Cluster).
+		if err := b.startCluster(); err != nil {
+			return err
+		}
+	}
+	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}
-	storage := hooks.NewStorage(b.sessions)
-	storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
-	if err := b.server.AddHook(storage, nil); err != nil {
-		return fmt.Errorf("broker: storage hook: %w", err)
+	if b.cluster != nil {
+		if err := b.server.AddHook(b.cluster, nil); err != nil {
+			return fmt.Errorf("broker: cluster hook: %w", err)
+		}
+	} else {
+		storage := hooks.NewStorage(b.sessions)
+		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+		if err := b.server.AddHook(storage, nil); err != nil {
+			return fmt.Errorf("broker: storage hook: %w", err)
+		}
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
@@ -354,6 +370,9 @@ func (b *Broker) closeResources() error {
 			errs = append(errs, ignoreClosed(ln.ln.Close()))
 		}
 	}
+	if b.node != nil {
+		b.node.Close() // after the server: its hooks write session records on the way out
+	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())
 	}
@@ -390,12 +409,13 @@ func (b *Broker) Addr(name string) string {
 	return ""
 }
 
-// Ready reports whether the broker is serving MQTT and not shutting down.
-func (b *Broker) Ready() bool { return b.ready.Load() }
+// Ready reports whether the broker is serving MQTT and not shutting down
+// (and, in cluster mode, is connected to NATS with JetStream available).
+func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
 	mux := http.NewServeMux()
 	registerDebug(mux)
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)

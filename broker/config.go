@@ -65,6 +65,9 @@ type Config struct {
 	GroupOverrides []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
 	HTTPToken      string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
 
+	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
+	Cluster ClusterConfig `yaml:",inline"`
+
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
 	Auth *auth.Ledger `yaml:"auth"`
@@ -125,6 +128,7 @@ func DefaultConfig() Config {
 		ConnQueueHard:    8 << 20,
 		ConnQueueGrace:   10 * time.Second,
 		KeyProperty:      "key",
+		Cluster:          DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -214,6 +218,9 @@ func (c *Config) Validate() error {
 		if _, err := c.connLimits(o.Listener, o.ClientPrefix); err != nil {
 			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
 	}
 	switch {
 	case c.LogLevel == 0:

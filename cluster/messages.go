@@ -226,11 +226,44 @@ func (n *Node) startRetained(ctx context.Context) error {
 			if n.h.Retained != nil {
 				n.h.Retained(Incoming{Data: m.Data()})
 			}
-			if md, err := m.Metadata(); !loaded && err == nil && md.NumPending == 0 {
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			n.retainedPos.Store(md.Sequence.Stream)
+			if !loaded && md.NumPending == 0 {
 				loaded = true
 				close(n.retainedOK)
 			}
 		}
 	})
+	return nil
+}
+
+// CatchUpRetained waits until every retained message stored anywhere in the
+// cluster before the call has been handed to Handler.Retained, or ctx ends:
+// a subscription made after a retained publish was acknowledged on another
+// node gets it.
+func (n *Node) CatchUpRetained(ctx context.Context) error {
+	st, err := n.js.Stream(ctx, StreamRetained)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	for n.retainedPos.Load() < info.State.LastSeq {
+		if info.State.Msgs == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: retained messages not caught up: %w", ctx.Err())
+		case <-n.stop:
+			return ErrNotReady
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 	return nil
 }

@@ -80,6 +80,7 @@ type Node struct {
 	interest     interest
 	coreCh       chan *nats.Msg
 	queuedPos    atomic.Uint64 // highest KL_MSGS sequence handed to Handler.Message
+	retainedPos  atomic.Uint64 // highest KL_RETAINED sequence handed to Handler.Retained
 	retainedOK   chan struct{} // closed once the retained stream has been read up to its tail
 	lastJSOK     atomic.Int64  // unix nanos of the last successful JetStream call
 	stop         chan struct{}

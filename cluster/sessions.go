@@ -216,3 +216,16 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 		}
 	}
 }
+
+// LastSequence returns the sequence of the last message in KL_MSGS.
+func (n *Node) LastSequence(ctx context.Context) (uint64, error) {
+	st, err := n.js.Stream(ctx, StreamMessages)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("cluster: %w", err)
+	}
+	return info.State.LastSeq, nil
+}

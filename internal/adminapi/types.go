@@ -219,6 +219,7 @@ type ClientView struct {
 	Remote          string `json:"remote"`
 	ProtocolVersion byte   `json:"protocol_version"`
 	Connected       bool   `json:"connected"`
+	Node            string `json:"node,omitempty"` // cluster mode: the node holding the client
 	Subscriptions   int    `json:"subscriptions"`
 	Inflight        int    `json:"inflight"`
 	// Outbound queue (absent for a disconnected persistent session).
