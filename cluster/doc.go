@@ -11,10 +11,14 @@
 //     match, and none to a node without interest. The publishing node's
 //     connection has no echo: it delivers locally itself.
 //   - QoS 1 and 2 messages are stored once in the stream KL_MSGS (subjects
-//     kl.q.>) before the publisher is acknowledged, then read by one durable
-//     pull consumer per node whose filter subjects are the node's interest.
-//     Never one consumer per MQTT subscription: that is what makes
-//     nats-server's own MQTT support collapse under thousands of Raft groups.
+//     kl.q.>) before the publisher is acknowledged, then read by one ordered
+//     consumer per node (ephemeral, one replica, in memory, no acks; nats.go
+//     recreates it from the last sequence it delivered after a gap or a
+//     reconnect) whose filter subjects are the node's interest. An interest
+//     change replaces it with one that starts after the last message the
+//     node handled. Never one consumer per MQTT subscription: that is what
+//     makes nats-server's own MQTT support collapse under thousands of Raft
+//     groups.
 //   - Retained messages live in the stream KL_RETAINED (kl.r.>, one message
 //     per subject); every node tails it into its local retained index.
 //   - Session records live in the KV bucket KL_SESSIONS, keyed by a hash of
@@ -27,7 +31,8 @@
 //     subject no longer than MaxSubjectLen (fuzzed in subject_test.go).
 //  2. A node's consumer filter set has no subject that is a subset of
 //     another (JetStream refuses overlapping filters) and covers every
-//     subject in the node's interest.
+//     subject in the node's interest; AddInterest returns only once a
+//     consumer with the new filter exists.
 //  3. Messages reach Handler.Message in stream order per path: core messages
 //     in the order the node's connection received them, queued messages in
 //     KL_MSGS sequence order (one goroutine each).

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,7 +27,9 @@ type interest struct {
 	version uint64                        // bumped on every change of queued
 	applied uint64                        // the version the consumer has
 	wake    chan struct{}                 // closed and replaced when applied changes
-	kick    chan struct{}                 // wakes the update loop
+
+	current        jetstream.MessagesContext // the queued loop's consumer
+	currentVersion uint64                    // the version it was made for
 }
 
 func (i *interest) init() {
@@ -35,7 +38,6 @@ func (i *interest) init() {
 	i.coreRef = map[string]int{}
 	i.queued = map[string]int{}
 	i.wake = make(chan struct{})
-	i.kick = make(chan struct{}, 1)
 }
 
 // AddInterest registers one local subscription to MQTT filter f (no $share
@@ -73,8 +75,8 @@ func (n *Node) AddInterest(ctx context.Context, f string) error {
 	}
 	i.version++
 	v := i.version
-	i.mu.Unlock()
 	n.kickUpdate()
+	i.mu.Unlock()
 	if err := n.nc.FlushTimeout(n.cfg.RequestTimeout); err != nil {
 		return fmt.Errorf("cluster: flush subscription: %w", err)
 	}
@@ -131,10 +133,11 @@ func (n *Node) Filters() []string {
 	return out
 }
 
+// kickUpdate makes the queued loop replace its consumer (called with
+// interest.mu held, after a change of the filter subjects).
 func (n *Node) kickUpdate() {
-	select {
-	case n.interest.kick <- struct{}{}:
-	default:
+	if i := &n.interest; i.current != nil && i.currentVersion < i.version {
+		i.current.Stop()
 	}
 }
 
@@ -158,49 +161,62 @@ func (n *Node) waitApplied(ctx context.Context, v uint64) error {
 	}
 }
 
-// updateLoop keeps the consumer's filter subjects equal to the interest,
-// coalescing changes that arrive while an update is on its way.
-func (n *Node) updateLoop() {
+// queuedLoop reads KL_MSGS through an ordered consumer (ephemeral, R1,
+// in memory, gap-free: nats.go recreates it from the last sequence it
+// delivered when it misses one, and on reconnects) whose filter subjects are
+// the node's interest. An interest change replaces the consumer with one
+// that starts right after the last message handled, so nothing is skipped
+// and nothing handled twice.
+func (n *Node) queuedLoop() {
 	i := &n.interest
-	for {
-		select {
-		case <-n.stop:
-			return
-		case <-i.kick:
-		}
+	for attempt := 0; !n.stopped(); {
 		i.mu.Lock()
 		v := i.version
-		if i.applied >= v {
-			i.mu.Unlock()
-			continue
-		}
 		subjects := make([]string, 0, len(i.queued))
 		for s := range i.queued {
 			subjects = append(subjects, s)
 		}
 		i.mu.Unlock()
-		cfg := n.consumer
-		cfg.FilterSubject = ""
-		cfg.FilterSubjects = consumerFilters(subjects)
-		for attempt := 0; ; attempt++ {
-			ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-			_, err := n.js.UpdateConsumer(ctx, StreamMessages, cfg)
-			cancel()
-			if err == nil {
-				n.Stats.ConsumerUpdates.Add(1)
-				break
-			}
-			n.log.Warn("updating the node's consumer failed; retrying", "error", err, "attempt", attempt+1)
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+		cons, err := n.js.OrderedConsumer(ctx, StreamMessages, jetstream.OrderedConsumerConfig{
+			FilterSubjects:    consumerFilters(subjects),
+			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+			OptStartSeq:       n.queuedPos.Load() + 1,
+			InactiveThreshold: 30 * time.Second,
+		})
+		cancel()
+		var it jetstream.MessagesContext
+		if err == nil {
+			it, err = cons.Messages(jetstream.PullMaxMessages(1000))
+		}
+		if err != nil {
+			n.log.Warn("reading queued messages: consumer not created; retrying", "error", err, "attempt", attempt+1)
 			if !n.sleep(backoff(attempt)) {
 				return
 			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		n.Stats.ConsumerUpdates.Add(1)
+		if !n.trackIterator(it) {
+			return
 		}
 		i.mu.Lock()
-		i.applied = v
-		close(i.wake)
-		i.wake = make(chan struct{})
+		i.current, i.currentVersion = it, v
+		if v > i.applied {
+			i.applied = v
+			close(i.wake)
+			i.wake = make(chan struct{})
+		}
+		stale := i.version > v
 		i.mu.Unlock()
-		n.kickUpdate() // changes that came in meanwhile
+		if stale {
+			it.Stop() // the interest changed meanwhile
+		}
+		n.readQueued(it)
+		n.untrackIterator(it)
+		it.Stop()
 	}
 }
 
@@ -250,35 +266,4 @@ func subjectContains(a, b string) bool {
 		}
 	}
 	return len(at) == len(bt)
-}
-
-// startConsumer replaces the node's durable consumer with a fresh one: a
-// restarted node has no sessions in memory, so nothing it missed while down
-// is for it (sessions come back through Replay when their clients do).
-func (n *Node) startConsumer(ctx context.Context) error {
-	name := "kl-node-" + NodeHash(n.cfg.NodeID)
-	n.consumer = jetstream.ConsumerConfig{
-		Durable:           name,
-		Description:       "Keyline node " + n.cfg.NodeID,
-		DeliverPolicy:     jetstream.DeliverNewPolicy,
-		AckPolicy:         jetstream.AckExplicitPolicy,
-		AckWait:           30 * 1e9,
-		MaxAckPending:     20000,
-		FilterSubjects:    consumerFilters(nil),
-		InactiveThreshold: 3600 * 1e9,
-		Replicas:          n.replicas,
-	}
-	if err := n.js.DeleteConsumer(ctx, StreamMessages, name); err != nil && !isNotFound(err) {
-		return fmt.Errorf("cluster: delete the node's old consumer: %w", err)
-	}
-	cons, err := n.js.CreateConsumer(ctx, StreamMessages, n.consumer)
-	if err != nil {
-		return fmt.Errorf("cluster: create the node's consumer: %w", err)
-	}
-	n.goFunc(func() { n.queuedLoop(cons) })
-	return nil
-}
-
-func isNotFound(err error) bool {
-	return err != nil && (strings.Contains(err.Error(), "not found") || errorsIs(err, jetstream.ErrConsumerNotFound))
 }

@@ -11,8 +11,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-var errorsIs = errors.Is
-
 func backoff(attempt int) time.Duration {
 	d := 50 * time.Millisecond << min(attempt, 5)
 	return min(d, time.Second)
@@ -96,50 +94,6 @@ func (n *Node) coreLoop() {
 	}
 }
 
-// queuedLoop reads the node's consumer in stream order. A redelivery of a
-// message already handled (its ack was lost) is acknowledged and skipped.
-func (n *Node) queuedLoop(cons jetstream.Consumer) {
-	for attempt := 0; !n.stopped(); attempt++ {
-		it, err := cons.Messages(jetstream.PullMaxMessages(1000))
-		if err != nil {
-			n.log.Warn("reading the node's consumer", "error", err)
-			if !n.sleep(backoff(attempt)) {
-				return
-			}
-			continue
-		}
-		if !n.trackIterator(it) {
-			return
-		}
-		n.readQueued(it)
-		n.untrackIterator(it)
-		it.Stop()
-		if n.stopped() {
-			return
-		}
-		// The consumer is gone (deleted, or lost with its stream): make it again.
-		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		cfg := n.consumer
-		n.interest.mu.Lock()
-		subjects := make([]string, 0, len(n.interest.queued))
-		for s := range n.interest.queued {
-			subjects = append(subjects, s)
-		}
-		n.interest.mu.Unlock()
-		cfg.FilterSubjects = consumerFilters(subjects)
-		c, err := n.js.CreateOrUpdateConsumer(ctx, StreamMessages, cfg)
-		cancel()
-		if err != nil {
-			n.log.Warn("recreating the node's consumer", "error", err)
-			if !n.sleep(backoff(attempt)) {
-				return
-			}
-			continue
-		}
-		cons = c
-	}
-}
-
 func (n *Node) readQueued(it jetstream.MessagesContext) {
 	for {
 		m, err := it.Next()
@@ -147,16 +101,11 @@ func (n *Node) readQueued(it jetstream.MessagesContext) {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
 				return
 			}
-			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-				n.log.Warn("the node's consumer is gone", "error", err)
-				return
-			}
-			n.log.Debug("reading the node's consumer", "error", err)
-			continue
+			n.log.Warn("reading queued messages", "error", err)
+			return
 		}
 		md, err := m.Metadata()
 		if err != nil {
-			_ = m.Term()
 			continue
 		}
 		seq := md.Sequence.Stream
@@ -173,7 +122,6 @@ func (n *Node) readQueued(it jetstream.MessagesContext) {
 			}
 			n.queuedPos.Store(seq)
 		}
-		_ = m.Ack()
 	}
 }
 

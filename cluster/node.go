@@ -76,7 +76,6 @@ type Node struct {
 	msgID    atomic.Uint64
 	Stats    Stats
 
-	consumer     jetstream.ConsumerConfig
 	interest     interest
 	coreCh       chan *nats.Msg
 	queuedPos    atomic.Uint64 // highest KL_MSGS sequence handed to Handler.Message
@@ -126,9 +125,12 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 		return nil, err
 	}
 	n.lastJSOK.Store(time.Now().UnixNano())
-	if err := n.startConsumer(ctx); err != nil {
+	last, err := n.LastSequence(ctx)
+	if err != nil {
 		return nil, err
 	}
+	n.queuedPos.Store(last) // a node starts with no sessions: older messages are not for it
+
 	for _, s := range []struct {
 		subj string
 		cb   nats.MsgHandler
@@ -143,7 +145,7 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: flush: %w", err)
 	}
 	n.goFunc(n.coreLoop)
-	n.goFunc(n.updateLoop)
+	n.goFunc(n.queuedLoop)
 	n.goFunc(n.probeLoop)
 	if err := n.startRetained(ctx); err != nil {
 		return nil, err
@@ -322,8 +324,6 @@ func (n *Node) probeLoop() {
 }
 
 // Close leaves the cluster: it stops every loop and closes the connection.
-// The node's durable consumer stays, for a restart under the same node id
-// (it is removed after an hour of inactivity).
 func (n *Node) Close() {
 	n.stopOnce.Do(func() {
 		close(n.stop)
