@@ -144,7 +144,7 @@ func (n *Node) startRetained(ctx context.Context) error {
 		close(n.retainedOK)
 	}
 	cons, err := n.js.OrderedConsumer(ctx, StreamRetained, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, // one message per subject: the last
 		FilterSubjects: []string{
 			Prefix + "." + KindRetained + ".>",
 		},
@@ -152,7 +152,7 @@ func (n *Node) startRetained(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: retained consumer: %w", err)
 	}
-	it, err := cons.Messages()
+	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
 		return fmt.Errorf("cluster: retained consumer: %w", err)
 	}

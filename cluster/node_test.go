@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +19,13 @@ import (
 func TestMain(m *testing.M) {
 	natstest.MaybeRunChild()
 	goleak.VerifyTestMain(m)
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // recorder collects what a node's handler receives.
@@ -82,7 +91,8 @@ func startNode(t *testing.T, urls []string, id string) (*Node, *recorder) {
 	r := &recorder{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	n, err := Start(ctx, Config{URLs: urls, NodeID: id}, r.handler())
+	logger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	n, err := Start(ctx, Config{URLs: urls, NodeID: id, Logger: logger.With("node", id)}, r.handler())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +111,11 @@ func warmCore(t *testing.T, pub *Node, r *recorder, topic string) {
 		time.Sleep(5 * time.Millisecond)
 		return slices.Contains(r.bodies(false), "probe")
 	})
-	// Drain: every probe sent so far arrives before the next message.
+	// Drain: every probe sent so far arrives before a marker sent after them.
+	if _, err := pub.Publish(context.Background(), topic, 0, []byte("marker")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the marker", func() bool { return slices.Contains(r.bodies(false), "marker") })
 	r.mu.Lock()
 	r.msgs = nil
 	r.mu.Unlock()
@@ -190,10 +204,15 @@ func TestClusterNodes(t *testing.T) {
 		if err := b.StoreRetained(ctx, "cfg/two", []byte("w1")); err != nil {
 			t.Fatal(err)
 		}
+		// Node c follows the stream: it may skip v1 (replaced before it read
+		// it), never v2.
 		eventually(t, 10*time.Second, "retained on node c", func() bool {
 			r, _ := rc.snapshot()
-			return len(r) == 3
+			return slices.Contains(r, "v2") && slices.Contains(r, "w1")
 		})
+		if r, _ := rc.snapshot(); slices.Index(r, "v1") > slices.Index(r, "v2") {
+			t.Fatalf("node c applied v1 after v2: %q", r)
+		}
 		_, rd := startNode(t, urls[2:3], "node-d")
 		got, _ := rd.snapshot()
 		slices.Sort(got)

@@ -271,7 +271,8 @@ func (h *Cluster) retained(in cluster.Incoming) {
 }
 
 // OnSelectSubscribers keeps a queued message from a session that already
-// got it through a replay (a session taken over from another node).
+// got it through a replay (a session taken over from another node), or
+// whose matching subscriptions are younger than the message.
 func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
 	if pk.Origin != clusterQueuedClient {
 		return subs
@@ -280,7 +281,7 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for id := range subs.Subscriptions {
-		if s := h.mu.sessions[id]; s != nil && seq <= s.replayedTo.Load() {
+		if s := h.mu.sessions[id]; s != nil && !s.takesQueued(pk.TopicName, seq) {
 			delete(subs.Subscriptions, id)
 		}
 	}
@@ -324,6 +325,7 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var added []packets.Subscription
+	var since uint64
 	for i, f := range pk.Filters {
 		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
@@ -333,11 +335,29 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 		}
 		sub := f
 		sub.Qos = reasonCodes[i]
-		h.addInterest(ctx, s, f.Filter)
+		s.mu.Lock()
+		_, known := s.since[f.Filter]
+		if !known {
+			s.setSinceLocked(f.Filter, sincePending)
+		}
+		s.mu.Unlock()
+		if h.addInterest(ctx, s, f.Filter) {
+			if since == 0 {
+				// Read once the node's consumer takes the filter: every
+				// later message reaches this node.
+				var err error
+				if since, err = h.node.LastSequence(ctx); err != nil {
+					h.Log.Warn("cluster: subscription start unknown; it may get messages published just before it", "client", cl.ID, "error", err)
+				}
+			}
+			s.mu.Lock()
+			s.setSinceLocked(f.Filter, since)
+			s.mu.Unlock()
+		}
 		added = append(added, sub) // new, or the same filter with new options
 	}
 	if len(added) > 0 && s.persistent {
-		h.saveSubscriptions(ctx, s, added, nil)
+		h.saveSubscriptions(ctx, s, added, since, nil)
 	}
 }
 
@@ -359,7 +379,7 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	if len(removed) > 0 && s.persistent && !s.released.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		h.saveSubscriptions(ctx, s, nil, removed)
+		h.saveSubscriptions(ctx, s, nil, 0, removed)
 	}
 }
 
@@ -381,6 +401,7 @@ func (h *Cluster) removeInterest(s *clusterSession, filter string) bool {
 	s.mu.Lock()
 	had := s.filters[filter]
 	delete(s.filters, filter)
+	delete(s.since, filter)
 	s.mu.Unlock()
 	if had {
 		h.node.RemoveInterest(filter)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -63,6 +64,8 @@ type clusterSession struct {
 	rec      cluster.SessionRecord // as last written
 	subs     map[string]clusterSub // persistent sessions: filter -> subscription
 	filters  map[string]bool       // filters registered with the node's interest
+	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
+	maxSince uint64                // the highest of since
 	inflight map[uint16]uint64     // packet id -> KL_MSGS sequence
 	acked    []uint64              // acknowledged sequences above rec.Floor
 	dirty    bool                  // acks not written yet
@@ -70,7 +73,7 @@ type clusterSession struct {
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, persistent: persistent, subs: map[string]clusterSub{}, filters: map[string]bool{}, inflight: map[uint16]uint64{}}
+	s := &clusterSession{id: id, persistent: persistent, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
 	s.client.Store(cl)
 	return s
 }
@@ -256,6 +259,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	s.mu.Lock()
 	for _, sub := range st.Subs {
 		s.subs[sub.Filter] = sub
+		s.setSinceLocked(sub.Filter, sub.Since)
 		filters = append(filters, sub.Filter)
 	}
 	s.mu.Unlock()
@@ -330,6 +334,39 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		ph.State.Inflight.Set(pk)
 	}
 	h.server.Clients.Add(ph)
+}
+
+// sincePending marks a filter whose start is not known yet: it takes no
+// queued message until it is.
+const sincePending = math.MaxUint64
+
+func (s *clusterSession) setSinceLocked(filter string, since uint64) {
+	s.since[filter] = since
+	s.maxSince = 0
+	for _, v := range s.since {
+		s.maxSince = max(s.maxSince, v)
+	}
+}
+
+// takesQueued reports whether a queued message at sequence seq on topic is
+// for this session: not replayed to it already, and matching a subscription
+// made before it was published (a node's consumer may hand it messages
+// published shortly before a new subscription).
+func (s *clusterSession) takesQueued(topic string, seq uint64) bool {
+	if seq <= s.replayedTo.Load() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq > s.maxSince {
+		return true
+	}
+	for f, since := range s.since {
+		if since < seq && topicMatch(f, topic) {
+			return true
+		}
+	}
+	return false
 }
 
 // matchSession returns the QoS and subscription identifiers with which a
@@ -505,14 +542,7 @@ func (h *Cluster) forget(ctx context.Context, s *clusterSession) {
 
 // saveSubscriptions records added and removed subscriptions of a
 // persistent session before its SUBACK/UNSUBACK.
-func (h *Cluster) saveSubscriptions(ctx context.Context, s *clusterSession, added []packets.Subscription, removed []string) {
-	var since uint64
-	if len(added) > 0 {
-		var err error
-		if since, err = h.node.LastSequence(ctx); err != nil {
-			h.Log.Warn("cluster: subscription stored without its start; a takeover may replay older messages", "client", s.id, "error", err)
-		}
-	}
+func (h *Cluster) saveSubscriptions(ctx context.Context, s *clusterSession, added []packets.Subscription, since uint64, removed []string) {
 	s.mu.Lock()
 	for _, f := range added {
 		old, existed := s.subs[f.Filter]
