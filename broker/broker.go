@@ -370,6 +370,9 @@ func (b *Broker) closeResources() error {
 			errs = append(errs, ignoreClosed(ln.ln.Close()))
 		}
 	}
+	if b.cluster != nil {
+		_ = b.cluster.Stop() // mochi stops it too once it served
+	}
 	if b.node != nil {
 		b.node.Close() // after the server: its hooks write session records on the way out
 	}
@@ -421,6 +424,7 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
+	b.registerCluster(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

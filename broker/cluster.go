@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/internal/adminapi"
 )
 
 // ClusterConfig turns a node into a member of a cluster of Keyline nodes
@@ -201,4 +203,24 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(m.name, m.help, nil, nil), typ, m.value(n, h))
 	}
+}
+
+// registerCluster serves the cluster-wide client list.
+func (b *Broker) registerCluster(mux *http.ServeMux) {
+	mux.HandleFunc("GET "+adminapi.PathClusterClients, func(w http.ResponseWriter, r *http.Request) {
+		if b.node == nil {
+			writeJSON(w, http.StatusNotFound, adminapi.Error{Error: "not a cluster node (no --nats)"})
+			return
+		}
+		recs, err := b.node.Sessions(r.Context(), 100000)
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
+			return
+		}
+		out := adminapi.ClusterClientList{Clients: []adminapi.ClusterClientView{}}
+		for _, rec := range recs {
+			out.Clients = append(out.Clients, adminapi.ClusterClientView{ID: rec.ClientID, Node: rec.Owner, Connected: rec.Connected, Persistent: rec.Persistent})
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
 }

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
 )
@@ -328,17 +331,49 @@ func TestClusterSessionResumeAndTakeover(t *testing.T) {
 		})
 	}
 
-	// The admin API names the node holding each client.
-	res, err := http.Get("http://" + b.Addr("http") + "/api/v1/clients/dev-1")
+	// The admin API names the node holding each client: locally, and
+	// cluster-wide from any node.
+	if body := clusterGet(t, "http://"+b.Addr("http")+"/api/v1/clients/dev-1"); !strings.Contains(body, `"node": "node-b"`) {
+		t.Fatalf("client view lacks its node: %s", body)
+	}
+	var list adminapi.ClusterClientList
+	waitFor(t, 5*time.Second, "the cluster client list", func() bool {
+		list = adminapi.ClusterClientList{}
+		if err := json.Unmarshal([]byte(clusterGet(t, "http://"+a.Addr("http")+adminapi.PathClusterClients)), &list); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(list.Clients, adminapi.ClusterClientView{ID: "dev-1", Node: "node-b", Connected: true, Persistent: true}) &&
+			slices.Contains(list.Clients, adminapi.ClusterClientView{ID: "pub", Node: "node-b", Connected: true})
+	})
+
+	// $SYS: this node's id and the cluster totals.
+	sys := dialV5(t, c, &paho.Connect{ClientID: "sys", CleanStart: true, KeepAlive: 30})
+	sys.Subscribe(t, paho.SubscribeOptions{Topic: "$SYS/cluster/#", QoS: 0}, paho.SubscribeOptions{Topic: "$SYS/broker/cluster/node", QoS: 0})
+	seen := map[string]string{}
+	waitFor(t, 15*time.Second, "$SYS cluster totals", func() bool {
+		select {
+		case m := <-sys.Msgs:
+			seen[m.Topic] = string(m.Payload)
+		default:
+			time.Sleep(5 * time.Millisecond)
+		}
+		// dev-1 and pub on node b, sys on node c.
+		return seen["$SYS/broker/cluster/node"] == "node-c" && seen["$SYS/cluster/nodes"] == "3" && seen["$SYS/cluster/clients/connected"] == "3"
+	})
+}
+
+func clusterGet(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	body := make([]byte, 4096)
-	n, _ := res.Body.Read(body)
-	if !strings.Contains(string(body[:n]), `"node": "node-b"`) {
-		t.Fatalf("client view lacks its node: %s", body[:n])
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return string(body)
 }
 
 func TestClusterRefusesConnectionsWithoutNATS(t *testing.T) {

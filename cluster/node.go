@@ -26,6 +26,7 @@ const (
 
 	subjAnnounce = Prefix + ".a"  // ownership announcements, to every node
 	subjRelease  = Prefix + ".o." // + node hash: "drop this client" requests to one node
+	subjStats    = Prefix + ".n." // + node hash: a node's figures, for cluster totals
 )
 
 // ErrNotReady is returned while the node has no working JetStream.
@@ -47,6 +48,8 @@ type Handler struct {
 	// Release drops the local copy of a client's session: another node has
 	// taken it over. It returns once the local connection is closed.
 	Release func(clientID string)
+	// NodeStats receives another node's figures (PublishNodeStats).
+	NodeStats func(data []byte)
 }
 
 // Stats are a node's counters.
@@ -134,7 +137,7 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	for _, s := range []struct {
 		subj string
 		cb   nats.MsgHandler
-	}{{subjRelease + NodeHash(cfg.NodeID), n.onRelease}, {subjAnnounce, n.onAnnounce}} {
+	}{{subjRelease + NodeHash(cfg.NodeID), n.onRelease}, {subjAnnounce, n.onAnnounce}, {subjStats + "*", n.onStats}} {
 		sub, err := n.nc.Subscribe(s.subj, s.cb)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: subscribe %s: %w", s.subj, err)
@@ -385,5 +388,16 @@ func (n *Node) sleep(d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// PublishNodeStats sends this node's figures to every other node.
+func (n *Node) PublishNodeStats(data []byte) error {
+	return n.nc.Publish(subjStats+NodeHash(n.cfg.NodeID), data)
+}
+
+func (n *Node) onStats(m *nats.Msg) {
+	if n.h.NodeStats != nil {
+		n.h.NodeStats(m.Data)
 	}
 }

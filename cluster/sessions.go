@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -228,4 +230,31 @@ func (n *Node) LastSequence(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("cluster: %w", err)
 	}
 	return info.State.LastSeq, nil
+}
+
+// Sessions returns up to limit session records, sorted by client id: every
+// client connected to any node and every persistent session, with its owner.
+func (n *Node) Sessions(ctx context.Context, limit int) ([]SessionRecord, error) {
+	lister, err := n.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: list sessions: %w", err)
+	}
+	defer func() { _ = lister.Stop() }()
+	var out []SessionRecord
+	for key := range lister.Keys() {
+		if len(out) >= limit {
+			break
+		}
+		e, err := n.kv.Get(ctx, key)
+		if err != nil {
+			continue // deleted meanwhile
+		}
+		var rec SessionRecord
+		if json.Unmarshal(e.Value(), &rec) == nil {
+			rec.State, rec.Acked = nil, nil
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b SessionRecord) int { return strings.Compare(a.ClientID, b.ClientID) })
+	return out, nil
 }

@@ -60,6 +60,7 @@ type Cluster struct {
 	mu struct {
 		sync.Mutex
 		sessions map[string]*clusterSession // client id -> session this node holds
+		nodes    map[string]nodeFigures     // other nodes' figures, by node id
 	}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -70,6 +71,7 @@ type Cluster struct {
 func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, stop: make(chan struct{})}
 	h.mu.sessions = map[string]*clusterSession{}
+	h.mu.nodes = map[string]nodeFigures{}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -82,16 +84,20 @@ func NewCluster(server *mqtt.Server) *Cluster {
 
 // Handler returns what the cluster node calls back.
 func (h *Cluster) Handler() cluster.Handler {
-	return cluster.Handler{Message: h.deliver, Retained: h.retained, Release: h.Release}
+	return cluster.Handler{Message: h.deliver, Retained: h.retained, Release: h.Release, NodeStats: h.nodeStats}
 }
 
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
 	h.node = n
-	h.wg.Add(1)
+	h.wg.Add(2)
 	go func() {
 		defer h.wg.Done()
 		h.flushLoop()
+	}()
+	go func() {
+		defer h.wg.Done()
+		h.sysLoop()
 	}()
 }
 
