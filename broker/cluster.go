@@ -120,7 +120,11 @@ func (b *Broker) startCluster() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		n, err := cluster.Start(ctx, cfg, b.cluster.Handler())
+		// Each attempt gets its own bound: a JetStream request sent before
+		// the NATS cluster has a meta leader is never answered.
+		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := cluster.Start(actx, cfg, b.cluster.Handler())
+		acancel()
 		if err == nil {
 			b.node = n
 			b.cluster.SetNode(n)

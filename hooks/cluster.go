@@ -32,6 +32,7 @@ type ClusterStats struct {
 	Expired       atomic.Uint64 // messages from other nodes that expired on the way
 	Restored      atomic.Uint64 // queued messages restored into sessions taken over from other nodes
 	RecordErrors  atomic.Uint64 // session record writes that failed
+	Injected      atomic.Uint64 // packets injected into mochi (other nodes' messages, $SYS); mochi counts them as received
 }
 
 // Cluster is the mochi glue of cluster mode: it forwards local publishes,
@@ -260,6 +261,7 @@ func (h *Cluster) deliver(in cluster.Incoming) {
 		h.Log.Warn("cluster: delivering a message from another node", "topic", pk.TopicName, "error", err)
 		return
 	}
+	h.Stats.Injected.Add(1)
 	h.Stats.Delivered.Add(1)
 }
 

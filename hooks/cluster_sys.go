@@ -36,7 +36,7 @@ func (h *Cluster) localFigures() nodeFigures {
 		ClientsConnected: atomic.LoadInt64(&i.ClientsConnected),
 		Sessions:         int64(h.server.Clients.Len()),
 		Subscriptions:    atomic.LoadInt64(&i.Subscriptions),
-		MessagesReceived: atomic.LoadInt64(&i.MessagesReceived),
+		MessagesReceived: atomic.LoadInt64(&i.MessagesReceived) - int64(h.Stats.Injected.Load()), // from clients only
 		MessagesSent:     atomic.LoadInt64(&i.MessagesSent),
 		Inflight:         atomic.LoadInt64(&i.Inflight),
 	}
@@ -138,5 +138,7 @@ func (h *Cluster) publishSys(topic, value string) {
 	}
 	if err := h.server.InjectPacket(h.inlineSys, pk); err != nil {
 		h.Log.Debug("cluster: $SYS publish", "topic", topic, "error", err)
+		return
 	}
+	h.Stats.Injected.Add(1)
 }
