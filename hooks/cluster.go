@@ -111,7 +111,7 @@ func (h *Cluster) ID() string { return "keyline-cluster" }
 // Provides reports which hook methods Cluster implements.
 func (h *Cluster) Provides(b byte) bool {
 	return bytes.Contains([]byte{
-		mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnSessionEstablished, mqtt.OnDisconnect,
+		mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
 		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 		mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
 		mqtt.OnQosPublish, mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,

@@ -488,9 +488,6 @@ func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
 	}
 }
 
-// OnSessionEstablished is where mochi has resumed or started the session.
-func (h *Cluster) OnSessionEstablished(*mqtt.Client, packets.Packet) {}
-
 // OnDisconnect writes a persistent session's state as it goes offline, or
 // deletes the record of a session that ends with its connection.
 func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
