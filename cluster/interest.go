@@ -21,6 +21,7 @@ const maxConsumerFilters = 1000
 type interest struct {
 	mu      sync.Mutex
 	filters map[string]int                // MQTT filter -> local subscriptions using it
+	addedAt map[string]uint64             // MQTT filter -> the version that added it
 	core    map[string]*nats.Subscription // core subject -> subscription
 	coreRef map[string]int                // core subject -> filters using it
 	queued  map[string]int                // KL_MSGS filter subject -> filters using it
@@ -34,6 +35,7 @@ type interest struct {
 
 func (i *interest) init() {
 	i.filters = map[string]int{}
+	i.addedAt = map[string]uint64{}
 	i.core = map[string]*nats.Subscription{}
 	i.coreRef = map[string]int{}
 	i.queued = map[string]int{}
@@ -44,63 +46,86 @@ func (i *interest) init() {
 // prefix). The first subscription to a filter subscribes the node on NATS;
 // AddInterest returns once messages published from then on anywhere in the
 // cluster will reach the node, or ctx ends.
-func (n *Node) AddInterest(ctx context.Context, f string) error {
-	coreSubjects, err := FilterSubjects(KindMessage, f)
-	if err != nil {
-		return err
-	}
-	queuedSubjects, _ := FilterSubjects(KindQueued, f)
+func (n *Node) AddInterest(ctx context.Context, f string) error { return n.AddInterests(ctx, f) }
+
+// AddInterests is AddInterest for several filters, with one wait.
+func (n *Node) AddInterests(ctx context.Context, filters ...string) error {
 	i := &n.interest
 	i.mu.Lock()
-	i.filters[f]++
-	if i.filters[f] > 1 {
-		i.mu.Unlock()
-		return nil
-	}
-	for _, s := range coreSubjects {
-		i.coreRef[s]++
-		if i.core[s] != nil {
-			continue
-		}
-		sub, err := n.nc.ChanQueueSubscribe(s, n.queue, n.coreCh)
+	var wait uint64
+	changed := false
+	for _, f := range filters {
+		coreSubjects, err := FilterSubjects(KindMessage, f)
 		if err != nil {
 			i.mu.Unlock()
-			n.RemoveInterest(f)
-			return fmt.Errorf("cluster: subscribe %s: %w", s, err)
+			return err
 		}
-		i.core[s] = sub
+		queuedSubjects, _ := FilterSubjects(KindQueued, f)
+		i.filters[f]++
+		if i.filters[f] > 1 {
+			wait = max(wait, i.addedAt[f]) // its first subscriber may still be waiting
+			continue
+		}
+		for _, s := range coreSubjects {
+			i.coreRef[s]++
+			if i.core[s] != nil {
+				continue
+			}
+			sub, err := n.nc.ChanQueueSubscribe(s, n.queue, n.coreCh)
+			if err != nil {
+				n.removeLocked(f) // also the subjects of f not counted yet: their counts end at or below 0 and go
+				if changed {
+					i.version++
+					n.kickUpdate()
+				}
+				i.mu.Unlock()
+				return fmt.Errorf("cluster: subscribe %s: %w", s, err)
+			}
+			i.core[s] = sub
+		}
+		for _, s := range queuedSubjects {
+			i.queued[s]++
+		}
+		changed = true
+		i.addedAt[f] = i.version + 1
 	}
-	for _, s := range queuedSubjects {
-		i.queued[s]++
+	if changed {
+		i.version++
+		wait = i.version
+		n.kickUpdate()
 	}
-	i.version++
-	v := i.version
-	n.kickUpdate()
 	i.mu.Unlock()
 	if err := n.nc.FlushTimeout(n.cfg.RequestTimeout); err != nil {
 		return fmt.Errorf("cluster: flush subscription: %w", err)
 	}
-	return n.waitApplied(ctx, v)
+	return n.waitApplied(ctx, wait)
 }
 
 // RemoveInterest undoes one AddInterest.
 func (n *Node) RemoveInterest(f string) {
-	coreSubjects, err := FilterSubjects(KindMessage, f)
-	if err != nil {
-		return
-	}
-	queuedSubjects, _ := FilterSubjects(KindQueued, f)
 	i := &n.interest
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	if i.filters[f] == 0 {
 		return
 	}
-	i.filters[f]--
-	if i.filters[f] > 0 {
+	n.removeLocked(f)
+	if i.filters[f] == 0 {
+		i.version++
+		n.kickUpdate()
+	}
+}
+
+// removeLocked drops one reference to filter f, and its subjects with the last.
+func (n *Node) removeLocked(f string) {
+	i := &n.interest
+	if i.filters[f]--; i.filters[f] > 0 {
 		return
 	}
 	delete(i.filters, f)
+	delete(i.addedAt, f)
+	coreSubjects, _ := FilterSubjects(KindMessage, f)
+	queuedSubjects, _ := FilterSubjects(KindQueued, f)
 	for _, s := range coreSubjects {
 		if i.coreRef[s]--; i.coreRef[s] > 0 {
 			continue
@@ -116,8 +141,6 @@ func (n *Node) RemoveInterest(f string) {
 			delete(i.queued, s)
 		}
 	}
-	i.version++
-	n.kickUpdate()
 }
 
 // Filters returns the MQTT filters the node has interest in, sorted.

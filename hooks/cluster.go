@@ -333,7 +333,8 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var added []packets.Subscription
-	var since uint64
+	var fresh []string
+	s.mu.Lock()
 	for i, f := range pk.Filters {
 		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
@@ -343,26 +344,27 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 		}
 		sub := f
 		sub.Qos = reasonCodes[i]
+		added = append(added, sub) // new, or the same filter with new options
+		if _, known := s.since[f.Filter]; !known {
+			s.setSinceLocked(f.Filter, sincePending) // takes no queued message yet
+			fresh = append(fresh, f.Filter)
+		}
+	}
+	s.mu.Unlock()
+	var since uint64
+	if len(fresh) > 0 {
+		h.addInterest(ctx, s, fresh...)
+		// Read once the node's consumer takes the filters: every later
+		// message reaches this node.
+		var err error
+		if since, err = h.node.LastSequence(ctx); err != nil {
+			h.Log.Warn("cluster: subscription start unknown; it may get messages published just before it", "client", cl.ID, "error", err)
+		}
 		s.mu.Lock()
-		_, known := s.since[f.Filter]
-		if !known {
-			s.setSinceLocked(f.Filter, sincePending)
+		for _, f := range fresh {
+			s.setSinceLocked(f, since)
 		}
 		s.mu.Unlock()
-		if h.addInterest(ctx, s, f.Filter) {
-			if since == 0 {
-				// Read once the node's consumer takes the filter: every
-				// later message reaches this node.
-				var err error
-				if since, err = h.node.LastSequence(ctx); err != nil {
-					h.Log.Warn("cluster: subscription start unknown; it may get messages published just before it", "client", cl.ID, "error", err)
-				}
-			}
-			s.mu.Lock()
-			s.setSinceLocked(f.Filter, since)
-			s.mu.Unlock()
-		}
-		added = append(added, sub) // new, or the same filter with new options
 	}
 	if len(added) > 0 && s.persistent {
 		h.saveSubscriptions(ctx, s, added, since, nil)
@@ -391,18 +393,24 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	}
 }
 
-func (h *Cluster) addInterest(ctx context.Context, s *clusterSession, filter string) bool {
+// addInterest registers the session's new filters with the node and waits
+// until other nodes' messages for them reach it.
+func (h *Cluster) addInterest(ctx context.Context, s *clusterSession, filters ...string) {
+	var fresh []string
 	s.mu.Lock()
-	if s.filters[filter] {
-		s.mu.Unlock()
-		return false
+	for _, f := range filters {
+		if !s.filters[f] {
+			s.filters[f] = true
+			fresh = append(fresh, f)
+		}
 	}
-	s.filters[filter] = true
 	s.mu.Unlock()
-	if err := h.node.AddInterest(ctx, filter); err != nil && !errors.Is(err, cluster.ErrInvalidTopic) {
-		h.Log.Warn("cluster: subscription not yet known to the other nodes", "filter", filter, "error", err)
+	if len(fresh) == 0 {
+		return
 	}
-	return true
+	if err := h.node.AddInterests(ctx, fresh...); err != nil && !errors.Is(err, cluster.ErrInvalidTopic) {
+		h.Log.Warn("cluster: subscription not yet known to the other nodes", "filters", fresh, "error", err)
+	}
 }
 
 func (h *Cluster) removeInterest(s *clusterSession, filter string) bool {

@@ -263,9 +263,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		filters = append(filters, sub.Filter)
 	}
 	s.mu.Unlock()
-	for _, f := range filters {
-		h.addInterest(ctx, s, f)
-	}
+	h.addInterest(ctx, s, filters...)
 	acked := map[uint64]bool{}
 	for _, a := range rec.Acked {
 		acked[a] = true
