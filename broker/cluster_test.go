@@ -402,3 +402,97 @@ func TestClusterRefusesConnectionsWithoutNATS(t *testing.T) {
 		t.Fatalf("connect without NATS: %v, want CONNACK 0x88 (server unavailable)", err)
 	}
 }
+
+// TestClusterConcurrentConnectsOneOwner connects one client id to three
+// nodes at once, a few times over: when the dust settles exactly one
+// connection is alive and the session record names its node.
+func TestClusterConcurrentConnectsOneOwner(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 3, nc.URLs())
+	for round := range 3 {
+		clients := make([]*client5, len(bs))
+		done := make(chan int, len(bs))
+		for i, b := range bs {
+			go func() {
+				defer func() { done <- i }()
+				conn, err := net.Dial("tcp", b.Addr("tcp"))
+				if err != nil {
+					return
+				}
+				c := &client5{disconnect: make(chan byte, 1)}
+				v := &mqtttest.V5{Msgs: make(chan *paho.Publish, 100)}
+				v.Client = paho.NewClient(paho.ClientConfig{ClientID: "racer", Conn: conn,
+					OnServerDisconnect: func(d *paho.Disconnect) { c.disconnect <- d.ReasonCode }})
+				expiry := uint32(60)
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if _, err := v.Client.Connect(ctx, &paho.Connect{ClientID: "racer", KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}); err != nil {
+					_ = conn.Close()
+					return
+				}
+				c.V5 = v
+				clients[i] = c
+			}()
+		}
+		for range bs {
+			<-done
+		}
+		alive := func() []int {
+			var out []int
+			for i, c := range clients {
+				if c == nil {
+					continue
+				}
+				select {
+				case <-c.Client.Done():
+				default:
+					if cl, ok := bs[i].Server().Clients.Get("racer"); ok && !cl.Closed() {
+						out = append(out, i)
+					}
+				}
+			}
+			return out
+		}
+		waitFor(t, 10*time.Second, "one connection left", func() bool { return len(alive()) == 1 })
+		winner := alive()[0]
+		rec, _, err := bs[0].ClusterNode().LoadSession(context.Background(), "racer")
+		if err != nil || rec == nil {
+			t.Fatalf("round %d: record %v %v", round, rec, err)
+		}
+		waitFor(t, 5*time.Second, "the record to name the winner", func() bool {
+			rec, _, _ := bs[winner].ClusterNode().LoadSession(context.Background(), "racer")
+			return rec != nil && rec.Owner == bs[winner].NodeID() && rec.Connected
+		})
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+}
+
+// TestClusterKeySharedStaysPerNode: a $share group on a node takes the
+// messages published on that node only, so no message is processed by two
+// nodes' copies of a group.
+func TestClusterKeySharedStaysPerNode(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 2, nc.URLs())
+	a, b := bs[0], bs[1]
+	member := dialV5(t, a, &paho.Connect{ClientID: "member", CleanStart: true, KeepAlive: 30})
+	member.Subscribe(t, paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1})
+	plain := dialV5(t, a, &paho.Connect{ClientID: "plain", CleanStart: true, KeepAlive: 30})
+	plain.Subscribe(t, paho.SubscribeOptions{Topic: "jobs/#", QoS: 1})
+	pubB := dialV5(t, b, &paho.Connect{ClientID: "pub-b", CleanStart: true, KeepAlive: 30})
+	pubA := dialV5(t, a, &paho.Connect{ClientID: "pub-a", CleanStart: true, KeepAlive: 30})
+	pubB.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-b")})
+	pubA.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-a")})
+	// The plain subscriber gets both; the group member only node a's.
+	got := map[string]bool{string(plain.Next(t).Payload): true, string(plain.Next(t).Payload): true}
+	if !got["from-a"] || !got["from-b"] {
+		t.Fatalf("plain subscriber got %v", got)
+	}
+	if m := member.Next(t); string(m.Payload) != "from-a" {
+		t.Fatalf("group member got %q, want only node a's publish", m.Payload)
+	}
+	expectNone(t, member, "group member")
+}
