@@ -274,6 +274,9 @@ func (h *Cluster) retained(in cluster.Incoming) {
 	}
 	pk.FixedHeader.Retain = true
 	pk.FixedHeader.Qos = min(pk.FixedHeader.Qos, 2)
+	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
+		pk.Payload = nil // expired while stored: a deletion
+	}
 	h.server.Topics.RetainMessage(pk)
 	atomic.StoreInt64(&h.server.Info.Retained, int64(h.server.Topics.Retained.Len()))
 }

@@ -492,6 +492,11 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 	if h.node == nil || cl.Net.Inline {
 		return
 	}
+	if v, ok := h.pubSeq.Load(cl.ID); ok && cl.Closed() {
+		// A publish cut short (its PUBACK could not be written) never
+		// reached OnPublished: do not let it hold every floor back.
+		h.pubSeq.CompareAndDelete(cl.ID, v)
+	}
 	s := h.session(cl)
 	if s == nil || s.refused {
 		return
