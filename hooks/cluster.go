@@ -369,7 +369,7 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 		}
 		s.mu.Unlock()
 	}
-	if len(added) > 0 && s.persistent {
+	if len(added) > 0 && s.persistent.Load() {
 		h.saveSubscriptions(ctx, s, added, since, nil)
 	}
 }
@@ -389,7 +389,7 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			removed = append(removed, f.Filter)
 		}
 	}
-	if len(removed) > 0 && s.persistent && !s.released.Load() {
+	if len(removed) > 0 && s.persistent.Load() && !s.released.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		h.saveSubscriptions(ctx, s, nil, 0, removed)

@@ -55,7 +55,7 @@ type clusterSub struct {
 type clusterSession struct {
 	id         string
 	client     atomic.Pointer[mqtt.Client] // the mochi client holding it now
-	persistent bool
+	persistent atomic.Bool
 	released   atomic.Bool   // another node took it over
 	replayedTo atomic.Uint64 // queued messages up to here came through the replay
 
@@ -73,8 +73,9 @@ type clusterSession struct {
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, persistent: persistent, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
+	s := &clusterSession{id: id, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
 	s.client.Store(cl)
+	s.persistent.Store(persistent)
 	return s
 }
 
@@ -199,7 +200,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			}
 		}
 		s.mu.Lock()
-		s.persistent = persist
+		s.persistent.Store(persist)
 		s.client.Store(cl)
 		if restore == nil {
 			nr.State = s.stateLocked()
@@ -422,7 +423,7 @@ func (h *Cluster) Release(clientID string) {
 	h.mu.Lock()
 	s := h.mu.sessions[clientID]
 	h.mu.Unlock()
-	if s != nil && s.persistent && !s.released.Load() {
+	if s != nil && s.persistent.Load() && !s.released.Load() {
 		if cl := s.client.Load(); cl != nil && !cl.Closed() {
 			_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
 		}
@@ -587,7 +588,7 @@ func (h *Cluster) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ in
 		return
 	}
 	s := h.session(cl)
-	if s == nil || !s.persistent {
+	if s == nil || !s.persistent.Load() {
 		return
 	}
 	s.mu.Lock()
@@ -643,7 +644,7 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 // write means another node owns the session: this node drops it.
 func (h *Cluster) flush(ctx context.Context, s *clusterSession, force bool) {
 	s.mu.Lock()
-	if !s.persistent || s.released.Load() {
+	if !s.persistent.Load() || s.released.Load() {
 		s.mu.Unlock()
 		return
 	}
