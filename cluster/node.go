@@ -45,9 +45,10 @@ type Incoming struct {
 type Handler struct {
 	Message  func(Incoming) // a QoS 0 (core) or 1/2 (queued) message for local subscribers
 	Retained func(Incoming) // a retained message (or a delete: the body says), in stream order
-	// Release drops the local copy of a client's session: another node has
-	// taken it over. It returns once the local connection is closed.
-	Release func(clientID string)
+	// Release drops the local copy of a client's session if the local copy
+	// is at record revision upTo or older: another node is taking it over.
+	// It returns once the local connection is closed.
+	Release func(clientID string, upTo uint64)
 	// NodeStats receives another node's figures (PublishNodeStats).
 	NodeStats func(data []byte)
 }

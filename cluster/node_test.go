@@ -48,7 +48,7 @@ func (r *recorder) handler() Handler {
 			defer r.mu.Unlock()
 			r.retained = append(r.retained, string(m.Data))
 		},
-		Release: func(id string) {
+		Release: func(id string, _ uint64) {
 			r.mu.Lock()
 			defer r.mu.Unlock()
 			r.released = append(r.released, id)
@@ -242,16 +242,16 @@ func TestClusterNodes(t *testing.T) {
 		if _, err := a.SaveSession(ctx, rec, rev); !errors.Is(err, ErrRevision) {
 			t.Fatalf("stale writer: %v, want ErrRevision", err)
 		}
-		if err := b.RequestRelease(ctx, "node-a", rec.ClientID); err != nil {
+		if err := b.RequestRelease(ctx, "node-a", rec.ClientID, rev2); err != nil {
 			t.Fatal(err)
 		}
 		if _, rel := ra.snapshot(); !slices.Equal(rel, []string{rec.ClientID}) {
 			t.Fatalf("node a released %q", rel)
 		}
-		if err := b.RequestRelease(ctx, "node-gone", rec.ClientID); err != nil {
+		if err := b.RequestRelease(ctx, "node-gone", rec.ClientID, rev2); err != nil {
 			t.Fatalf("release from a node that is gone: %v", err)
 		}
-		b.Announce(rec.ClientID)
+		b.Announce(rec.ClientID, rev2)
 		eventually(t, 5*time.Second, "announcement on node c", func() bool {
 			_, rel := rc.snapshot()
 			return slices.Contains(rel, rec.ClientID)

@@ -103,30 +103,36 @@ func (n *Node) DeleteSession(ctx context.Context, clientID string, rev uint64) e
 }
 
 // RequestRelease asks node owner to drop its copy of a client's session
-// (closing the connection, writing its last state) and waits for it. A node
-// that is gone has no responders: that is a success.
-func (n *Node) RequestRelease(ctx context.Context, owner, clientID string) error {
+// (closing the connection, writing its last state) if that copy is at
+// record revision rev or older, and waits for it. A node that is gone has
+// no responders: that is a success.
+func (n *Node) RequestRelease(ctx context.Context, owner, clientID string, rev uint64) error {
 	if owner == "" || owner == n.cfg.NodeID {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
 	defer cancel()
-	_, err := n.nc.RequestWithContext(ctx, subjRelease+NodeHash(owner), []byte(clientID))
+	data, _ := json.Marshal(announcement{ClientID: clientID, Node: n.cfg.NodeID, Rev: rev})
+	_, err := n.nc.RequestWithContext(ctx, subjRelease+NodeHash(owner), data)
 	if err == nil || errors.Is(err, nats.ErrNoResponders) {
 		return nil
 	}
 	return fmt.Errorf("cluster: ask node %s to release the session: %w", owner, err)
 }
 
+// announcement is a release request or an ownership announcement.
 type announcement struct {
 	ClientID string `json:"c"`
 	Node     string `json:"n"`
+	Rev      uint64 `json:"r"` // request: the revision read; announcement: the revision written
 }
 
-// Announce tells every node that this node holds the client now; a node
-// still holding it (one that missed the release request) drops it.
-func (n *Node) Announce(clientID string) {
-	data, _ := json.Marshal(announcement{ClientID: clientID, Node: n.cfg.NodeID})
+// Announce tells every node that this node holds the client since record
+// revision rev; a node still holding an older copy (one that missed the
+// release request) drops it. Announcements may arrive late: a copy at rev
+// or newer is kept.
+func (n *Node) Announce(clientID string, rev uint64) {
+	data, _ := json.Marshal(announcement{ClientID: clientID, Node: n.cfg.NodeID, Rev: rev})
 	if err := n.nc.Publish(subjAnnounce, data); err != nil {
 		n.log.Warn("announce session owner", "error", err)
 	}
@@ -134,8 +140,12 @@ func (n *Node) Announce(clientID string) {
 }
 
 func (n *Node) onRelease(m *nats.Msg) {
+	var a announcement
+	if json.Unmarshal(m.Data, &a) != nil {
+		return
+	}
 	if n.h.Release != nil {
-		n.h.Release(string(m.Data))
+		n.h.Release(a.ClientID, a.Rev)
 	}
 	n.Stats.Released.Add(1)
 	_ = m.Respond([]byte("ok"))
@@ -143,11 +153,11 @@ func (n *Node) onRelease(m *nats.Msg) {
 
 func (n *Node) onAnnounce(m *nats.Msg) {
 	var a announcement
-	if json.Unmarshal(m.Data, &a) != nil || a.Node == n.cfg.NodeID {
+	if json.Unmarshal(m.Data, &a) != nil || a.Node == n.cfg.NodeID || a.Rev == 0 {
 		return
 	}
 	if n.h.Release != nil {
-		n.h.Release(a.ClientID)
+		n.h.Release(a.ClientID, a.Rev-1)
 	}
 }
 

@@ -26,9 +26,11 @@ import (
 //  2. N writes the record with itself as owner, compare-and-set on the
 //     revision it read. If the write is refused, someone else wrote in
 //     between: N starts over (a few times, then refuses the CONNECT).
-//  3. N announces the new owner to every node; one that still holds C (it
-//     missed step 1) drops it. Any later write by the old owner fails its
-//     compare-and-set, and it drops C too.
+//  3. N announces the new owner, with the revision it wrote, to every
+//     node; one that still holds an older copy of C (it missed step 1)
+//     drops it. Requests and announcements carry revisions, and a copy
+//     newer than theirs is kept: they may arrive late. Any later write by
+//     the old owner fails its compare-and-set, and it drops C too.
 //  4. A persistent session N did not hold in memory is rebuilt from the
 //     record: its filters join N's interest first, then every KL_MSGS
 //     message above the record's floor that its subscriptions take is
@@ -166,7 +168,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			continue
 		}
 		if rec != nil && rec.Owner != self {
-			if err := h.node.RequestRelease(ctx, rec.Owner, id); err != nil {
+			if err := h.node.RequestRelease(ctx, rec.Owner, id, rev); err != nil {
 				h.Log.Warn("cluster: the previous owner did not confirm the release", "client", id, "owner", rec.Owner, "error", err)
 			}
 		}
@@ -224,7 +226,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		h.mu.sessions[id] = s
 		h.mu.Unlock()
 		if rec != nil && rec.Owner != self {
-			h.node.Announce(id)
+			h.node.Announce(id, nrev)
 		}
 		return s, restore, nil
 	}
@@ -419,10 +421,21 @@ func (h *Cluster) dropLocal(cl *mqtt.Client) {
 // taking it over. A connected client gets DISCONNECT 0x8E, and the record
 // gets the session's last progress first, so the next owner does not
 // resend what the client has acknowledged here.
-func (h *Cluster) Release(clientID string) {
+//
+// A copy newer than upTo stays: a late announcement or a request that lost
+// a race must not drop a session taken over since.
+func (h *Cluster) Release(clientID string, upTo uint64) {
 	h.mu.Lock()
 	s := h.mu.sessions[clientID]
 	h.mu.Unlock()
+	if s != nil {
+		s.mu.Lock()
+		newer := s.rev > upTo
+		s.mu.Unlock()
+		if newer {
+			return
+		}
+	}
 	if s != nil && s.persistent.Load() && !s.released.Load() {
 		if cl := s.client.Load(); cl != nil && !cl.Closed() {
 			_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
