@@ -196,14 +196,15 @@ func (n *Node) natsOptions() []nats.Option {
 	if n.cfg.Creds != "" {
 		opts = append(opts, nats.UserCredentials(n.cfg.Creds))
 	}
+	if n.cfg.TLSCert != "" || n.cfg.TLSCA != "" {
+		// TLS 1.2 at least; the certificate and CA below are loaded by callbacks.
+		opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
+	}
 	if n.cfg.TLSCert != "" {
 		opts = append(opts, nats.ClientCert(n.cfg.TLSCert, n.cfg.TLSKey))
 	}
 	if n.cfg.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(n.cfg.TLSCA))
-	}
-	if n.cfg.TLSCert != "" || n.cfg.TLSCA != "" {
-		opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
 	}
 	return opts
 }

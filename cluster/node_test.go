@@ -88,11 +88,17 @@ func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 func startNode(t *testing.T, urls []string, id string) (*Node, *recorder) {
 	t.Helper()
+	return startNodeCfg(t, Config{URLs: urls, NodeID: id})
+}
+
+func startNodeCfg(t *testing.T, cfg Config) (*Node, *recorder) {
+	t.Helper()
 	r := &recorder{}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	n, err := Start(ctx, Config{URLs: urls, NodeID: id, Logger: logger.With("node", id)}, r.handler())
+	cfg.Logger = logger.With("node", cfg.NodeID)
+	n, err := Start(ctx, cfg, r.handler())
 	if err != nil {
 		t.Fatal(err)
 	}
