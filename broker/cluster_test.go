@@ -14,6 +14,7 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
@@ -495,4 +496,58 @@ func TestClusterKeySharedStaysPerNode(t *testing.T) {
 		t.Fatalf("group member got %q, want only node a's publish", m.Payload)
 	}
 	expectNone(t, member, "group member")
+}
+
+// TestClusterSweepsSessionsOfGoneNodes: records of sessions whose node is
+// gone expire on another node; those of live nodes are left to them.
+func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 2, nc.URLs())
+	a, b := bs[0], bs[1]
+	ctx := context.Background()
+	now := time.Now()
+	state := func(version byte, expiry uint32) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"client":{"protocolVersion":%d,"properties":{"sessionExpiryInterval":%d,"sessionExpiryIntervalFlag":true}}}`, version, expiry))
+	}
+	for _, rec := range []cluster.SessionRecord{
+		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 10)},
+		{ClientID: "young", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 3600)},
+		{ClientID: "clean", Owner: "node-gone", Connected: true},
+		{ClientID: "v311", Owner: "node-gone", Persistent: true, DisconnectedAt: 1, State: state(4, 0)},
+		{ClientID: "was-connected", Owner: "node-gone", Persistent: true, Connected: true, State: state(5, 10)},
+	} {
+		if _, err := a.ClusterNode().SaveSession(ctx, &rec, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A session node b holds, offline: b is alive, so it is b's to expire.
+	held := connectPersistent(t, b, "held", true)
+	held.Close()
+
+	sweep := func(at time.Time) []string {
+		t.Helper()
+		deleted, err := a.ClusterHook().SweepOrphans(ctx, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(deleted)
+		return deleted
+	}
+	if got := sweep(now); !slices.Equal(got, []string{"clean", "expired"}) {
+		t.Fatalf("first sweep deleted %q, want clean and expired", got)
+	}
+	// A session connected when its node died expires counted from when it
+	// was first found orphaned.
+	if got := sweep(now.Add(11 * time.Second)); !slices.Equal(got, []string{"was-connected"}) {
+		t.Fatalf("second sweep deleted %q, want was-connected", got)
+	}
+	// Two hours on: young has expired; held (3600 s too) has a live owner.
+	if got := sweep(now.Add(2 * time.Hour)); !slices.Equal(got, []string{"young"}) {
+		t.Fatalf("third sweep deleted %q, want young", got)
+	}
+	for _, id := range []string{"v311", "held"} {
+		if rec, _, err := a.ClusterNode().LoadSession(ctx, id); err != nil || rec == nil {
+			t.Errorf("%s: record %v %v, want kept", id, rec, err)
+		}
+	}
 }

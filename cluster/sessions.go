@@ -144,6 +144,10 @@ func (n *Node) onRelease(m *nats.Msg) {
 	if json.Unmarshal(m.Data, &a) != nil {
 		return
 	}
+	if a.ClientID == "" { // a ping (Alive)
+		_ = m.Respond([]byte("ok"))
+		return
+	}
 	if n.h.Release != nil {
 		n.h.Release(a.ClientID, a.Rev)
 	}
@@ -243,28 +247,58 @@ func (n *Node) LastSequence(ctx context.Context) (uint64, error) {
 }
 
 // Sessions returns up to limit session records, sorted by client id: every
-// client connected to any node and every persistent session, with its owner.
+// client connected to any node and every persistent session, with its
+// owner (without State and Acked).
 func (n *Node) Sessions(ctx context.Context, limit int) ([]SessionRecord, error) {
+	var out []SessionRecord
+	err := n.ForEachSession(ctx, func(rec *SessionRecord, _ uint64) bool {
+		rec.State, rec.Acked = nil, nil
+		out = append(out, *rec)
+		return len(out) < limit
+	})
+	slices.SortFunc(out, func(a, b SessionRecord) int { return strings.Compare(a.ClientID, b.ClientID) })
+	return out, err
+}
+
+// ForEachSession calls fn with every session record and its revision until
+// fn returns false.
+func (n *Node) ForEachSession(ctx context.Context, fn func(rec *SessionRecord, rev uint64) bool) error {
 	lister, err := n.kv.ListKeys(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: list sessions: %w", err)
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil
+		}
+		return fmt.Errorf("cluster: list sessions: %w", err)
 	}
 	defer func() { _ = lister.Stop() }()
-	var out []SessionRecord
 	for key := range lister.Keys() {
-		if len(out) >= limit {
-			break
-		}
 		e, err := n.kv.Get(ctx, key)
 		if err != nil {
 			continue // deleted meanwhile
 		}
 		var rec SessionRecord
-		if json.Unmarshal(e.Value(), &rec) == nil {
-			rec.State, rec.Acked = nil, nil
-			out = append(out, rec)
+		if json.Unmarshal(e.Value(), &rec) == nil && !fn(&rec, e.Revision()) {
+			break
 		}
 	}
-	slices.SortFunc(out, func(a, b SessionRecord) int { return strings.Compare(a.ClientID, b.ClientID) })
-	return out, nil
+	return nil
+}
+
+// Alive reports whether node answers on its release subject (a node that
+// is gone has no responders).
+func (n *Node) Alive(ctx context.Context, node string) (bool, error) {
+	if node == n.cfg.NodeID {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
+	defer cancel()
+	data, _ := json.Marshal(announcement{Node: n.cfg.NodeID}) // no client: a ping
+	_, err := n.nc.RequestWithContext(ctx, subjRelease+NodeHash(node), data)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, nats.ErrNoResponders):
+		return false, nil
+	}
+	return false, fmt.Errorf("cluster: is node %s alive: %w", node, err)
 }

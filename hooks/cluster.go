@@ -62,6 +62,7 @@ type Cluster struct {
 		sync.Mutex
 		sessions map[string]*clusterSession // client id -> session this node holds
 		nodes    map[string]nodeFigures     // other nodes' figures, by node id
+		orphans  map[string]time.Time       // client id -> when its owner was first found gone
 	}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -73,6 +74,7 @@ func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, stop: make(chan struct{})}
 	h.mu.sessions = map[string]*clusterSession{}
 	h.mu.nodes = map[string]nodeFigures{}
+	h.mu.orphans = map[string]time.Time{}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -91,15 +93,13 @@ func (h *Cluster) Handler() cluster.Handler {
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
 	h.node = n
-	h.wg.Add(2)
-	go func() {
-		defer h.wg.Done()
-		h.flushLoop()
-	}()
-	go func() {
-		defer h.wg.Done()
-		h.sysLoop()
-	}()
+	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop} {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			loop()
+		}()
+	}
 }
 
 // Node returns the cluster node.
