@@ -63,8 +63,7 @@ func (n *Node) store(ctx context.Context, subj string, body []byte, stream strin
 			n.lastJSOK.Store(time.Now().UnixNano())
 			return ack.Sequence, nil
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.Code >= 400 && apiErr.Code < 500 && apiErr.Code != 408 {
+		if permanent(err) {
 			n.Stats.PublishErrors.Add(1)
 			return 0, fmt.Errorf("cluster: store on %s: %w", stream, err) // refused, not unavailable
 		}
@@ -214,4 +213,16 @@ func (n *Node) CatchUpRetained(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// permanent reports whether a store error will not go away by retrying: a
+// message too large for NATS or the stream. Everything else (timeouts, no
+// responders, a stream without a leader for a moment, answers from a node
+// that is catching up) is retried until the publish deadline.
+func permanent(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10054 // message size exceeds maximum allowed
 }

@@ -93,6 +93,9 @@ func (r *receiver) check(t *testing.T, who string, acked []int) {
 // v5Session connects a persistent MQTT 5 session whose messages go to r.
 func v5Session(t *testing.T, addr, id string, r *receiver) *paho.Client {
 	t.Helper()
+	r.mu.Lock()
+	resuming := len(r.first) > 0
+	r.mu.Unlock()
 	expiry := uint32(3600)
 	conn := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
 	c := paho.NewClient(paho.ClientConfig{ClientID: id, Conn: conn,
@@ -111,7 +114,7 @@ func v5Session(t *testing.T, addr, id string, r *receiver) *paho.Client {
 		_ = c.Disconnect(&paho.Disconnect{})
 		<-c.Done()
 	})
-	if r.first != nil && !ca.SessionPresent {
+	if resuming && !ca.SessionPresent {
 		t.Fatalf("%s resumed without session present", id)
 	}
 	return c
@@ -140,6 +143,12 @@ func publishAll(t *testing.T, pub *mqtttest.V5, topic, prefix string, count int,
 		cancel()
 		if err == nil && res != nil && res.ReasonCode < 0x80 {
 			acked = append(acked, i)
+			continue
+		}
+		if res != nil {
+			t.Logf("publish %d: reason %#x %s", i, res.ReasonCode, res.Properties.ReasonString)
+		} else {
+			t.Logf("publish %d: %v", i, err)
 		}
 	}
 	return acked
