@@ -162,7 +162,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.BoolVarP(help, "help", "h", false, "show this help")
 	f.BoolVar(showVersion, "version", false, "print the version")
 
-	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, general}
+	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, clusterFlags(&cfg.Cluster), general}
 }
 
 func newFlagSet(cfg *broker.Config, configPath *string, help, showVersion *bool) *pflag.FlagSet {

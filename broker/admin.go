@@ -32,18 +32,19 @@ func (b *Broker) ClientViews() []adminapi.ClientView {
 		if cl.Net.Inline {
 			continue
 		}
-		out = append(out, viewOf(cl))
+		out = append(out, b.viewOf(cl))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
 // viewOf is what the admin API shows of cl.
-func viewOf(cl *mqtt.Client) adminapi.ClientView {
+func (b *Broker) viewOf(cl *mqtt.Client) adminapi.ClientView {
 	v := adminapi.ClientView{
 		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
 		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
+		Node: b.NodeID(),
 	}
 	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 		v.QueuedBytes = q.Queued()

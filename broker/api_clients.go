@@ -30,7 +30,7 @@ func (b *Broker) clientDetail(id string) (adminapi.ClientDetail, error) {
 		return adminapi.ClientDetail{}, err
 	}
 	d := adminapi.ClientDetail{
-		ClientView: viewOf(cl), Username: string(cl.Properties.Username),
+		ClientView: b.viewOf(cl), Username: string(cl.Properties.Username),
 		KeepAlive: cl.State.Keepalive, Clean: cl.Properties.Clean,
 		SubscriptionList: []adminapi.SubscriptionView{}, InflightMessages: []adminapi.InflightView{},
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/connq"
@@ -53,8 +54,10 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
-	obs       *observer     // counter samples and topic streams for the console
-	stop      chan struct{} // closed when Shutdown begins; ends background loops
+	obs       *observer      // counter samples and topic streams for the console
+	cluster   *hooks.Cluster // cluster mode only (broker/cluster.go)
+	node      *cluster.Node  // cluster mode only
+	stop      chan struct{}  // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -210,10 +213,14 @@ func (b *Broker) addHooks() error {
 		}
 	}
 	// Storage before Key-Shared: a subscription that cannot be stored is
-	// refused before Key-Shared makes the client a member.
-	storage := hooks.NewStorage(b.server, b.sessions)
-	if err := b.server.AddHook(storage, nil); err != nil {
-		return fmt.Errorf("broker: storage hook: %w", err)
+	// refused before Key-Shared makes the client a member. In cluster mode
+	// sessions and retained messages live in the cluster, not in bbolt.
+	var storage *hooks.Storage
+	if !b.clusterMode() {
+		storage = hooks.NewStorage(b.server, b.sessions)
+		if err := b.server.AddHook(storage, nil); err != nil {
+			return fmt.Errorf("broker: storage hook: %w", err)
+		}
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, b.db.Groups(), hooks.KeySharedConfig{
 		KeyProperty: b.cfg.KeyProperty,
@@ -228,10 +235,22 @@ func (b *Broker) addHooks() error {
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
 	})
-	if err := b.server.AddHook(b.keyShared, nil); err != nil {
+	if b.clusterMode() {
+		if err := b.startCluster(); err != nil {
+			return err
+		}
+	}
+	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}
-	storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	if b.cluster != nil {
+		// The cluster hook goes before the fan-out hook (see hooks.Cluster).
+		if err := b.server.AddHook(b.cluster, nil); err != nil {
+			return fmt.Errorf("broker: cluster hook: %w", err)
+		}
+	} else {
+		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
@@ -241,7 +260,11 @@ func (b *Broker) addHooks() error {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
 	}
 	b.auth.OnDiscard = func(cl *mqtt.Client) { // a session discarded for another user
-		storage.OnClientExpired(cl)
+		if b.cluster != nil {
+			b.cluster.OnClientExpired(cl)
+		} else {
+			storage.OnClientExpired(cl)
+		}
 		b.fanout.OnClientExpired(cl)
 	}
 	b.obs = newObserver(b)
@@ -388,6 +411,12 @@ func (b *Broker) closeResources() error {
 			errs = append(errs, ignoreClosed(ln.ln.Close()))
 		}
 	}
+	if b.cluster != nil {
+		_ = b.cluster.Stop() // mochi stops it too once it served
+	}
+	if b.node != nil {
+		b.node.Close() // after the server: its hooks write session records on the way out
+	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())
 	}
@@ -424,12 +453,13 @@ func (b *Broker) Addr(name string) string {
 	return ""
 }
 
-// Ready reports whether the broker is serving MQTT and not shutting down.
-func (b *Broker) Ready() bool { return b.ready.Load() }
+// Ready reports whether the broker is serving MQTT and not shutting down
+// (and, in cluster mode, is connected to NATS with JetStream available).
+func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
 	mux := http.NewServeMux()
 	if b.cfg.Pprof {
 		registerDebug(mux)
@@ -438,6 +468,7 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
 	b.registerConsole(mux, groups)
+	b.registerCluster(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

@@ -91,6 +91,9 @@ type Config struct {
 	// fresh session (the other user's is discarded).
 	SessionOwnership SessionOwnership `yaml:"session-ownership"`
 
+	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
+	Cluster ClusterConfig `yaml:",inline"`
+
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
 	Auth *auth.Ledger `yaml:"auth"`
@@ -165,6 +168,7 @@ func DefaultConfig() Config {
 		SessionOwnership:   OwnershipRefuse,
 		HTTPReadTimeout:    10 * time.Second,
 		HTTPMaxConns:       256,
+		Cluster:            DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -267,6 +271,9 @@ func (c *Config) Validate() error {
 		if _, err := c.connLimits(o.Listener, o.ClientPrefix); err != nil {
 			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
 	}
 	switch {
 	case c.LogLevel == 0:
