@@ -14,13 +14,23 @@ import (
 // connection's protocol version (4 or 5). onPublish runs on the reader's
 // goroutine; its slices are only valid during the call.
 func Tap(conn net.Conn, version byte, onPublish func(topic string, payload []byte)) net.Conn {
-	return &tapConn{Conn: conn, v5: version == 5, on: onPublish}
+	c := &tapConn{Conn: conn, v5: version == 5, on: onPublish}
+	c.packet, _ = conn.(sync.Locker)
+	if c.packet == nil {
+		c.packet = new(sync.Mutex)
+	}
+	return c
 }
 
 type tapConn struct {
 	net.Conn
 	v5 bool
 	on func(topic string, payload []byte)
+	// packet is the write lock paho holds around each packet (it writes one
+	// in several Writes, and PINGREQs from another goroutine): the wrapped
+	// conn's (Dial's conns have one), so that hiding it does not let a
+	// PINGREQ land inside a SUBSCRIBE, as it once did.
+	packet sync.Locker
 
 	mu     sync.Mutex
 	buf    []byte // bytes read but not yet a whole frame
@@ -65,3 +75,8 @@ func (c *tapConn) parseLocked() {
 		c.buf = c.buf[end:]
 	}
 }
+
+// Lock and Unlock make the tap a sync.Locker, which paho.golang takes around
+// every packet it writes.
+func (c *tapConn) Lock()   { c.packet.Lock() }
+func (c *tapConn) Unlock() { c.packet.Unlock() }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
@@ -47,5 +48,35 @@ func TestTap(t *testing.T) {
 			t.Errorf("v%d: tapped %q, want %q", version, got, want)
 		}
 		client.Close()
+	}
+}
+
+// lockConn is a net.Conn with a write lock that records being taken.
+type lockConn struct {
+	net.Conn
+	sync.Mutex
+	locks int
+}
+
+func (c *lockConn) Lock() { c.Mutex.Lock(); c.locks++ }
+
+// TestTapKeepsThePacketLock: paho.golang writes a packet in several Writes
+// and PINGREQs from another goroutine, taking the conn's lock around each
+// packet when the conn has one; a tap over such a conn must hand it on (a
+// PINGREQ once landed inside a SUBSCRIBE and the broker refused it).
+func TestTapKeepsThePacketLock(t *testing.T) {
+	inner := &lockConn{}
+	c := mqtttest.Tap(inner, 5, func(string, []byte) {})
+	l, ok := c.(sync.Locker)
+	if !ok {
+		t.Fatal("the tap is not a sync.Locker")
+	}
+	l.Lock()
+	l.Unlock()
+	if inner.locks != 1 {
+		t.Fatalf("the wrapped conn's lock was taken %d times, want 1", inner.locks)
+	}
+	if _, ok := mqtttest.Tap(nil, 5, nil).(sync.Locker); !ok {
+		t.Fatal("a tap over a conn without a lock has none")
 	}
 }
