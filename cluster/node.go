@@ -86,6 +86,8 @@ type Node struct {
 	retainedPos  atomic.Uint64 // highest KL_RETAINED sequence handed to Handler.Retained
 	retainedOK   chan struct{} // closed once the retained stream has been read up to its tail
 	lastJSOK     atomic.Int64  // unix nanos of the last successful JetStream call
+	connGen      atomic.Uint64 // bumped on every NATS disconnection
+	onReconnect  atomic.Pointer[func()]
 	stop         chan struct{}
 	stopOnce     sync.Once
 	wg           sync.WaitGroup
@@ -180,10 +182,14 @@ func (n *Node) natsOptions() []nats.Option {
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.Timeout(n.cfg.RequestTimeout),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.connGen.Add(1) // fences every group lease until its next renewal
 			n.log.Warn("disconnected from NATS", "error", err)
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			n.log.Info("reconnected to NATS", "server", c.ConnectedUrlRedacted())
+			if f := n.onReconnect.Load(); f != nil {
+				(*f)()
+			}
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrSlowConsumer) {

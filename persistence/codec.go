@@ -464,3 +464,21 @@ func (d *decoder) string() string {
 	}
 	return unsafe.String(&b[0], len(b))
 }
+
+// EncodeMessage returns the log encoding of m (its Offset is not part of
+// it). A cluster group log stores messages in this form too.
+func EncodeMessage(m *keyshared.Message) []byte { return encodeMessage(m) }
+
+// DecodeMessage decodes what EncodeMessage returned. The message's strings
+// and slices point into buf, which must not be written again.
+func DecodeMessage(buf []byte) (keyshared.Message, error) { return decodeMessage(buf, true) }
+
+// EncodeDeadLetter returns the stored encoding of a dead letter (its
+// message's offset included, its group not).
+func EncodeDeadLetter(d *keyshared.DeadLetter) []byte { return appendDeadLetter(nil, d) }
+
+// DecodeDeadLetter decodes what EncodeDeadLetter returned; see DecodeMessage for buf.
+func DecodeDeadLetter(buf []byte) (keyshared.DeadLetter, error) {
+	d, _, err := decodeDeadLetter(buf, true)
+	return d, err
+}

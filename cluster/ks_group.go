@@ -1,0 +1,169 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"strings"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// Group is a cluster-wide Key-Shared group as one node's broker sees it:
+// the same methods as a keyshared.Dispatcher (members, acks, stats), whose
+// calls go to the group's one dispatcher wherever its lease holder runs.
+// Safe for concurrent use; Ack, Nack and Reject never wait.
+type Group struct{ ng *nodeGroup }
+
+// AddMember makes a client connected to this node a member (or updates
+// its options, as a re-subscribe does).
+func (gr *Group) AddMember(id string, o keyshared.MemberOptions) error {
+	if id == "" {
+		return keyshared.ErrInvalidMember
+	}
+	for _, f := range o.KeyFilters {
+		if err := keyshared.ValidateFilter(f); err != nil {
+			return err
+		}
+	}
+	ng := gr.ng
+	m := &localMember{opts: o, qos: 1, active: true}
+	ng.mu.Lock()
+	if prev := ng.mu.members[id]; prev != nil {
+		m.qos = prev.qos
+	}
+	ng.mu.members[id] = m
+	ng.mu.Unlock()
+	ng.send(joinItem(id, m))
+	return nil
+}
+
+// SetQoS records the QoS granted to a member (shown by the admin API).
+func (gr *Group) SetQoS(id string, qos byte) {
+	gr.ng.mu.Lock()
+	defer gr.ng.mu.Unlock()
+	if m := gr.ng.mu.members[id]; m != nil {
+		m.qos = qos
+	}
+}
+
+// RemoveMember removes a member that left: the holder requeues what it
+// held and revokes it here.
+func (gr *Group) RemoveMember(id string) error {
+	ng := gr.ng
+	ng.mu.Lock()
+	_, ok := ng.mu.members[id]
+	delete(ng.mu.members, id)
+	ng.mu.Unlock()
+	if !ok {
+		return keyshared.ErrUnknownMember
+	}
+	ng.send(upItem{kind: upLeave, member: id})
+	return nil
+}
+
+// SetActive marks a member disconnected or back.
+func (gr *Group) SetActive(id string, active bool) error {
+	ng := gr.ng
+	ng.mu.Lock()
+	m := ng.mu.members[id]
+	if m != nil {
+		m.active = active
+	}
+	ng.mu.Unlock()
+	if m == nil {
+		return keyshared.ErrUnknownMember
+	}
+	ng.send(upItem{kind: upActive, member: id, active: active})
+	return nil
+}
+
+// Ack reports a member's PUBACK/PUBCOMP.
+func (gr *Group) Ack(member string, offset uint64) error {
+	return gr.answer(upItem{kind: upAck, member: member, offset: offset})
+}
+
+// Nack reports a member's failure reason code (retried after backoff).
+func (gr *Group) Nack(member string, offset uint64, reason byte) error {
+	return gr.answer(upItem{kind: upNack, member: member, offset: offset, reason: reason})
+}
+
+// Reject reports a never-retry answer (dead-lettered at once).
+func (gr *Group) Reject(member string, offset uint64, reason byte) error {
+	return gr.answer(upItem{kind: upReject, member: member, offset: offset, reason: reason})
+}
+
+func (gr *Group) answer(it upItem) error {
+	ng := gr.ng
+	ng.mu.Lock()
+	delete(ng.mu.outstanding, delivery{it.member, it.offset})
+	ng.mu.Unlock()
+	ng.send(it)
+	return nil
+}
+
+// Notify tells the local holder, if any, that its log grew (the holder's
+// reader learns it from the stream anyway).
+func (gr *Group) Notify() { gr.ng.g.notify(gr.ng.gh) }
+
+// Stats returns the group's live figures from its holder; Members counts
+// every member in the cluster. A group whose holder does not answer shows
+// only its name.
+func (gr *Group) Stats() keyshared.Stats {
+	r, ok := gr.ng.remoteStats()
+	if !ok {
+		return keyshared.Stats{Group: gr.ng.name}
+	}
+	return r.Stats
+}
+
+// Members returns every member of the group in the cluster, with its node,
+// sorted by id.
+func (gr *Group) Members() []MemberInfo {
+	r, _ := gr.ng.remoteStats()
+	slices.SortFunc(r.Members, func(a, b MemberInfo) int { return strings.Compare(a.ID, b.ID) })
+	return r.Members
+}
+
+// Holder returns the node holding the group's lease ("" while none does).
+func (gr *Group) Holder() string {
+	lv, _ := gr.ng.g.holderOf(gr.ng.gh)
+	return lv.node
+}
+
+// States returns where messages stand, as the holder's dispatcher sees them.
+func (gr *Group) States(ctx context.Context, offsets []uint64) ([]keyshared.MessageStatus, error) {
+	return gr.ng.states(ctx, offsets)
+}
+
+// Route routes a QoS 0 message on the group's ring, at its holder.
+func (gr *Group) Route(m *keyshared.Message) {
+	ng := gr.ng
+	if h := ng.g.localHolder(ng.gh); h != nil {
+		h.r.Route(m)
+		return
+	}
+	if _, ok := ng.g.holderOf(ng.gh); ok {
+		_ = ng.g.node.nc.Publish(holderSubject(ng.gh), append([]byte{reqQoS0}, persistence.EncodeMessage(m)...))
+	}
+}
+
+// RouterStats returns the QoS 0 routing figures of a holder on this node.
+func (gr *Group) RouterStats() keyshared.RouterStats {
+	if h := gr.ng.g.localHolder(gr.ng.gh); h != nil {
+		return h.r.Stats()
+	}
+	return keyshared.RouterStats{}
+}
+
+// Close ends this node's side of the group (the group lives on).
+func (gr *Group) Close(context.Context) error {
+	ng := gr.ng
+	ng.g.mu.Lock()
+	if ng.g.mu.nodes[ng.gh] == ng {
+		delete(ng.g.mu.nodes, ng.gh)
+	}
+	ng.g.mu.Unlock()
+	ng.close()
+	return nil
+}

@@ -1,0 +1,530 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// Key-Shared groups across nodes. A `$share/<share>/<filter>` group is one
+// group in the whole cluster:
+//
+//	stream KL_G_<hash>, subject kl.g.<hash>   the group log (offset = stream sequence)
+//	bucket KL_GROUPS, key m.<hash>             the group's name, config and creation
+//	                  key l.<hash>             its lease (TTL): which node dispatches
+//	                  key s.<hash>             its state (cursor, acks above it), fenced by the lease
+//	stream KL_DLQ, subject kl.x.<hash>         its dead letters (id = stream sequence)
+//	kl.k.<hash>                                requests to the lease holder (members, acks, stats)
+//	kl.t.<hash>                                from the holder to every node (takeover, durability)
+//	kl.d.<node hash>                           deliveries from holders to a node's members
+//	kl.p                                       node heartbeats (placement, failure detection)
+//
+// <hash> is a digest of the group name. Every node appends the QoS 1/2
+// publishes it receives to the group log before the publisher's PUBACK;
+// the holder of the lease runs the group's one keyshared.Dispatcher over
+// it, delivers to members on its node directly and to others through their
+// node. The holder is the node the rendezvous hash of the group and the
+// live nodes prefers, so dispatchers spread over nodes.
+
+// Names of the group storage.
+const (
+	BucketGroups = "KL_GROUPS"
+	StreamDLQ    = "KL_DLQ"
+
+	groupStreamPrefix = "KL_G_"
+	subjGroupLog      = Prefix + ".g."
+	subjGroupDLQ      = Prefix + ".x."
+	subjHolder        = Prefix + ".k."
+	subjTakeover      = Prefix + ".t."
+	subjDeliver       = Prefix + ".d."
+)
+
+func groupHash(name string) string   { return hashToken(name) }
+func groupStream(gh string) string   { return groupStreamPrefix + gh }
+func groupSubject(gh string) string  { return subjGroupLog + gh }
+func dlqSubject(gh string) string    { return subjGroupDLQ + gh }
+func holderSubject(gh string) string { return subjHolder + gh }
+
+// GroupsConfig configures Key-Shared groups across nodes.
+type GroupsConfig struct {
+	// Settings returns a group's dispatcher and backlog settings.
+	Settings func(name string) (keyshared.Config, persistence.GroupConfig)
+	// LeaseTTL is how long a lease lives without renewal: it must exceed a
+	// NATS leader election (4-9 s) plus a renewal period. Default 15 s.
+	LeaseTTL time.Duration
+	// LeaseMargin: a holder stops this long before its lease could expire.
+	LeaseMargin time.Duration
+	// RenewEvery is the renewal period (default LeaseTTL/5).
+	RenewEvery time.Duration
+	// StateEvery is how often a holder writes its state when it changed.
+	StateEvery time.Duration
+	// GatherTimeout bounds a takeover's wait for the other nodes' resyncs.
+	GatherTimeout time.Duration
+	Logger        *slog.Logger
+}
+
+func (c *GroupsConfig) withDefaults() GroupsConfig {
+	out := *c
+	if out.LeaseTTL == 0 {
+		out.LeaseTTL = 15 * time.Second
+	}
+	if out.LeaseMargin == 0 {
+		out.LeaseMargin = 2 * time.Second
+	}
+	if out.RenewEvery == 0 {
+		out.RenewEvery = out.LeaseTTL / 5
+	}
+	if out.StateEvery == 0 {
+		out.StateEvery = 100 * time.Millisecond
+	}
+	if out.GatherTimeout == 0 {
+		out.GatherTimeout = 2 * time.Second
+	}
+	if out.Logger == nil {
+		out.Logger = slog.New(slog.DiscardHandler)
+	}
+	if out.Settings == nil {
+		out.Settings = func(string) (keyshared.Config, persistence.GroupConfig) {
+			return keyshared.DefaultConfig(), persistence.GroupConfig{}
+		}
+	}
+	return out
+}
+
+// groupMeta is the value of m.<hash>.
+type groupMeta struct {
+	Name    string                  `json:"name"`
+	Config  persistence.GroupConfig `json:"config"`
+	Created time.Time               `json:"created"`
+}
+
+// Groups is a node's part in the cluster's Key-Shared groups: the store the
+// broker's hook appends to and administers through (persistence.GroupStore),
+// the groups' node sides (Open), and the holders of the leases this node
+// won. Safe for concurrent use.
+type Groups struct {
+	node     *Node
+	cfg      GroupsConfig
+	log      *slog.Logger
+	kv       jetstream.KeyValue
+	presence *presence
+	appends  *appender
+
+	mu struct {
+		sync.Mutex
+		metas     map[string]groupMeta // group hash -> meta
+		leases    map[string]leaseView // group hash -> lease as watched
+		freeSince map[string]time.Time // group hash -> when its lease was first seen free
+		nodes     map[string]*nodeGroup
+		holders   map[string]*holder
+		busy      map[string]bool // acquisitions and releases under way
+		onAppend  func(group string, head uint64)
+		stopped   bool
+	}
+	kick     chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	subs     []*nats.Subscription
+	watcher  jetstream.KeyWatcher
+}
+
+// StartGroups makes the bucket and the dead-letter stream, starts watching
+// leases and groups, and joins the placement of dispatchers.
+func (n *Node) StartGroups(ctx context.Context, cfg GroupsConfig) (_ *Groups, err error) {
+	cfg = cfg.withDefaults()
+	g := &Groups{node: n, cfg: cfg, log: cfg.Logger, presence: newPresence(n.cfg.NodeID),
+		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+	g.mu.metas = map[string]groupMeta{}
+	g.mu.leases = map[string]leaseView{}
+	g.mu.freeSince = map[string]time.Time{}
+	g.mu.nodes = map[string]*nodeGroup{}
+	g.mu.holders = map[string]*holder{}
+	g.mu.busy = map[string]bool{}
+	g.appends = newAppender(g)
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	if g.kv, err = n.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: BucketGroups, Description: "Keyline Key-Shared groups: names, leases, state",
+		History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas, LimitMarkerTTL: time.Second,
+	}); err != nil {
+		return nil, fmt.Errorf("cluster: bucket %s: %w", BucketGroups, err)
+	}
+	if err := n.createStream(ctx, jetstream.StreamConfig{
+		Name: StreamDLQ, Description: "Keyline Key-Shared dead letters", Subjects: []string{subjGroupDLQ + ">"},
+		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: n.replicas,
+		Duplicates: 2 * time.Minute, AllowDirect: true,
+	}); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	// The watcher lives as long as the node's groups: not on ctx.
+	if g.watcher, err = g.kv.WatchFiltered(context.Background(), []string{"l.*", "m.*"}); err != nil {
+		return nil, fmt.Errorf("cluster: watch %s: %w", BucketGroups, err)
+	}
+	for _, s := range []struct {
+		subj string
+		cb   nats.MsgHandler
+	}{{subjPresence, g.presence.heard}, {subjTakeover + "*", g.onTakeover}, {subjDeliver + NodeHash(n.cfg.NodeID), g.onDown}} {
+		sub, err := n.nc.Subscribe(s.subj, s.cb)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: subscribe %s: %w", s.subj, err)
+		}
+		g.subs = append(g.subs, sub)
+	}
+	// Wait for the current groups and leases before taking part.
+	if err := g.loadWatch(ctx); err != nil {
+		return nil, err
+	}
+	f := func() { g.kickPlacement(); g.resyncAll() }
+	n.onReconnect.Store(&f)
+	g.goFunc(g.watchLoop)
+	g.goFunc(g.presenceLoop)
+	g.goFunc(g.placementLoop)
+	return g, nil
+}
+
+func (g *Groups) goFunc(f func()) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		f()
+	}()
+}
+
+// Close releases the leases this node holds (each after a last state
+// write, so the next holder starts at once) and stops.
+func (g *Groups) Close() {
+	g.stopOnce.Do(func() {
+		g.mu.Lock()
+		g.mu.stopped = true
+		holders := make([]*holder, 0, len(g.mu.holders))
+		for _, h := range g.mu.holders {
+			holders = append(holders, h)
+		}
+		nodes := make([]*nodeGroup, 0, len(g.mu.nodes))
+		for _, ng := range g.mu.nodes {
+			nodes = append(nodes, ng)
+		}
+		g.mu.Unlock()
+		var wg sync.WaitGroup
+		for _, h := range holders {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.stopHolding(true)
+			}()
+		}
+		wg.Wait()
+		for _, ng := range nodes {
+			ng.close()
+		}
+		if g.node.nc != nil {
+			data, _ := json.Marshal(presenceMsg{Node: g.node.cfg.NodeID, Bye: true})
+			_ = g.node.nc.Publish(subjPresence, data)
+		}
+		close(g.stop)
+		if g.watcher != nil {
+			_ = g.watcher.Stop()
+		}
+		for _, s := range g.subs {
+			_ = s.Unsubscribe()
+		}
+		g.wg.Wait()
+		g.appends.close()
+	})
+}
+
+func (g *Groups) stopped() bool {
+	select {
+	case <-g.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// loadWatch applies the watcher's initial values (up to its nil marker).
+func (g *Groups) loadWatch(ctx context.Context) error {
+	for {
+		select {
+		case e, ok := <-g.watcher.Updates():
+			if !ok {
+				return fmt.Errorf("cluster: watch %s closed", BucketGroups)
+			}
+			if e == nil {
+				return nil
+			}
+			g.applyEntry(e)
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: loading groups: %w", ctx.Err())
+		}
+	}
+}
+
+func (g *Groups) watchLoop() {
+	for {
+		select {
+		case <-g.stop:
+			return
+		case e, ok := <-g.watcher.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				g.applyEntry(e)
+			}
+		}
+	}
+}
+
+// applyEntry takes in a change of a lease or a group's meta.
+func (g *Groups) applyEntry(e jetstream.KeyValueEntry) {
+	kind, gh, ok := strings.Cut(e.Key(), ".")
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	switch kind {
+	case "m":
+		var m groupMeta
+		if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &m) == nil && m.Name != "" {
+			g.mu.metas[gh] = m
+		} else {
+			delete(g.mu.metas, gh)
+		}
+	case "l":
+		if lv, ok := parseLease(e); ok {
+			g.mu.leases[gh] = lv
+			delete(g.mu.freeSince, gh)
+		} else {
+			delete(g.mu.leases, gh)
+			g.mu.freeSince[gh] = time.Now()
+		}
+	}
+	ng := g.mu.nodes[gh]
+	lv, held := g.mu.leases[gh]
+	g.mu.Unlock()
+	if kind == "l" && ng != nil && held {
+		ng.holderChanged(lv.node, lv.epoch)
+	}
+	g.kickPlacement()
+}
+
+func (g *Groups) kickPlacement() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Groups) presenceLoop() {
+	data, _ := json.Marshal(presenceMsg{Node: g.node.cfg.NodeID})
+	t := time.NewTicker(presenceEvery)
+	defer t.Stop()
+	for {
+		_ = g.node.nc.Publish(subjPresence, data)
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// placementLoop decides, every half second and on every change, which
+// leases this node takes, takes over or hands over.
+func (g *Groups) placementLoop() {
+	t := time.NewTicker(presenceEvery)
+	defer t.Stop()
+	lastHandover := time.Time{}
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		case <-g.kick:
+		}
+		now := time.Now()
+		live := g.presence.live(now)
+		self := g.node.cfg.NodeID
+		type action struct {
+			gh   string
+			over uint64
+			hand *holder
+		}
+		var todo []action
+		g.mu.Lock()
+		for gh := range g.mu.metas {
+			if g.mu.busy[gh] {
+				continue
+			}
+			pref := preferred(gh, live)
+			if h := g.mu.holders[gh]; h != nil {
+				// Hand over to the preferred node once it has been up a while,
+				// one group at a time, so a node joining does not stall all.
+				if pref != self && g.presence.stableFor(pref, 5*time.Second, now) && now.Sub(lastHandover) > time.Second {
+					lastHandover = now
+					todo = append(todo, action{gh: gh, hand: h})
+				}
+				continue
+			}
+			lv, held := g.mu.leases[gh]
+			switch {
+			case !held:
+				free := g.mu.freeSince[gh]
+				if free.IsZero() {
+					g.mu.freeSince[gh] = now
+					free = now
+				}
+				if pref == self || now.Sub(free) > 3*time.Second {
+					todo = append(todo, action{gh: gh})
+				}
+			case lv.node == self:
+				// A lease of ours no holder runs (a restart within its TTL):
+				// take it over at once.
+				todo = append(todo, action{gh: gh, over: lv.rev})
+			case pref == self && !g.presence.isLive(lv.node, now):
+				todo = append(todo, action{gh: gh, over: lv.rev})
+			}
+		}
+		for _, a := range todo {
+			g.mu.busy[a.gh] = true
+		}
+		g.mu.Unlock()
+		for _, a := range todo {
+			g.goFunc(func() {
+				defer func() {
+					g.mu.Lock()
+					delete(g.mu.busy, a.gh)
+					g.mu.Unlock()
+				}()
+				switch {
+				case a.hand != nil:
+					g.log.Info("key-shared: handing a group over to its preferred node", "group", a.hand.name)
+					a.hand.stopHolding(true)
+				case a.over > 0:
+					g.takeOver(a.gh, a.over)
+				default:
+					g.hold(a.gh, 0)
+				}
+			})
+		}
+	}
+}
+
+// takeOver takes the lease of a holder whose node seems gone, once NATS
+// confirms it (no responders) or it is our own stale lease.
+func (g *Groups) takeOver(gh string, rev uint64) {
+	g.mu.Lock()
+	lv := g.mu.leases[gh]
+	g.mu.Unlock()
+	if lv.rev != rev {
+		return
+	}
+	if lv.node != g.node.cfg.NodeID {
+		ctx, cancel := context.WithTimeout(context.Background(), g.node.cfg.RequestTimeout)
+		alive, err := g.node.Alive(ctx, lv.node)
+		cancel()
+		if err != nil || alive {
+			return
+		}
+		g.log.Warn("key-shared: taking over the group of a node that is gone", "group", g.groupName(gh), "node", lv.node)
+	}
+	g.hold(gh, rev)
+}
+
+func (g *Groups) groupName(gh string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.metas[gh].Name
+}
+
+// hold acquires the lease of gh (over a dead holder's revision when over >
+// 0) and runs the group's dispatcher here until the lease is lost or given
+// up.
+func (g *Groups) hold(gh string, over uint64) {
+	g.mu.Lock()
+	meta, ok := g.mu.metas[gh]
+	stopped := g.mu.stopped
+	g.mu.Unlock()
+	if !ok || stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.node.cfg.RequestTimeout)
+	l, err := g.acquire(ctx, gh, over)
+	cancel()
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			g.log.Debug("key-shared: lease not acquired", "group", meta.Name, "error", err)
+		}
+		return
+	}
+	h, err := g.startHolder(meta.Name, gh, l)
+	if err != nil {
+		g.log.Warn("key-shared: cannot start the group's dispatcher; releasing its lease", "group", meta.Name, "error", err)
+		ctx, cancel := context.WithTimeout(context.Background(), g.node.cfg.RequestTimeout)
+		_ = l.release(ctx)
+		cancel()
+		return
+	}
+	g.log.Info("key-shared: dispatching group", "group", meta.Name, "epoch", l.epoch)
+	h.run()
+}
+
+// notify tells the holder of gh that its log has new messages.
+func (g *Groups) notify(gh string) {
+	g.mu.Lock()
+	h := g.mu.holders[gh]
+	g.mu.Unlock()
+	if h != nil {
+		h.d.Notify()
+	}
+}
+
+// holderOf returns the lease holder of gh as watched.
+func (g *Groups) holderOf(gh string) (leaseView, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	lv, ok := g.mu.leases[gh]
+	return lv, ok
+}
+
+func (g *Groups) localHolder(gh string) *holder {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.holders[gh]
+}
+
+func (g *Groups) nodeGroupOf(gh string) *nodeGroup {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.nodes[gh]
+}
+
+// resyncAll makes every node side resync with its holder (after this node
+// reconnected to NATS: requests in flight may have been lost).
+func (g *Groups) resyncAll() {
+	g.mu.Lock()
+	nodes := make([]*nodeGroup, 0, len(g.mu.nodes))
+	for _, ng := range g.mu.nodes {
+		nodes = append(nodes, ng)
+	}
+	g.mu.Unlock()
+	for _, ng := range nodes {
+		ng.kickRetry()
+	}
+}

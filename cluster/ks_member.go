@@ -1,0 +1,481 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// nodeGroup is a group's side on one node: the members connected here,
+// the deliveries they hold, their acks until the holder's state covers
+// them, and the pipe that carries what they do to the holder. The broker's
+// hook uses it as it uses a keyshared.Dispatcher on one node (see Group).
+type nodeGroup struct {
+	g     *Groups
+	name  string
+	gh    string
+	local keyshared.Deliverer // writes to the members' connections
+
+	// applyMu orders down batches against a change of holder: a batch is
+	// applied (and its deliveries become outstanding) either before the
+	// resync that reports them, or refused as coming from an old holder.
+	applyMu sync.Mutex
+
+	mu struct {
+		sync.Mutex
+		members     map[string]*localMember
+		outstanding map[delivery]string // delivery -> its key
+		// unconfirmed: acks handed to a holder whose state may not cover
+		// them yet (no = the state write number the holder answered).
+		unconfirmed []pendingAck
+		epoch       uint64
+		holder      string // node id
+		up          *pipe[upItem]
+		downSeq     uint64 // last down batch applied in this epoch
+		downReply   []byte // its answer, for a retry
+		stats       *statsReply
+		statsAt     time.Time
+		closed      bool
+	}
+}
+
+type delivery struct {
+	member string
+	offset uint64
+}
+
+type pendingAck struct {
+	member string
+	offset uint64
+	no     uint64 // 0: not answered yet
+}
+
+type localMember struct {
+	opts   keyshared.MemberOptions
+	qos    byte
+	active bool
+}
+
+// Open returns the node side of group name, whose deliveries to members on
+// this node go through local. The group must exist (EnsureGroup).
+func (g *Groups) Open(name string, local keyshared.Deliverer) (*Group, error) {
+	gh := groupHash(name)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.mu.stopped {
+		return nil, ErrNotReady
+	}
+	ng := g.mu.nodes[gh]
+	if ng == nil {
+		ng = &nodeGroup{g: g, name: name, gh: gh, local: local}
+		ng.mu.members = map[string]*localMember{}
+		ng.mu.outstanding = map[delivery]string{}
+		g.mu.nodes[gh] = ng
+	}
+	lv, held := g.mu.leases[gh]
+	if held {
+		go ng.holderChanged(lv.node, lv.epoch)
+	}
+	return &Group{ng: ng}, nil
+}
+
+// canRead returns the read check of a member on this node (nil: none).
+func (ng *nodeGroup) canRead(member string) func(string) bool {
+	ng.mu.Lock()
+	defer ng.mu.Unlock()
+	if m := ng.mu.members[member]; m != nil {
+		return m.opts.CanRead
+	}
+	return nil
+}
+
+// holderChanged points the node side at a new holder: the old pipe stops
+// and the new holder gets a resync (members, deliveries held, acks it may
+// not know).
+func (ng *nodeGroup) holderChanged(node string, epoch uint64) { ng.switchHolder(node, epoch, false) }
+
+// switchHolder is holderChanged; force resyncs with the holder of the
+// current epoch again (a local holder that was not running yet when the
+// lease was seen).
+func (ng *nodeGroup) switchHolder(node string, epoch uint64, force bool) {
+	ng.applyMu.Lock()
+	defer ng.applyMu.Unlock()
+	ng.mu.Lock()
+	if ng.mu.closed || epoch < ng.mu.epoch || (epoch == ng.mu.epoch && !force) {
+		ng.mu.Unlock()
+		return
+	}
+	old := ng.mu.up
+	ng.mu.epoch, ng.mu.holder, ng.mu.up = epoch, node, nil
+	ng.mu.downSeq, ng.mu.downReply = 0, nil
+	ng.mu.Unlock()
+	if old != nil {
+		for _, it := range old.close() {
+			ng.unsent(it)
+		}
+	}
+	ng.mu.Lock()
+	items := []upItem{{kind: upResync}}
+	for id, m := range ng.mu.members {
+		items = append(items, joinItem(id, m))
+		if !m.active {
+			items = append(items, upItem{kind: upActive, member: id})
+		}
+	}
+	items = append(items, upItem{kind: upResync, member: resyncEnd})
+	for d, key := range ng.mu.outstanding {
+		items = append(items, upItem{kind: upOutstanding, member: d.member, offset: d.offset, key: key})
+	}
+	for _, a := range ng.mu.unconfirmed {
+		items = append(items, upItem{kind: upAcked, member: a.member, offset: a.offset})
+	}
+	ng.mu.Unlock()
+	ng.send(items...)
+}
+
+// unsent takes back an item a closed pipe did not deliver: its ack is
+// reported to the next holder.
+func (ng *nodeGroup) unsent(it upItem) {
+	if it.kind != upAck {
+		return
+	}
+	ng.mu.Lock()
+	ng.mu.unconfirmed = append(ng.mu.unconfirmed, pendingAck{member: it.member, offset: it.offset})
+	ng.mu.Unlock()
+}
+
+func joinItem(id string, m *localMember) upItem {
+	return upItem{kind: upJoin, member: id, qos: m.qos, recvMax: uint32(max(m.opts.ReceiveMaximum, 0)), filters: m.opts.KeyFilters}
+}
+
+// send hands items to the holder: directly when it is this node, through
+// the pipe otherwise; with no holder known they are dropped (the next
+// holder gets a resync).
+func (ng *nodeGroup) send(items ...upItem) {
+	ng.mu.Lock()
+	epoch, holderNode := ng.mu.epoch, ng.mu.holder
+	if holderNode == "" || ng.mu.closed {
+		ng.mu.Unlock()
+		for _, it := range items {
+			ng.unsent(it)
+		}
+		return
+	}
+	if holderNode == ng.g.node.cfg.NodeID {
+		ng.mu.Unlock()
+		h := ng.g.localHolder(ng.gh)
+		if h == nil || h.lease.epoch != epoch {
+			for _, it := range items {
+				ng.unsent(it)
+			}
+			return
+		}
+		no := h.applyUp(ng.g.node.cfg.NodeID, 0, items)
+		ng.answered(items, no)
+		return
+	}
+	p := ng.mu.up
+	if p == nil {
+		p = ng.newUpPipe(epoch)
+		ng.mu.up = p
+	}
+	ng.mu.Unlock()
+	if !p.push(items...) {
+		for _, it := range items {
+			ng.unsent(it)
+		}
+	}
+}
+
+func (ng *nodeGroup) newUpPipe(epoch uint64) *pipe[upItem] {
+	id := ng.g.node.cfg.NodeID + "\x00" + nuid.Next()
+	p := newPipe(func(seq uint64, items []upItem) ([]byte, error) {
+		b := upBatch{epoch: epoch, node: id, seq: seq, items: items}
+		data := append([]byte{reqUp}, b.encode()...)
+		m, err := ng.g.node.nc.Request(holderSubject(ng.gh), data, ng.g.node.cfg.RequestTimeout)
+		if err != nil {
+			return nil, err
+		}
+		return m.Data, nil
+	}, func(items []upItem, reply []byte) {
+		if len(reply) == 0 {
+			for _, it := range items {
+				ng.unsent(it)
+			}
+			return
+		}
+		d := wdec{b: reply[1:]}
+		no := d.uvarint()
+		if reply[0] != replyOK {
+			for _, it := range items {
+				ng.unsent(it)
+			}
+			return // the holder changed: the watch brings the new one
+		}
+		ng.answered(items, no)
+	})
+	p.abandon = func() bool {
+		ng.mu.Lock()
+		defer ng.mu.Unlock()
+		return ng.mu.epoch != epoch || ng.mu.closed
+	}
+	return p
+}
+
+// answered records the acks of a batch the holder applied: they are kept
+// until its state write no is durable.
+func (ng *nodeGroup) answered(items []upItem, no uint64) {
+	ng.mu.Lock()
+	defer ng.mu.Unlock()
+	for _, it := range items {
+		if it.kind == upAck {
+			ng.mu.unconfirmed = append(ng.mu.unconfirmed, pendingAck{member: it.member, offset: it.offset, no: no})
+		}
+	}
+}
+
+// durable drops the acks the holder's state write no covers.
+func (ng *nodeGroup) durable(epoch, no uint64) {
+	ng.mu.Lock()
+	defer ng.mu.Unlock()
+	if epoch != ng.mu.epoch {
+		return
+	}
+	kept := ng.mu.unconfirmed[:0]
+	for _, a := range ng.mu.unconfirmed {
+		if a.no == 0 || a.no > no {
+			kept = append(kept, a)
+		}
+	}
+	clear(ng.mu.unconfirmed[len(kept):])
+	ng.mu.unconfirmed = kept
+}
+
+// kickRetry re-sends what may have been lost while this node was away from
+// NATS: the pipe retries by itself; a missing holder is looked up again.
+func (ng *nodeGroup) kickRetry() {
+	if lv, ok := ng.g.holderOf(ng.gh); ok {
+		ng.holderChanged(lv.node, lv.epoch)
+	}
+}
+
+// deliverLocal writes a delivery to a member on this node. The delivery is
+// outstanding from before the write, so an ack cannot overtake it.
+func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) bool {
+	ng.mu.Lock()
+	lm := ng.mu.members[member]
+	if lm == nil || !lm.active {
+		ng.mu.Unlock()
+		return false
+	}
+	canRead := lm.opts.CanRead
+	tracked := m.QoS > 0 && lm.qos > 0
+	d := delivery{member, m.Offset}
+	if tracked {
+		ng.mu.outstanding[d] = m.Key
+	}
+	ng.mu.Unlock()
+	if canRead != nil && !canRead(m.Topic) {
+		if tracked {
+			(&Group{ng}).Reject(member, m.Offset, 0x87) // not authorized: dead-lettered, never sent
+		}
+		return true
+	}
+	ok := ng.local.Deliver(member, m, attempt)
+	if !ok && tracked {
+		ng.mu.Lock()
+		delete(ng.mu.outstanding, d)
+		ng.mu.Unlock()
+	}
+	return ok
+}
+
+func (ng *nodeGroup) revokeLocal(member string, offset uint64) {
+	ng.mu.Lock()
+	delete(ng.mu.outstanding, delivery{member, offset})
+	ng.mu.Unlock()
+	ng.local.Revoke(member, offset)
+}
+
+// onDown applies a down batch from a holder (kl.d.<this node>).
+func (g *Groups) onDown(m *nats.Msg) {
+	b, err := decodeDownBatch(m.Data)
+	if err != nil {
+		g.log.Warn("key-shared: malformed delivery batch", "error", err)
+		return
+	}
+	ng := g.nodeGroupOf(b.group)
+	if ng == nil {
+		_ = m.Respond([]byte{replyOK}) // no member here: nothing to deliver to
+		return
+	}
+	_ = m.Respond(ng.applyDown(&b))
+}
+
+func (ng *nodeGroup) applyDown(b *downBatch) []byte {
+	ng.mu.Lock()
+	newer := b.epoch > ng.mu.epoch
+	ng.mu.Unlock()
+	if newer {
+		// A holder we have not heard of yet: resync with it first.
+		if lv, ok := ng.g.holderOf(ng.gh); ok && lv.epoch == b.epoch {
+			ng.holderChanged(lv.node, lv.epoch)
+		}
+	}
+	ng.applyMu.Lock()
+	defer ng.applyMu.Unlock()
+	ng.mu.Lock()
+	switch {
+	case b.epoch != ng.mu.epoch:
+		epoch := ng.mu.epoch
+		ng.mu.Unlock()
+		return binary.AppendUvarint([]byte{replyWrongEpoch}, epoch)
+	case b.seq <= ng.mu.downSeq:
+		reply := ng.mu.downReply
+		ng.mu.Unlock()
+		return reply
+	}
+	ng.mu.Unlock()
+	reply := []byte{replyOK}
+	for i := range b.items {
+		it := &b.items[i]
+		switch it.kind {
+		case downDeliver, downQoS0:
+			msg, err := persistence.DecodeMessage(it.msg)
+			if err != nil {
+				continue
+			}
+			msg.Offset = it.offset
+			if it.kind == downQoS0 {
+				msg.QoS = 0
+				ng.deliverLocal(it.member, &msg, 1)
+				continue
+			}
+			outcome := deliveredOK
+			if !ng.deliverLocal(it.member, &msg, int(it.attempt)) {
+				outcome = deliveryRefused
+			}
+			reply = append(reply, outcome)
+		case downRevoke:
+			ng.revokeLocal(it.member, it.offset)
+		}
+	}
+	ng.mu.Lock()
+	ng.mu.downSeq, ng.mu.downReply = b.seq, reply
+	ng.mu.Unlock()
+	return reply
+}
+
+// onTakeover hears a holder's announcements (kl.t.<hash>): a new holder,
+// or the state write that made acks durable.
+func (g *Groups) onTakeover(m *nats.Msg) {
+	var t takeoverMsg
+	if json.Unmarshal(m.Data, &t) != nil || t.Node == g.node.cfg.NodeID {
+		return
+	}
+	ng := g.nodeGroupOf(t.Group)
+	if ng == nil {
+		return
+	}
+	if t.Durable > 0 {
+		ng.durable(t.Epoch, t.Durable)
+		return
+	}
+	ng.holderChanged(t.Node, t.Epoch)
+}
+
+func (ng *nodeGroup) close() {
+	ng.mu.Lock()
+	ng.mu.closed = true
+	p := ng.mu.up
+	ng.mu.up = nil
+	ng.mu.Unlock()
+	if p != nil {
+		p.close()
+	}
+}
+
+// statsReply is a holder's answer to a stats request.
+type statsReply struct {
+	Stats   keyshared.Stats `json:"stats"`
+	Members []MemberInfo    `json:"members"`
+}
+
+// MemberInfo is what the holder knows of a member.
+type MemberInfo struct {
+	ID         string   `json:"id"`
+	Node       string   `json:"node"`
+	QoS        byte     `json:"qos"`
+	KeyFilters []string `json:"key_filters,omitempty"`
+	Connected  bool     `json:"connected"`
+}
+
+func (h *holder) statsReply() []byte {
+	data, _ := json.Marshal(h.stats())
+	return data
+}
+
+func (h *holder) stats() statsReply {
+	r := statsReply{Stats: h.d.Stats()}
+	h.mu.Lock()
+	for id, m := range h.mu.members {
+		r.Members = append(r.Members, MemberInfo{ID: id, Node: m.node, QoS: m.qos, KeyFilters: m.filters, Connected: m.active})
+	}
+	h.mu.Unlock()
+	return r
+}
+
+// remoteStats asks the holder for the group's live figures (cached briefly).
+func (ng *nodeGroup) remoteStats() (statsReply, bool) {
+	if h := ng.g.localHolder(ng.gh); h != nil {
+		return h.stats(), true
+	}
+	ng.mu.Lock()
+	if ng.mu.stats != nil && time.Since(ng.mu.statsAt) < 500*time.Millisecond {
+		r := *ng.mu.stats
+		ng.mu.Unlock()
+		return r, true
+	}
+	ng.mu.Unlock()
+	m, err := ng.g.node.nc.Request(holderSubject(ng.gh), []byte{reqStats}, time.Second)
+	if err != nil {
+		return statsReply{}, false
+	}
+	var r statsReply
+	if json.Unmarshal(m.Data, &r) != nil {
+		return statsReply{}, false
+	}
+	ng.mu.Lock()
+	ng.mu.stats, ng.mu.statsAt = &r, time.Now()
+	ng.mu.Unlock()
+	return r, true
+}
+
+// states asks the holder where messages stand.
+func (ng *nodeGroup) states(ctx context.Context, offs []uint64) ([]keyshared.MessageStatus, error) {
+	if h := ng.g.localHolder(ng.gh); h != nil {
+		return h.d.States(ctx, offs)
+	}
+	data, _ := json.Marshal(offs)
+	m, err := ng.g.node.nc.RequestWithContext(ctx, holderSubject(ng.gh), append([]byte{reqStates}, data...))
+	if err != nil {
+		return nil, err
+	}
+	var out []keyshared.MessageStatus
+	if err := json.Unmarshal(m.Data, &out); err != nil {
+		return nil, err
+	}
+	if len(out) != len(offs) {
+		return nil, errors.New("cluster: short answer")
+	}
+	return out, nil
+}

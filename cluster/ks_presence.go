@@ -1,0 +1,128 @@
+package cluster
+
+import (
+	"encoding/json"
+	"hash/fnv"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// subjPresence carries every node's heartbeat, to every node.
+const subjPresence = Prefix + ".p"
+
+// presenceEvery is the heartbeat period; a node silent for nodeSilent is
+// suspected gone (and confirmed gone once NATS has no responder for it).
+const (
+	presenceEvery = 500 * time.Millisecond
+	nodeSilent    = 2 * time.Second
+)
+
+type presenceMsg struct {
+	Node string `json:"n"`
+	Bye  bool   `json:"b,omitempty"` // the node is shutting down
+}
+
+// presence knows which nodes are alive: the ones heard from recently.
+type presence struct {
+	self string
+	mu   struct {
+		sync.Mutex
+		seen  map[string]time.Time // node id -> last heartbeat
+		since map[string]time.Time // node id -> when its current run of heartbeats began
+	}
+}
+
+func newPresence(self string) *presence {
+	p := &presence{self: self}
+	p.mu.seen = map[string]time.Time{}
+	p.mu.since = map[string]time.Time{}
+	return p
+}
+
+func (p *presence) heard(m *nats.Msg) {
+	var pm presenceMsg
+	if json.Unmarshal(m.Data, &pm) != nil || pm.Node == "" || pm.Node == p.self {
+		return
+	}
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pm.Bye {
+		delete(p.mu.seen, pm.Node)
+		delete(p.mu.since, pm.Node)
+		return
+	}
+	if last, ok := p.mu.seen[pm.Node]; !ok || now.Sub(last) > nodeSilent {
+		p.mu.since[pm.Node] = now
+	}
+	p.mu.seen[pm.Node] = now
+}
+
+// live returns the nodes heard from within nodeSilent, this one included, sorted.
+func (p *presence) live(now time.Time) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := []string{p.self}
+	for n, t := range p.mu.seen {
+		if now.Sub(t) <= nodeSilent {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// isLive reports whether node was heard from within nodeSilent.
+func (p *presence) isLive(node string, now time.Time) bool {
+	if node == p.self {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.mu.seen[node]
+	return ok && now.Sub(t) <= nodeSilent
+}
+
+// stableFor reports whether node has been live without a gap for at least d.
+func (p *presence) stableFor(node string, d time.Duration, now time.Time) bool {
+	if node == p.self {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t, ok := p.mu.seen[node]
+	return ok && now.Sub(t) <= nodeSilent && now.Sub(p.mu.since[node]) >= d
+}
+
+// preferred returns the node a group's dispatcher belongs on among nodes:
+// the highest rendezvous hash of (group, node). Each node computes the same
+// answer from the same live set, and a node joining or leaving moves only
+// the groups it wins or held.
+func preferred(group string, nodes []string) string {
+	var best string
+	var bestScore uint64
+	for _, n := range nodes {
+		h := fnv.New64a()
+		h.Write([]byte(group))
+		h.Write([]byte{0})
+		h.Write([]byte(n))
+		s := mix64(h.Sum64())
+		if best == "" || s > bestScore || (s == bestScore && n < best) {
+			best, bestScore = n, s
+		}
+	}
+	return best
+}
+
+// mix64 is murmur3's finalizer: FNV's low bits alone spread poorly.
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}

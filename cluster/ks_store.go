@@ -1,0 +1,400 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/keyline-mq/keyline/internal/share"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+var _ persistence.GroupStore = (*Groups)(nil)
+
+// known returns the hash of a group that exists.
+func (g *Groups) known(name string) (string, error) {
+	if _, err := share.Parse(name); err != nil {
+		return "", fmt.Errorf("%w: %w", persistence.ErrBadGroupName, err)
+	}
+	gh := groupHash(name)
+	g.mu.Lock()
+	_, ok := g.mu.metas[gh]
+	g.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("%w: %q", persistence.ErrGroupNotFound, name)
+	}
+	return gh, nil
+}
+
+func streamConfig(gh string, cfg persistence.GroupConfig, replicas int) jetstream.StreamConfig {
+	sc := jetstream.StreamConfig{
+		Name: groupStream(gh), Description: "Keyline Key-Shared group log", Subjects: []string{groupSubject(gh)},
+		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: replicas,
+		Duplicates: 2 * time.Minute, AllowDirect: true, MaxMsgs: -1, MaxBytes: -1, Discard: jetstream.DiscardNew,
+	}
+	if cfg.MaxMessages > 0 {
+		sc.MaxMsgs = int64(min(cfg.MaxMessages, 1<<62))
+	}
+	if cfg.MaxBytes > 0 {
+		sc.MaxBytes = int64(min(cfg.MaxBytes, 1<<62))
+	}
+	if cfg.Policy == persistence.PolicyDropOldest {
+		sc.Discard = jetstream.DiscardOld
+	}
+	return sc
+}
+
+// EnsureGroup implements persistence.GroupStore: the group's meta in
+// KL_GROUPS and its log stream, with the backlog limits as stream limits
+// (reject: DiscardNew; drop-oldest: DiscardOld).
+func (g *Groups) EnsureGroup(name string, cfg persistence.GroupConfig) (bool, error) {
+	if _, err := share.Parse(name); err != nil {
+		return false, fmt.Errorf("%w: %w", persistence.ErrBadGroupName, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return false, err
+	}
+	gh := groupHash(name)
+	ctx, cancel := g.ctx()
+	defer cancel()
+	// The stream first: a node that sees the meta may start the holder.
+	if _, err := g.node.js.CreateOrUpdateStream(ctx, streamConfig(gh, cfg, g.node.replicas)); err != nil {
+		return false, fmt.Errorf("cluster: group %s: log stream: %w", name, err)
+	}
+	meta := groupMeta{Name: name, Config: cfg, Created: time.Now().UTC()}
+	data, _ := json.Marshal(meta)
+	created := true
+	if _, err := g.kv.Create(ctx, "m."+gh, data); err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return false, fmt.Errorf("cluster: group %s: %w", name, err)
+		}
+		created = false
+		e, err := g.kv.Get(ctx, "m."+gh)
+		if err != nil {
+			return false, fmt.Errorf("cluster: group %s: %w", name, err)
+		}
+		var old groupMeta
+		if json.Unmarshal(e.Value(), &old) == nil {
+			if old.Name != name {
+				return false, fmt.Errorf("cluster: group %q collides with %q", name, old.Name)
+			}
+			meta.Created = old.Created
+			if old.Config != cfg {
+				data, _ = json.Marshal(meta)
+				if _, err := g.kv.Update(ctx, "m."+gh, data, e.Revision()); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+					return false, fmt.Errorf("cluster: group %s: %w", name, err)
+				}
+			}
+		}
+	}
+	g.mu.Lock()
+	g.mu.metas[gh] = meta
+	g.mu.Unlock()
+	g.kickPlacement()
+	return created, nil
+}
+
+// DeleteGroup implements persistence.GroupStore: its log, state, lease,
+// meta and dead letters go; its holder stops when it sees the meta go.
+func (g *Groups) DeleteGroup(name string) error {
+	gh, err := g.known(name)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := g.ctx()
+	defer cancel()
+	if err := g.kv.Purge(ctx, "m."+gh); err != nil {
+		return fmt.Errorf("cluster: delete group %s: %w", name, err)
+	}
+	g.mu.Lock()
+	delete(g.mu.metas, gh)
+	h := g.mu.holders[gh]
+	g.mu.Unlock()
+	if h != nil {
+		h.stopHolding(false)
+	}
+	var errs []error
+	if err := g.node.js.DeleteStream(ctx, groupStream(gh)); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		errs = append(errs, err)
+	}
+	for _, k := range []string{g.stateKey(gh), g.leaseKey(gh)} {
+		if err := g.kv.Purge(ctx, k); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if s, err := g.node.js.Stream(ctx, StreamDLQ); err == nil {
+		errs = append(errs, s.Purge(ctx, jetstream.WithPurgeSubject(dlqSubject(gh))))
+	}
+	return errors.Join(errs...)
+}
+
+// Group implements persistence.GroupStore.
+func (g *Groups) Group(name string) (persistence.GroupInfo, error) {
+	gh, err := g.known(name)
+	if err != nil {
+		return persistence.GroupInfo{}, err
+	}
+	return g.info(gh)
+}
+
+// Groups implements persistence.GroupStore.
+func (g *Groups) Groups() ([]persistence.GroupInfo, error) {
+	g.mu.Lock()
+	ghs := make([]string, 0, len(g.mu.metas))
+	for gh := range g.mu.metas {
+		ghs = append(ghs, gh)
+	}
+	g.mu.Unlock()
+	out := make([]persistence.GroupInfo, len(ghs))
+	errs := make([]error, len(ghs))
+	var wg sync.WaitGroup
+	for i, gh := range ghs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i], errs[i] = g.info(gh)
+		}()
+	}
+	wg.Wait()
+	kept := out[:0]
+	for i, gi := range out {
+		if errs[i] == nil {
+			kept = append(kept, gi)
+		} else if !errors.Is(errs[i], persistence.ErrGroupNotFound) {
+			return nil, errs[i]
+		}
+	}
+	slices.SortFunc(kept, func(a, b persistence.GroupInfo) int { return strings.Compare(a.Name, b.Name) })
+	return kept, nil
+}
+
+// info reads a group's figures: its meta, log stream, replicated state and
+// dead-letter count.
+func (g *Groups) info(gh string) (persistence.GroupInfo, error) {
+	g.mu.Lock()
+	meta, ok := g.mu.metas[gh]
+	g.mu.Unlock()
+	if !ok {
+		return persistence.GroupInfo{}, persistence.ErrGroupNotFound
+	}
+	n, _ := share.Parse(meta.Name)
+	gi := persistence.GroupInfo{Name: meta.Name, Share: n.Share, Filter: n.Filter, Created: meta.Created, Config: meta.Config}
+	ctx, cancel := g.ctx()
+	defer cancel()
+	s, err := g.node.js.Stream(ctx, groupStream(gh))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return gi, fmt.Errorf("%w: %q", persistence.ErrGroupNotFound, meta.Name)
+	}
+	if err != nil {
+		return gi, fmt.Errorf("cluster: group %s: %w", meta.Name, err)
+	}
+	si, err := s.Info(ctx)
+	if err != nil {
+		return gi, fmt.Errorf("cluster: group %s: %w", meta.Name, err)
+	}
+	gi.Head, gi.StoredMessages, gi.StoredBytes = si.State.LastSeq, si.State.Msgs, si.State.Bytes
+	st, err := g.loadStateOnly(ctx, gh)
+	if err != nil {
+		return gi, err
+	}
+	gi.Cursor = max(st.cursor, si.State.FirstSeq-min(si.State.FirstSeq, 1))
+	if gi.Head > gi.Cursor {
+		gi.Backlog = gi.Head - gi.Cursor - st.resolved.count()
+	}
+	gi.Dropped, gi.Members, gi.LastSeen = st.dropped, st.members, st.lastSeen
+	if gi.LastSeen.IsZero() {
+		gi.LastSeen = meta.Created
+	}
+	gi.DeadLetters, err = g.deadLetterCount(ctx, gh)
+	return gi, err
+}
+
+func (g *Groups) loadStateOnly(ctx context.Context, gh string) (groupState, error) {
+	e, err := g.kv.Get(ctx, g.stateKey(gh))
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return groupState{}, nil
+	}
+	if err != nil {
+		return groupState{}, fmt.Errorf("cluster: group state: %w", err)
+	}
+	return decodeGroupState(e.Value())
+}
+
+// Log implements persistence.GroupStore with a read-only view of the
+// group's log (the admin API's pending messages); only its holder
+// resolves.
+func (g *Groups) Log(name string) (keyshared.Log, error) {
+	gh, err := g.known(name)
+	if err != nil {
+		return nil, err
+	}
+	return &viewLog{g: g, gh: gh}, nil
+}
+
+// Append implements persistence.GroupStore.
+func (g *Groups) Append(group string, m keyshared.Message) (uint64, error) {
+	rs := g.AppendMulti([]string{group}, m)
+	return rs[0].Offset, rs[0].Err
+}
+
+// AppendAsync implements persistence.GroupStore.
+func (g *Groups) AppendAsync(group string, m keyshared.Message, done func(uint64, error)) {
+	g.AppendMultiAsync([]string{group}, m, func(rs []persistence.AppendResult) { done(rs[0].Offset, rs[0].Err) })
+}
+
+// AppendMulti implements persistence.GroupStore.
+func (g *Groups) AppendMulti(groups []string, m keyshared.Message) []persistence.AppendResult {
+	ch := make(chan []persistence.AppendResult, 1)
+	g.AppendMultiAsync(groups, m, func(rs []persistence.AppendResult) { ch <- rs })
+	return <-ch
+}
+
+// AppendMultiAsync implements persistence.GroupStore: the message goes to
+// each group's log; done runs once all answered, on a goroutine of the
+// appender (callbacks of different publishes may run concurrently).
+func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]persistence.AppendResult)) {
+	data := persistence.EncodeMessage(&m)
+	rs := make([]persistence.AppendResult, len(groups))
+	var mu sync.Mutex
+	left := len(groups)
+	for i, name := range groups {
+		rs[i].Group = name
+		gh, err := g.known(name)
+		if err != nil {
+			rs[i].Err = err
+			mu.Lock()
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(rs)
+			}
+			continue
+		}
+		g.appends.append(gh, m.Key, "", data, func(off uint64, err error) {
+			mu.Lock()
+			rs[i].Offset, rs[i].Err = off, err
+			left--
+			last := left == 0
+			mu.Unlock()
+			if last {
+				done(rs)
+			}
+		})
+	}
+}
+
+// OnAppend implements persistence.GroupStore; holders learn of appends
+// from their stream, so nothing is called.
+func (g *Groups) OnAppend(func(group string, head uint64)) {}
+
+// MembersChanged implements persistence.GroupStore; members are counted
+// cluster-wide by the group's holder.
+func (g *Groups) MembersChanged(string, int, time.Time) error { return nil }
+
+// SweepIdle implements persistence.GroupStore for the groups this node
+// holds: without members for ttl, with nothing unresolved and no dead
+// letter, they are deleted.
+func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
+	g.mu.Lock()
+	var held []*holder
+	for _, h := range g.mu.holders {
+		held = append(held, h)
+	}
+	g.mu.Unlock()
+	var swept []string
+	var errs []error
+	for _, h := range held {
+		h.mu.Lock()
+		idle := len(h.mu.members) == 0 && now.Sub(h.mu.lastSeen) >= ttl
+		h.mu.Unlock()
+		if !idle {
+			continue
+		}
+		gi, err := g.info(h.gh)
+		if err != nil || gi.Backlog > 0 || gi.DeadLetters > 0 {
+			continue
+		}
+		if err := g.DeleteGroup(h.name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		swept = append(swept, h.name)
+	}
+	return swept, errors.Join(errs...)
+}
+
+// Flush implements persistence.GroupStore: it waits for the appends made so far.
+func (g *Groups) Flush() error {
+	g.appends.flush()
+	return nil
+}
+
+// viewLog reads a group's log from any node (admin views); it resolves nothing.
+type viewLog struct {
+	g  *Groups
+	gh string
+}
+
+func (l *viewLog) ReadFrom(from uint64, limit int, buf []keyshared.Message) ([]keyshared.Message, error) {
+	ctx, cancel := l.g.ctx()
+	defer cancel()
+	s, err := l.g.node.js.Stream(ctx, groupStream(l.gh))
+	if err != nil {
+		return buf, err
+	}
+	st, err := l.g.loadStateOnly(ctx, l.gh)
+	if err != nil {
+		return buf, err
+	}
+	for seq := max(from, 1); limit > 0; {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(groupSubject(l.gh)))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+		seq = m.Sequence + 1
+		if m.Sequence <= st.cursor || st.resolved.contains(m.Sequence) {
+			continue
+		}
+		msg, err := persistence.DecodeMessage(m.Data)
+		if err != nil {
+			continue
+		}
+		msg.Offset = m.Sequence
+		buf = append(buf, msg)
+		limit--
+	}
+	return buf, nil
+}
+
+func (l *viewLog) Head() uint64 {
+	gi, err := l.g.info(l.gh)
+	if err != nil {
+		return 0
+	}
+	return gi.Head
+}
+
+func (l *viewLog) LoadCursor() (uint64, error) {
+	ctx, cancel := l.g.ctx()
+	defer cancel()
+	st, err := l.g.loadStateOnly(ctx, l.gh)
+	return st.cursor, err
+}
+
+func (l *viewLog) Resolve([]uint64) {}
+
+func (l *viewLog) DeadLetter(keyshared.DeadLetter) error {
+	return errors.New("cluster: a read-only view of a group log takes no dead letter")
+}

@@ -1,0 +1,159 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/keyline-mq/keyline/internal/natstest"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// fakeMembers is a node's members: each delivery is recorded and acked
+// from another goroutine, as a client's PUBACK arrives.
+type fakeMembers struct {
+	t     *testing.T
+	grp   func() *Group
+	acks  chan delivery
+	mu    sync.Mutex
+	got   map[string][]int // key -> seqs in delivery order
+	who   map[string]string
+	total int
+	wg    sync.WaitGroup
+	stop  chan struct{}
+}
+
+func newFakeMembers(t *testing.T) *fakeMembers {
+	f := &fakeMembers{t: t, acks: make(chan delivery, 1<<16), got: map[string][]int{}, who: map[string]string{}, stop: make(chan struct{})}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			select {
+			case d := <-f.acks:
+				_ = f.grp().Ack(d.member, d.offset)
+			case <-f.stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(f.stop); f.wg.Wait() })
+	return f
+}
+
+func (f *fakeMembers) Deliver(member string, m *keyshared.Message, _ int) bool {
+	key, seq, _ := strings.Cut(string(m.Payload), ":")
+	n, _ := strconv.Atoi(seq)
+	f.mu.Lock()
+	f.got[key] = append(f.got[key], n)
+	f.who[key] = member
+	f.total++
+	f.mu.Unlock()
+	f.acks <- delivery{member, m.Offset}
+	return true
+}
+
+func (f *fakeMembers) Revoke(string, uint64) {}
+
+func startGroupsNode(t *testing.T, urls []string, id string) (*Node, *Groups) {
+	t.Helper()
+	n, _ := startNode(t, urls, id)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	logger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", id)
+	g, err := n.StartGroups(ctx, GroupsConfig{Logger: logger, LeaseTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Close)
+	return n, g
+}
+
+func TestGroupsAcrossNodes(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	urls := nc.URLs()
+	const name = "billing/orders/#"
+	var gs []*Groups
+	var fms []*fakeMembers
+	var grps []*Group
+	for i := range 3 {
+		_, g := startGroupsNode(t, urls[i:i+1], fmt.Sprintf("node-%c", 'a'+i))
+		gs = append(gs, g)
+	}
+	if _, err := gs[0].EnsureGroup(name, persistence.GroupConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	for i, g := range gs {
+		fm := newFakeMembers(t)
+		eventually(t, 10*time.Second, "the group to be known", func() bool { _, err := g.known(name); return err == nil })
+		grp, err := g.Open(name, fm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fm.grp = func() *Group { return grp }
+		fms, grps = append(fms, fm), append(grps, grp)
+		if err := grp.AddMember(fmt.Sprintf("m-%d", i), keyshared.MemberOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 15*time.Second, "a holder", func() bool { return grps[0].Holder() != "" })
+	const keys, perKey = 50, 20
+	for s := range perKey {
+		var wg sync.WaitGroup
+		for k := range keys {
+			wg.Add(1)
+			key := fmt.Sprintf("k%03d", k)
+			m := keyshared.Message{Key: key, Topic: "orders/x", QoS: 1, Payload: fmt.Appendf(nil, "%s:%d", key, s), PublishedAt: time.Now()}
+			gs[k%3].AppendAsync(name, m, func(_ uint64, err error) {
+				if err != nil {
+					t.Error(err)
+				}
+				wg.Done()
+			})
+		}
+		wg.Wait()
+	}
+	eventually(t, 30*time.Second, "every message delivered", func() bool {
+		n := 0
+		for _, fm := range fms {
+			fm.mu.Lock()
+			n += fm.total
+			fm.mu.Unlock()
+		}
+		return n >= keys*perKey
+	})
+	per := map[string][]int{}
+	for _, fm := range fms {
+		fm.mu.Lock()
+		for k, s := range fm.got {
+			per[k] = append(per[k], s...)
+		}
+		fm.mu.Unlock()
+	}
+	for k := range keys {
+		key := fmt.Sprintf("k%03d", k)
+		s := per[key]
+		if len(s) != perKey {
+			t.Fatalf("key %s: %d deliveries: %v", key, len(s), s)
+		}
+		for i, v := range s {
+			if v != i {
+				t.Fatalf("key %s out of order: %v", key, s)
+			}
+		}
+	}
+	eventually(t, 10*time.Second, "the cursor to reach the head", func() bool {
+		gi, err := gs[1].Group(name)
+		return err == nil && gi.Cursor == gi.Head && gi.Head == keys*perKey
+	})
+	st := grps[2].Stats()
+	if st.Members != 3 || st.Acked != keys*perKey {
+		t.Fatalf("stats from another node: %+v", st)
+	}
+}
