@@ -65,7 +65,7 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 	}
 	for _, mi := range a.groups.MemberInfos(name) {
 		m := member(mi.ID)
-		m.Connected, m.QoS = mi.Connected, mi.QoS
+		m.Connected, m.QoS, m.Node = mi.Connected, mi.QoS, mi.Node
 		if len(mi.KeyFilters) > 0 {
 			m.KeyFilters = mi.KeyFilters
 		}
@@ -84,7 +84,7 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.GroupView {
 	gi, s := st.Info, st.Stats
 	v := adminapi.GroupView{
-		Name: gi.Name, Share: gi.Share, Filter: gi.Filter, Running: st.Running,
+		Name: gi.Name, Share: gi.Share, Filter: gi.Filter, Running: st.Running, Holder: st.Holder,
 		Created: gi.Created, LastSeen: gi.LastSeen,
 		Members: a.groups.Members(gi.Name),
 		Head:    max(gi.Head, s.Head), Cursor: gi.Cursor, PersistedCursor: gi.Cursor,

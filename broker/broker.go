@@ -54,10 +54,11 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
-	obs       *observer      // counter samples and topic streams for the console
-	cluster   *hooks.Cluster // cluster mode only (broker/cluster.go)
-	node      *cluster.Node  // cluster mode only
-	stop      chan struct{}  // closed when Shutdown begins; ends background loops
+	obs       *observer       // counter samples and topic streams for the console
+	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
+	node      *cluster.Node   // cluster mode only
+	groups    *cluster.Groups // cluster mode only: Key-Shared groups across nodes
+	stop      chan struct{}   // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -222,7 +223,17 @@ func (b *Broker) addHooks() error {
 			return fmt.Errorf("broker: storage hook: %w", err)
 		}
 	}
-	b.keyShared = hooks.NewKeyShared(b.server, b.db.Groups(), hooks.KeySharedConfig{
+	var store persistence.GroupStore = b.db.Groups()
+	if b.clusterMode() {
+		if err := b.startCluster(); err != nil {
+			return err
+		}
+		if err := b.startGroups(); err != nil {
+			return err
+		}
+		store = b.groups
+	}
+	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
 		KeyProperty: b.cfg.KeyProperty,
 		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
 			d, g, _ := b.cfg.groupSettings(name) // validated
@@ -234,12 +245,8 @@ func (b *Broker) addHooks() error {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
+		Cluster:            b.groups,
 	})
-	if b.clusterMode() {
-		if err := b.startCluster(); err != nil {
-			return err
-		}
-	}
 	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}
@@ -413,6 +420,9 @@ func (b *Broker) closeResources() error {
 	}
 	if b.cluster != nil {
 		_ = b.cluster.Stop() // mochi stops it too once it served
+	}
+	if b.groups != nil {
+		b.groups.Close() // hands its leases over, each after a last state write
 	}
 	if b.node != nil {
 		b.node.Close() // after the server: its hooks write session records on the way out

@@ -15,6 +15,8 @@ import (
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
 
 // ClusterConfig turns a node into a member of a cluster of Keyline nodes
@@ -102,12 +104,36 @@ func (c ClusterConfig) nodeID() string {
 func (b *Broker) clusterMode() bool { return b.cfg.Cluster.Enabled() }
 
 // keySharedHook is the Key-Shared hook as added to mochi: in cluster mode
-// its groups stay per node.
+// its groups span the nodes, and publishes from other nodes are theirs.
 func (b *Broker) keySharedHook() mqtt.Hook {
 	if b.cluster == nil {
 		return b.keyShared
 	}
-	return hooks.NodeLocalKeyShared{KeyShared: b.keyShared, FromCluster: b.cluster.FromCluster}
+	return hooks.ClusterKeyShared{KeyShared: b.keyShared, FromCluster: b.cluster.FromCluster}
+}
+
+// startGroups joins the cluster's Key-Shared groups (after startCluster).
+func (b *Broker) startGroups() error {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
+	defer cancel()
+	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
+		Settings: func(name string) (keyshared.Config, persistence.GroupConfig) {
+			d, g, _ := b.cfg.groupSettings(name) // validated
+			d.Logger = b.log
+			return d, g
+		},
+		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
+			if b.keyShared != nil {
+				b.keyShared.PublishDeadLetter(group, d)
+			}
+		},
+		Logger: b.log.With("node", b.node.NodeID()),
+	})
+	if err != nil {
+		return fmt.Errorf("broker: cluster key-shared groups: %w", err)
+	}
+	b.groups = g
+	return nil
 }
 
 // startCluster joins the cluster, retrying until cfg.StartTimeout (NATS may

@@ -472,30 +472,85 @@ func TestClusterConcurrentConnectsOneOwner(t *testing.T) {
 	}
 }
 
-// TestClusterKeySharedStaysPerNode: a $share group on a node takes the
-// messages published on that node only, so no message is processed by two
-// nodes' copies of a group.
-func TestClusterKeySharedStaysPerNode(t *testing.T) {
+// TestClusterKeySharedAcrossNodes: a $share group is one group across the
+// nodes: members on two nodes share its keys, publishes on either node are
+// delivered once, in key order, and any node's admin API shows the whole
+// group with each member's node; its dead letters are published live on
+// every node.
+func TestClusterKeySharedAcrossNodes(t *testing.T) {
 	nc := natstest.Start(t, 3)
 	bs := startClusterBrokers(t, 2, nc.URLs())
 	a, b := bs[0], bs[1]
-	member := dialV5(t, a, &paho.Connect{ClientID: "member", CleanStart: true, KeepAlive: 30})
-	member.Subscribe(t, paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1})
+	ma := dialV5(t, a, &paho.Connect{ClientID: "member-a", CleanStart: true, KeepAlive: 30})
+	ma.Subscribe(t, paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1})
+	mb := dialV5(t, b, &paho.Connect{ClientID: "member-b", CleanStart: true, KeepAlive: 30})
+	mb.Subscribe(t, paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1})
 	plain := dialV5(t, a, &paho.Connect{ClientID: "plain", CleanStart: true, KeepAlive: 30})
 	plain.Subscribe(t, paho.SubscribeOptions{Topic: "jobs/#", QoS: 1})
-	pubB := dialV5(t, b, &paho.Connect{ClientID: "pub-b", CleanStart: true, KeepAlive: 30})
-	pubA := dialV5(t, a, &paho.Connect{ClientID: "pub-a", CleanStart: true, KeepAlive: 30})
-	pubB.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-b")})
-	pubA.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-a")})
-	// The plain subscriber gets both; the group member only node a's.
-	got := map[string]bool{string(plain.Next(t).Payload): true, string(plain.Next(t).Payload): true}
-	if !got["from-a"] || !got["from-b"] {
-		t.Fatalf("plain subscriber got %v", got)
+	waitFor(t, 15*time.Second, "both members at the group's holder", func() bool {
+		st, err := b.keyShared.Group("g/jobs/#")
+		return err == nil && st.Holder != "" && st.Stats.Members == 2
+	})
+	pubs := []*mqtttest.V5{
+		dialV5(t, a, &paho.Connect{ClientID: "pub-a", CleanStart: true, KeepAlive: 30}),
+		dialV5(t, b, &paho.Connect{ClientID: "pub-b", CleanStart: true, KeepAlive: 30}),
 	}
-	if m := member.Next(t); string(m.Payload) != "from-a" {
-		t.Fatalf("group member got %q, want only node a's publish", m.Payload)
+	const keys, perKey = 20, 5
+	for s := range perKey {
+		for k := range keys {
+			key := fmt.Sprintf("k%02d", k)
+			rc := pubs[k%2].Publish(t, &paho.Publish{Topic: "jobs/" + key, QoS: 1, Payload: fmt.Appendf(nil, "%s:%d", key, s),
+				Properties: &paho.PublishProperties{User: paho.UserProperties{{Key: "key", Value: key}}}})
+			if rc >= 0x80 {
+				t.Fatalf("publish reason %#x", rc)
+			}
+		}
 	}
-	expectNone(t, member, "group member")
+	next := map[string]int{}
+	owner := map[string]string{}
+	for range keys * perKey {
+		var m *paho.Publish
+		var who string
+		select {
+		case m = <-ma.Msgs:
+			who = "member-a"
+		case m = <-mb.Msgs:
+			who = "member-b"
+		case <-time.After(20 * time.Second):
+			t.Fatalf("group deliveries stopped: %v", next)
+		}
+		key, seq, _ := strings.Cut(string(m.Payload), ":")
+		if want := fmt.Sprint(next[key]); seq != want {
+			t.Fatalf("key %s: got seq %s, want %s", key, seq, want)
+		}
+		next[key]++
+		if o, ok := owner[key]; ok && o != who {
+			t.Fatalf("key %s went to %s and %s", key, o, who)
+		}
+		owner[key] = who
+	}
+	expectNone(t, ma, "member-a")
+	expectNone(t, mb, "member-b")
+	for range keys * perKey {
+		plain.Next(t)
+	}
+	nodes := map[string]bool{}
+	for _, o := range owner {
+		nodes[o] = true
+	}
+	if len(nodes) != 2 {
+		t.Fatalf("keys went to %v only", nodes)
+	}
+	// Any node's admin API shows the members with their nodes.
+	var v adminapi.GroupView
+	apiJSON(t, "GET", "http://"+a.Addr("http")+adminapi.PathGroupDetail+"?group=g%2Fjobs%2F%23", "", 200, &v)
+	if len(v.PerMember) != 2 || v.PerMember[0].Node != "node-a" || v.PerMember[1].Node != "node-b" || v.Holder == "" {
+		t.Fatalf("group detail on node a: holder %q, members %+v", v.Holder, v.PerMember)
+	}
+	waitFor(t, 10*time.Second, "the cursor at the head", func() bool {
+		apiJSON(t, "GET", "http://"+b.Addr("http")+adminapi.PathGroupDetail+"?group=g%2Fjobs%2F%23", "", 200, &v)
+		return v.Head == keys*perKey && v.Cursor == v.Head && v.Counters.Acked == keys*perKey
+	})
 }
 
 // TestClusterSweepsSessionsOfGoneNodes: records of sessions whose node is

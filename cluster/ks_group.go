@@ -18,6 +18,12 @@ type Group struct{ ng *nodeGroup }
 // AddMember makes a client connected to this node a member (or updates
 // its options, as a re-subscribe does).
 func (gr *Group) AddMember(id string, o keyshared.MemberOptions) error {
+	return gr.AddMemberQoS(id, o, 1)
+}
+
+// AddMemberQoS is AddMember with the QoS granted to the member's
+// subscription (shown by the admin API).
+func (gr *Group) AddMemberQoS(id string, o keyshared.MemberOptions, qos byte) error {
 	if id == "" {
 		return keyshared.ErrInvalidMember
 	}
@@ -27,24 +33,12 @@ func (gr *Group) AddMember(id string, o keyshared.MemberOptions) error {
 		}
 	}
 	ng := gr.ng
-	m := &localMember{opts: o, qos: 1, active: true}
+	m := &localMember{opts: o, qos: qos, active: true}
 	ng.mu.Lock()
-	if prev := ng.mu.members[id]; prev != nil {
-		m.qos = prev.qos
-	}
 	ng.mu.members[id] = m
 	ng.mu.Unlock()
 	ng.send(joinItem(id, m))
 	return nil
-}
-
-// SetQoS records the QoS granted to a member (shown by the admin API).
-func (gr *Group) SetQoS(id string, qos byte) {
-	gr.ng.mu.Lock()
-	defer gr.ng.mu.Unlock()
-	if m := gr.ng.mu.members[id]; m != nil {
-		m.qos = qos
-	}
 }
 
 // RemoveMember removes a member that left: the holder requeues what it

@@ -71,7 +71,10 @@ type GroupsConfig struct {
 	StateEvery time.Duration
 	// GatherTimeout bounds a takeover's wait for the other nodes' resyncs.
 	GatherTimeout time.Duration
-	Logger        *slog.Logger
+	// OnDeadLetter, when set, is told of every dead letter the holder
+	// stored (the broker publishes it live on $dlq/...).
+	OnDeadLetter func(group string, d keyshared.DeadLetter)
+	Logger       *slog.Logger
 }
 
 func (c *GroupsConfig) withDefaults() GroupsConfig {

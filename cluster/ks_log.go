@@ -287,6 +287,9 @@ func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
 	l.mu.pendingDL[d.Message.Offset] = seq
 	l.mu.maxDL = max(l.mu.maxDL, seq)
 	l.mu.Unlock()
+	if f := l.g.cfg.OnDeadLetter; f != nil {
+		f(l.name, d)
+	}
 	return nil
 }
 

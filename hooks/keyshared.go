@@ -11,6 +11,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -41,6 +42,9 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
+	// Cluster, when set, makes every group one group across the cluster's
+	// nodes (the store must then be the same cluster.Groups).
+	Cluster *cluster.Groups
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
@@ -139,6 +143,9 @@ func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) {
 		dcfg, gcfg := h.cfg.GroupSettings(name)
 		if _, err := h.store.EnsureGroup(name, gcfg); err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
+		}
+		if h.cfg.Cluster != nil {
+			return h.openClusterGroup(name, n)
 		}
 		log, err := h.store.Log(name)
 		if err != nil {
@@ -260,7 +267,12 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
-	if err := g.d.AddMember(cl.ID, opts); err != nil {
+	if cg, ok := g.d.(*cluster.Group); ok {
+		err = cg.AddMemberQoS(cl.ID, opts, m.qos)
+	} else {
+		err = g.d.AddMember(cl.ID, opts)
+	}
+	if err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "err", err)
 	}
 	if err := g.r.AddMember(cl.ID, opts); err != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -23,6 +24,8 @@ type GroupStatus struct {
 	Stats   keyshared.Stats
 	QoS0    keyshared.RouterStats
 	Running bool
+	// Holder is the node whose dispatcher serves the group (cluster mode).
+	Holder string
 }
 
 // Groups returns every stored group's status, sorted by name.
@@ -51,6 +54,10 @@ func (h *KeyShared) status(gi persistence.GroupInfo) GroupStatus {
 	st := GroupStatus{Info: gi}
 	if g := h.groups.get(gi.Name); g != nil {
 		st.Running, st.Stats, st.QoS0 = true, g.d.Stats(), g.r.Stats()
+		if cg, ok := g.d.(*cluster.Group); ok {
+			st.Holder = cg.Holder()
+			st.Running = st.Holder != ""
+		}
 	}
 	return st
 }
@@ -80,8 +87,27 @@ func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Durat
 	return swept, err
 }
 
-// Members returns the ids of a group's members, sorted.
-func (h *KeyShared) Members(group string) []string { return h.members.ids(group) }
+// Members returns the ids of a group's members, sorted (in cluster mode,
+// the members on every node).
+func (h *KeyShared) Members(group string) []string {
+	if cg := h.clusterGroup(group); cg != nil {
+		var out []string
+		for _, m := range cg.Members() {
+			out = append(out, m.ID)
+		}
+		return out
+	}
+	return h.members.ids(group)
+}
+
+// clusterGroup returns the cluster-wide group of name (nil on one node).
+func (h *KeyShared) clusterGroup(name string) *cluster.Group {
+	if g := h.groups.get(name); g != nil {
+		cg, _ := g.d.(*cluster.Group)
+		return cg
+	}
+	return nil
+}
 
 // MemberInfo is what a group knows of one member's subscription.
 type MemberInfo struct {
@@ -92,11 +118,20 @@ type MemberInfo struct {
 	KeyFilters []string
 	// Connected reports whether the client is connected now.
 	Connected bool
+	// Node is the cluster node the member is connected to (cluster mode).
+	Node string
 }
 
-// MemberInfos returns the members of a group with their subscriptions, sorted by id.
+// MemberInfos returns the members of a group with their subscriptions,
+// sorted by id (in cluster mode, the members on every node).
 func (h *KeyShared) MemberInfos(group string) []MemberInfo {
 	var out []MemberInfo
+	if cg := h.clusterGroup(group); cg != nil {
+		for _, m := range cg.Members() {
+			out = append(out, MemberInfo{ID: m.ID, QoS: m.QoS, KeyFilters: slices.Clone(m.KeyFilters), Connected: m.Connected, Node: m.Node})
+		}
+		return out
+	}
 	for _, id := range h.members.ids(group) {
 		m := h.members.get(id, group)
 		if m == nil {

@@ -42,8 +42,11 @@ type dlqPublisher struct {
 	hook   *KeyShared // for its logger
 }
 
+// dlqClientID is the inline client that publishes dead letters.
+const dlqClientID = "keyline-dlq"
+
 func newDLQPublisher(server *mqtt.Server, h *KeyShared) *dlqPublisher {
-	inline := server.NewClient(nil, mqtt.LocalListener, "keyline-dlq", true)
+	inline := server.NewClient(nil, mqtt.LocalListener, dlqClientID, true)
 	inline.Properties.ProtocolVersion = 5
 	return &dlqPublisher{server: server, inline: inline, hook: h}
 }

@@ -47,7 +47,8 @@ type GroupView struct {
 	Name     string    `json:"name"`
 	Share    string    `json:"share"`
 	Filter   string    `json:"filter"`
-	Running  bool      `json:"running"` // a dispatcher serves the group
+	Running  bool      `json:"running"`          // a dispatcher serves the group
+	Holder   string    `json:"holder,omitempty"` // cluster mode: the node whose dispatcher serves it
 	Created  time.Time `json:"created"`
 	LastSeen time.Time `json:"last_seen"` // when the group last had members
 	Members  []string  `json:"members"`   // client ids, sorted
@@ -145,6 +146,7 @@ type MemberView struct {
 	InFlight   int      `json:"in_flight"`
 	Limit      int      `json:"limit"` // in-flight limit
 	AtLimit    bool     `json:"at_limit"`
+	Node       string   `json:"node,omitempty"` // cluster mode: the node the member is connected to
 }
 
 // DeadLetterView is one dead letter. Payload is the payload as a string when
