@@ -50,7 +50,11 @@ const (
 	subjDeliver       = Prefix + ".d."
 )
 
-func groupHash(name string) string   { return hashToken(name) }
+func groupHash(name string) string { return hashToken(name) }
+
+// GroupStream returns the name of the stream holding a group's log.
+func GroupStream(name string) string { return groupStream(groupHash(name)) }
+
 func groupStream(gh string) string   { return groupStreamPrefix + gh }
 func groupSubject(gh string) string  { return subjGroupLog + gh }
 func dlqSubject(gh string) string    { return subjGroupDLQ + gh }

@@ -28,28 +28,82 @@ type ledger struct {
 	byKey    map[string][]seen
 	total    int
 	progress chan struct{}
+	// done records, per key and sequence number, when a member finished
+	// with a delivery (its callback returned; the PUBACK goes out after).
+	done map[string]map[int][]time.Time
 }
 
 type seen struct {
 	seq    int
 	member string
+	at     time.Time
 }
 
 func newLedger() *ledger {
-	return &ledger{byKey: map[string][]seen{}, progress: make(chan struct{}, 1)}
+	return &ledger{byKey: map[string][]seen{}, progress: make(chan struct{}, 1), done: map[string]map[int][]time.Time{}}
 }
 
 func (l *ledger) record(member string, payload []byte) {
 	key, seq, _ := strings.Cut(string(payload), ":")
 	n, _ := strconv.Atoi(seq)
 	l.mu.Lock()
-	l.byKey[key] = append(l.byKey[key], seen{n, member})
+	l.byKey[key] = append(l.byKey[key], seen{n, member, time.Now()})
 	l.total++
 	l.mu.Unlock()
 	select {
 	case l.progress <- struct{}{}:
 	default:
 	}
+}
+
+// finished records that a member is done with a delivery: its
+// acknowledgement is written after this.
+func (l *ledger) finished(payload []byte) {
+	key, seq, _ := strings.Cut(string(payload), ":")
+	n, _ := strconv.Atoi(seq)
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.done[key] == nil {
+		l.done[key] = map[int][]time.Time{}
+	}
+	l.done[key][n] = append(l.done[key][n], now)
+}
+
+// checkOverlaps verifies that no key ever had two messages out at once: the
+// first delivery of each message came off the wire after some member had
+// finished with the previous message of its key (and so before that
+// member's acknowledgement). It returns how many pairs it checked.
+func (l *ledger) checkOverlaps(t *testing.T) int {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pairs := 0
+	for key, s := range l.byKey {
+		firstAt := map[int]time.Time{}
+		for _, d := range s {
+			if _, ok := firstAt[d.seq]; !ok {
+				firstAt[d.seq] = d.at
+			}
+		}
+		for seq, at := range firstAt {
+			if seq == 0 {
+				continue
+			}
+			ok := false
+			for _, done := range l.done[key][seq-1] {
+				if !done.After(at) {
+					ok = true
+					break
+				}
+			}
+			if !ok {
+				t.Fatalf("key %s: seq %d arrived at %v, before any member had finished seq %d (%v)", key, seq, at.Format(time.StampMicro), seq-1, l.done[key][seq-1])
+			}
+			pairs++
+		}
+	}
+	return pairs
 }
 
 // complete reports whether every key has delivered its last sequence number.
@@ -137,7 +191,8 @@ func addMember(t *testing.T, addr, id, filter string, l *ledger) *member {
 	m.c = paho.NewClient(paho.ClientConfig{
 		ClientID: id,
 		Conn:     mqtttest.Tap(m.conn, 5, func(_ string, payload []byte) { l.record(id, payload) }),
-		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(paho.PublishReceived) (bool, error) {
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(p paho.PublishReceived) (bool, error) {
+			l.finished(p.Packet.Payload)
 			return true, nil
 		}},
 	})
