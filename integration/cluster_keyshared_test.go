@@ -300,4 +300,3 @@ func TestClusterKeySharedNATSServerKilled(t *testing.T) {
 	l.checkOverlaps(t)
 	t.Logf("all %d delivered in key order, %d twice", keys*perKey, dups)
 }
-
