@@ -398,6 +398,7 @@ func (h *holder) onRequest(m *nats.Msg) {
 // cover it.
 func (h *holder) applyUp(pipeID string, seq uint64, items []upItem) uint64 {
 	node, _, _ := strings.Cut(pipeID, "\x00")
+	h.g.presence.touch(node)
 	h.mu.Lock()
 	if seq > 0 && seq <= h.mu.applied[pipeID] {
 		no := h.mu.writeNo

@@ -47,18 +47,28 @@ func (p *presence) heard(m *nats.Msg) {
 	if json.Unmarshal(m.Data, &pm) != nil || pm.Node == "" || pm.Node == p.self {
 		return
 	}
+	if !pm.Bye {
+		p.touch(pm.Node)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.mu.seen, pm.Node)
+	delete(p.mu.since, pm.Node)
+}
+
+// touch records that node was heard from otherwise (a request from it).
+func (p *presence) touch(node string) {
+	if node == p.self || node == "" {
+		return
+	}
 	now := time.Now()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if pm.Bye {
-		delete(p.mu.seen, pm.Node)
-		delete(p.mu.since, pm.Node)
-		return
+	if last, ok := p.mu.seen[node]; !ok || now.Sub(last) > nodeSilent {
+		p.mu.since[node] = now
 	}
-	if last, ok := p.mu.seen[pm.Node]; !ok || now.Sub(last) > nodeSilent {
-		p.mu.since[pm.Node] = now
-	}
-	p.mu.seen[pm.Node] = now
+	p.mu.seen[node] = now
 }
 
 // live returns the nodes heard from within nodeSilent, this one included, sorted.
