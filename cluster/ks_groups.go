@@ -136,10 +136,11 @@ type Groups struct {
 		nodes     map[string]*nodeGroup
 		holders   map[string]*holder
 		busy      map[string]bool // acquisitions and releases under way
-		onAppend  func(group string, head uint64)
 		stopped   bool
+		draining  bool // Close waits for the goroutines: start no more
 	}
 	kick     chan struct{}
+	closing  chan struct{} // closed when Close begins: holders hand over
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -152,7 +153,7 @@ type Groups struct {
 func (n *Node) StartGroups(ctx context.Context, cfg GroupsConfig) (_ *Groups, err error) {
 	cfg = cfg.withDefaults()
 	g := &Groups{node: n, cfg: cfg, log: cfg.Logger, presence: newPresence(n.cfg.NodeID),
-		kick: make(chan struct{}, 1), stop: make(chan struct{})}
+		kick: make(chan struct{}, 1), closing: make(chan struct{}), stop: make(chan struct{})}
 	g.mu.metas = map[string]groupMeta{}
 	g.mu.leases = map[string]leaseView{}
 	g.mu.freeSince = map[string]time.Time{}
@@ -204,7 +205,14 @@ func (n *Node) StartGroups(ctx context.Context, cfg GroupsConfig) (_ *Groups, er
 	return g, nil
 }
 
+// goFunc runs f on a goroutine Close waits for; once Close waits, nothing
+// new starts.
 func (g *Groups) goFunc(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.mu.draining {
+		return
+	}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -216,6 +224,7 @@ func (g *Groups) goFunc(f func()) {
 // write, so the next holder starts at once) and stops.
 func (g *Groups) Close() {
 	g.stopOnce.Do(func() {
+		close(g.closing)
 		g.mu.Lock()
 		g.mu.stopped = true
 		holders := make([]*holder, 0, len(g.mu.holders))
@@ -250,6 +259,9 @@ func (g *Groups) Close() {
 		for _, s := range g.subs {
 			_ = s.Unsubscribe()
 		}
+		g.mu.Lock()
+		g.mu.draining = true
+		g.mu.Unlock()
 		g.wg.Wait()
 		g.appends.close()
 	})
@@ -433,6 +445,31 @@ func (g *Groups) placementLoop() {
 	}
 }
 
+// suspect checks, once at a time per node, whether a silent node is gone:
+// NATS has no responder for it. Silence alone (a loaded machine, a NATS
+// reconnect) is not enough to drop a node's members.
+func (g *Groups) suspect(node string) {
+	p := g.presence
+	p.mu.Lock()
+	if p.mu.checking[node] || p.mu.gone[node] {
+		p.mu.Unlock()
+		return
+	}
+	p.mu.checking[node] = true
+	p.mu.Unlock()
+	g.goFunc(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), g.node.cfg.RequestTimeout)
+		alive, err := g.node.Alive(ctx, node)
+		cancel()
+		p.mu.Lock()
+		delete(p.mu.checking, node)
+		if err == nil && !alive && time.Since(p.mu.seen[node]) > nodeSilent {
+			p.mu.gone[node] = true
+		}
+		p.mu.Unlock()
+	})
+}
+
 // takeOver takes the lease of a holder whose node seems gone, once NATS
 // confirms it (no responders) or it is our own stale lease.
 func (g *Groups) takeOver(gh string, rev uint64) {
@@ -490,6 +527,11 @@ func (g *Groups) hold(gh string, over uint64) {
 	}
 	g.log.Info("key-shared: dispatching group", "group", meta.Name, "epoch", l.epoch)
 	h.run()
+	select {
+	case <-g.closing: // won while the node was closing: hand it over
+		h.stopHolding(true)
+	default:
+	}
 }
 
 // notify tells the holder of gh that its log has new messages.

@@ -95,7 +95,13 @@ func (g *Groups) startHolder(name, gh string, l *lease) (*holder, error) {
 	}
 	g.mu.Lock()
 	g.mu.holders[gh] = h
+	noLocal := g.mu.nodes[gh] == nil
 	g.mu.Unlock()
+	if noLocal {
+		h.mu.Lock()
+		h.mu.resynced[g.node.cfg.NodeID] = true // no member here
+		h.mu.Unlock()
+	}
 	data, _ := json.Marshal(takeoverMsg{Group: gh, Epoch: l.epoch, Node: g.node.cfg.NodeID})
 	_ = g.node.nc.Publish(subjTakeover+gh, data)
 	if ng := g.nodeGroupOf(gh); ng != nil {
@@ -170,6 +176,7 @@ func (h *holder) run() {
 			continue
 		case <-deadline.C:
 		case <-h.quit:
+		case <-g.closing:
 		}
 		break
 	}
@@ -185,6 +192,8 @@ func (h *holder) run() {
 	for {
 		select {
 		case <-h.quit:
+			return
+		case <-g.closing:
 			return
 		case <-renew.C:
 			ctx, cancel := context.WithTimeout(context.Background(), g.node.cfg.RequestTimeout)
@@ -328,22 +337,34 @@ func (h *holder) allResynced() bool {
 // messages go back to the head of their keys.
 func (h *holder) dropGoneNodes() {
 	now := time.Now()
-	var gone []string
+	var gone, suspects []string
+	var closing []*pipe[downItem]
+	pr := h.g.presence
 	h.mu.Lock()
 	for id, m := range h.mu.members {
-		if !h.g.presence.isLive(m.node, now) {
+		switch {
+		case pr.isLive(m.node, now):
+		case pr.isGone(m.node):
 			gone = append(gone, id)
 			delete(h.mu.members, id)
+		default:
+			suspects = append(suspects, m.node)
 		}
 	}
 	for node, p := range h.mu.links {
-		if !h.g.presence.isLive(node, now) {
+		if pr.isGone(node) {
 			delete(h.mu.links, node)
 			delete(h.mu.resynced, node)
-			go p.close()
+			closing = append(closing, p)
 		}
 	}
 	h.mu.Unlock()
+	for _, p := range closing {
+		h.g.goFunc(func() { p.close() })
+	}
+	for _, n := range suspects {
+		h.g.suspect(n)
+	}
 	for _, id := range gone {
 		h.g.log.Info("key-shared: member's node is gone; removing it", "group", h.name, "member", id)
 		_ = h.d.RemoveMember(id)
@@ -546,14 +567,14 @@ func (h *holder) link(node string) *pipe[downItem] {
 	p := h.mu.links[node]
 	if p == nil {
 		p = newPipe(func(seq uint64, items []downItem) ([]byte, error) {
-			b := downBatch{group: h.gh, epoch: h.lease.epoch, seq: seq, items: items}
+			b := downBatch{group: h.gh, node: h.g.node.cfg.NodeID, epoch: h.lease.epoch, seq: seq, items: items}
 			m, err := h.g.node.nc.Request(subjDeliver+NodeHash(node), b.encode(), h.g.node.cfg.RequestTimeout)
 			if err != nil {
 				return nil, err
 			}
 			return m.Data, nil
 		}, func(items []downItem, reply []byte) { h.delivered(items, reply) })
-		p.abandon = func() bool { return !h.g.presence.isLive(node, time.Now()) || h.stoppingNow() }
+		p.abandon = func() bool { return h.g.presence.isGone(node) || h.stoppingNow() }
 		h.mu.links[node] = p
 	}
 	return p
@@ -566,8 +587,10 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 		return
 	}
 	if reply[0] == replyWrongEpoch {
-		h.g.log.Warn("key-shared: a node knows a newer holder; this one stops", "group", h.name)
-		h.lease.lost.Store(true)
+		if d := (wdec{b: reply[1:]}); d.uvarint() > h.lease.epoch {
+			h.g.log.Warn("key-shared: a node knows a newer holder; this one stops", "group", h.name)
+			h.lease.lost.Store(true)
+		}
 		return
 	}
 	outcomes := reply[1:]

@@ -70,8 +70,8 @@ type localMember struct {
 func (g *Groups) Open(name string, local keyshared.Deliverer) (*Group, error) {
 	gh := groupHash(name)
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.mu.stopped {
+		g.mu.Unlock()
 		return nil, ErrNotReady
 	}
 	ng := g.mu.nodes[gh]
@@ -82,8 +82,9 @@ func (g *Groups) Open(name string, local keyshared.Deliverer) (*Group, error) {
 		g.mu.nodes[gh] = ng
 	}
 	lv, held := g.mu.leases[gh]
+	g.mu.Unlock()
 	if held {
-		go ng.holderChanged(lv.node, lv.epoch)
+		g.goFunc(func() { ng.holderChanged(lv.node, lv.epoch) })
 	}
 	return &Group{ng: ng}, nil
 }
@@ -326,10 +327,9 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 	newer := b.epoch > ng.mu.epoch
 	ng.mu.Unlock()
 	if newer {
-		// A holder we have not heard of yet: resync with it first.
-		if lv, ok := ng.g.holderOf(ng.gh); ok && lv.epoch == b.epoch {
-			ng.holderChanged(lv.node, lv.epoch)
-		}
+		// A holder we have not heard of yet (epochs only grow): resync
+		// with it first.
+		ng.holderChanged(b.node, b.epoch)
 	}
 	ng.applyMu.Lock()
 	defer ng.applyMu.Unlock()
@@ -384,6 +384,9 @@ func (g *Groups) onTakeover(m *nats.Msg) {
 	}
 	ng := g.nodeGroupOf(t.Group)
 	if ng == nil {
+		if t.Durable == 0 {
+			g.goFunc(func() { g.emptyResync(t) })
+		}
 		return
 	}
 	if t.Durable > 0 {
@@ -391,6 +394,14 @@ func (g *Groups) onTakeover(m *nats.Msg) {
 		return
 	}
 	ng.holderChanged(t.Node, t.Epoch)
+}
+
+// emptyResync tells a new holder that this node has no member of its group,
+// so its takeover need not wait for us.
+func (g *Groups) emptyResync(t takeoverMsg) {
+	b := upBatch{epoch: t.Epoch, node: g.node.cfg.NodeID + "\x00" + nuid.Next(), seq: 1,
+		items: []upItem{{kind: upResync}, {kind: upResync, member: resyncEnd}}}
+	_, _ = g.node.nc.Request(holderSubject(t.Group), append([]byte{reqUp}, b.encode()...), g.node.cfg.RequestTimeout)
 }
 
 func (ng *nodeGroup) close() {

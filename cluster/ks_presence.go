@@ -32,6 +32,10 @@ type presence struct {
 		sync.Mutex
 		seen  map[string]time.Time // node id -> last heartbeat
 		since map[string]time.Time // node id -> when its current run of heartbeats began
+		// gone: nodes silent for nodeSilent that NATS had no responder
+		// for (confirmed by Groups.suspect); cleared when heard again.
+		gone     map[string]bool
+		checking map[string]bool
 	}
 }
 
@@ -39,6 +43,8 @@ func newPresence(self string) *presence {
 	p := &presence{self: self}
 	p.mu.seen = map[string]time.Time{}
 	p.mu.since = map[string]time.Time{}
+	p.mu.gone = map[string]bool{}
+	p.mu.checking = map[string]bool{}
 	return p
 }
 
@@ -69,6 +75,14 @@ func (p *presence) touch(node string) {
 		p.mu.since[node] = now
 	}
 	p.mu.seen[node] = now
+	delete(p.mu.gone, node)
+}
+
+// isGone reports whether node was confirmed gone (and not heard since).
+func (p *presence) isGone(node string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mu.gone[node]
 }
 
 // live returns the nodes heard from within nodeSilent, this one included, sorted.

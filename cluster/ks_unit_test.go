@@ -32,13 +32,13 @@ func TestUpDownBatchRoundTrip(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, up) {
 		t.Fatalf("up batch: %v\n got %+v\nwant %+v", err, got, up)
 	}
-	down := downBatch{group: "abc", epoch: 9, seq: 1, items: []downItem{
+	down := downBatch{group: "abc", node: "node-b", epoch: 9, seq: 1, items: []downItem{
 		{kind: downDeliver, member: "m1", offset: 5, attempt: 2, msg: []byte("payload")},
 		{kind: downRevoke, member: "m1", offset: 4},
 		{kind: downQoS0, member: "m2", offset: 0, attempt: 1, msg: []byte{}},
 	}}
 	gotd, err := decodeDownBatch(down.encode())
-	if err != nil || gotd.group != down.group || len(gotd.items) != 3 || string(gotd.items[0].msg) != "payload" || gotd.items[1].kind != downRevoke {
+	if err != nil || gotd.group != down.group || gotd.node != down.node || len(gotd.items) != 3 || string(gotd.items[0].msg) != "payload" || gotd.items[1].kind != downRevoke {
 		t.Fatalf("down batch: %v %+v", err, gotd)
 	}
 	// Truncations and garbage fail cleanly.

@@ -87,6 +87,7 @@ type downItem struct {
 
 type downBatch struct {
 	group string // group hash
+	node  string // the holder
 	epoch uint64
 	seq   uint64
 	items []downItem
@@ -176,6 +177,7 @@ func (b *downBatch) encode() []byte {
 	}
 	out := make([]byte, 0, size)
 	out = appendStr(out, b.group)
+	out = appendStr(out, b.node)
 	out = binary.AppendUvarint(out, b.epoch)
 	out = binary.AppendUvarint(out, b.seq)
 	out = binary.AppendUvarint(out, uint64(len(b.items)))
@@ -197,6 +199,7 @@ func decodeDownBatch(buf []byte) (downBatch, error) {
 	d := wdec{b: buf}
 	var b downBatch
 	b.group = d.str()
+	b.node = d.str()
 	b.epoch = d.uvarint()
 	b.seq = d.uvarint()
 	for range d.count() {
