@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"encoding/json"
-	"hash/fnv"
 	"slices"
 	"sync"
 	"time"
@@ -126,27 +125,12 @@ func (p *presence) stableFor(node string, d time.Duration, now time.Time) bool {
 // answer from the same live set, and a node joining or leaving moves only
 // the groups it wins or held.
 func preferred(group string, nodes []string) string {
-	var best string
-	var bestScore uint64
+	var best, bestScore string
 	for _, n := range nodes {
-		h := fnv.New64a()
-		h.Write([]byte(group))
-		h.Write([]byte{0})
-		h.Write([]byte(n))
-		s := mix64(h.Sum64())
-		if best == "" || s > bestScore || (s == bestScore && n < best) {
+		s := hashToken(group + "\x00" + n)
+		if best == "" || s > bestScore {
 			best, bestScore = n, s
 		}
 	}
 	return best
-}
-
-// mix64 is murmur3's finalizer: FNV's low bits alone spread poorly.
-func mix64(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
 }

@@ -100,14 +100,8 @@ func decodeGroupState(buf []byte) (groupState, error) {
 	}
 	d := wdec{b: buf[1:]}
 	st.epoch, st.cursor, st.dropped, st.dlqSeq = d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("last seen")
-	} else {
-		d.b = d.b[n:]
-		if v != 0 {
-			st.lastSeen = time.Unix(0, v)
-		}
+	if v := d.varint(); v != 0 {
+		st.lastSeen = time.Unix(0, v)
 	}
 	st.members = int(min(d.uvarint(), 1<<31))
 	prev := st.cursor

@@ -229,7 +229,7 @@ func boolByte(v bool) byte {
 	return 0
 }
 
-// wdec decodes the wire format; the first error sticks.
+// wdec decodes the wire format; the first error sticks (and empties it).
 type wdec struct {
 	b   []byte
 	err error
@@ -242,24 +242,37 @@ func (d *wdec) fail(what string) {
 	d.b = nil
 }
 
-func (d *wdec) byte() byte {
-	if len(d.b) < 1 {
-		d.fail("short")
-		return 0
+// take returns the next n bytes (capped: an append copies), or fails.
+func (d *wdec) take(n uint64, what string) []byte {
+	if d.err != nil || n > uint64(len(d.b)) {
+		d.fail(what)
+		return nil
 	}
-	v := d.b[0]
-	d.b = d.b[1:]
+	v := d.b[:n:n]
+	d.b = d.b[n:]
 	return v
+}
+
+func (d *wdec) byte() byte {
+	if v := d.take(1, "short"); v != nil {
+		return v[0]
+	}
+	return 0
 }
 
 func (d *wdec) uvarint() uint64 {
 	v, n := binary.Uvarint(d.b)
 	if n <= 0 {
 		d.fail("varint")
-		return 0
 	}
-	d.b = d.b[n:]
+	d.take(uint64(max(n, 0)), "varint")
 	return v
+}
+
+// varint reads binary.AppendVarint's zig-zag encoding.
+func (d *wdec) varint() int64 {
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 // count reads a count of items, each of which takes at least one byte.
@@ -272,16 +285,7 @@ func (d *wdec) count() int {
 	return int(n)
 }
 
-func (d *wdec) bytes() []byte {
-	n := d.uvarint()
-	if n > uint64(len(d.b)) {
-		d.fail("length")
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
+func (d *wdec) bytes() []byte { return d.take(d.uvarint(), "length") }
 
 func (d *wdec) str() string { return string(d.bytes()) }
 
