@@ -608,3 +608,65 @@ func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterKeySharedDeadLettersAnyNode: a member on one node rejects a
+// message; the dead letter is published live on the other node's $dlq/...,
+// listed and replayed through the other node's admin API, and delivered
+// again.
+func TestClusterKeySharedDeadLettersAnyNode(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 2, nc.URLs())
+	a, b := bs[0], bs[1]
+	w, err := mqtttest.DialWorker(b.Addr("tcp"), "worker", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Disconnect() })
+	if rc, err := w.Subscribe("$share/d/jobs/#", 1); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	watcher := dialV5(t, a, &paho.Connect{ClientID: "dlq-watcher", CleanStart: true, KeepAlive: 30})
+	watcher.Subscribe(t, paho.SubscribeOptions{Topic: "$dlq/#", QoS: 1})
+	waitFor(t, 15*time.Second, "the member at the group's holder", func() bool {
+		st, err := a.keyShared.Group("d/jobs/#")
+		return err == nil && st.Holder != "" && st.Stats.Members == 1
+	})
+	pub := dialV5(t, a, &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	pub.Publish(t, &paho.Publish{Topic: "jobs/x", QoS: 1, Payload: []byte("poison")})
+	m := w.Next(20 * time.Second)
+	if m == nil || string(m.Payload) != "poison" {
+		t.Fatalf("member got %+v", m)
+	}
+	if err := w.Nack(m, mqtttest.ReasonPayloadFormatInvalid); err != nil {
+		t.Fatal(err)
+	}
+	if dl := watcher.Next(t); dl.Topic != "$dlq/d/jobs/x" || string(dl.Payload) != "poison" {
+		t.Fatalf("live dead letter on the other node: %s %q", dl.Topic, dl.Payload)
+	}
+	base := "http://" + a.Addr("http")
+	var page adminapi.DeadLetterPage
+	waitFor(t, 10*time.Second, "the dead letter listed on the other node", func() bool {
+		apiJSON(t, "GET", base+adminapi.PathDLQ+"?group=d%2Fjobs%2F%23", "", 200, &page)
+		return len(page.DeadLetters) == 1
+	})
+	if dl := page.DeadLetters[0]; dl.ReasonCode != 0x99 || dl.Payload != "poison" {
+		t.Fatalf("dead letter %+v", dl)
+	}
+	var res adminapi.ReplayResult
+	apiJSON(t, "POST", base+adminapi.PathDLQReplay+"?group=d%2Fjobs%2F%23", "", 200, &res)
+	if res.Count != 1 {
+		t.Fatalf("replay: %+v", res)
+	}
+	m = w.Next(20 * time.Second)
+	if m == nil || string(m.Payload) != "poison" {
+		t.Fatalf("replayed message: %+v", m)
+	}
+	if err := w.Ack(m); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "no dead letter and the cursor at the head", func() bool {
+		var v adminapi.GroupView
+		apiJSON(t, "GET", "http://"+b.Addr("http")+adminapi.PathGroupDetail+"?group=d%2Fjobs%2F%23", "", 200, &v)
+		return v.DeadLetters == 0 && v.Head == 2 && v.Cursor == 2 && v.Counters.DeadLettered == 1
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -52,7 +53,15 @@ func (h *KeyShared) Group(name string) (GroupStatus, error) {
 
 func (h *KeyShared) status(gi persistence.GroupInfo) GroupStatus {
 	st := GroupStatus{Info: gi}
-	if g := h.groups.get(gi.Name); g != nil {
+	g := h.groups.get(gi.Name)
+	if g == nil && h.cfg.Cluster != nil {
+		// A group another node made: this node's side of it shows the
+		// cluster-wide figures (and takes members that come here).
+		if n, err := share.Parse(gi.Name); err == nil {
+			g, _ = h.ensureGroup(n)
+		}
+	}
+	if g != nil {
 		st.Running, st.Stats, st.QoS0 = true, g.d.Stats(), g.r.Stats()
 		if cg, ok := g.d.(*cluster.Group); ok {
 			st.Holder = cg.Holder()
