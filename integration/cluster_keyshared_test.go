@@ -151,7 +151,7 @@ func (l *ledger) spread() map[string]int {
 // 300 keys x 30 messages: every message delivered once, each key in order,
 // never two of a key out at once, and every member busy.
 func TestClusterKeySharedOrder(t *testing.T) {
-	const keys, perKey, pubs = 300, 30, 6
+	const keys, perKey, pubs = 300, 30, 15
 	nc := natstest.Start(t, 3)
 	nodes := startNodes(t, 3, nc.URLs())
 	addrs := func() []string { return []string{nodes[0].addrs["tcp"], nodes[1].addrs["tcp"], nodes[2].addrs["tcp"]} }
@@ -184,7 +184,7 @@ func TestClusterKeySharedOrder(t *testing.T) {
 // seconds; nothing is missing, order holds, and only messages in flight at
 // the dead node's members are delivered again.
 func TestClusterKeySharedHolderSigkill(t *testing.T) {
-	const keys, perKey, pubs = 300, 30, 6
+	const keys, perKey, pubs = 300, 30, 15
 	nc := natstest.Start(t, 3)
 	nodes := startNodes(t, 3, nc.URLs())
 	l := newLedger()
@@ -272,7 +272,7 @@ func TestClusterKeySharedHolderSigkill(t *testing.T) {
 // leader of the group's log) is SIGKILLed mid-run: publishing goes on,
 // nothing is missing, order holds.
 func TestClusterKeySharedNATSServerKilled(t *testing.T) {
-	const keys, perKey, pubs = 300, 30, 6
+	const keys, perKey, pubs = 300, 30, 15
 	pc := natstest.StartProcs(t, 3)
 	urls := pc.URLs()
 	nodes := startNodes(t, 3, urls)
