@@ -58,7 +58,10 @@ type Broker struct {
 	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
 	node      *cluster.Node   // cluster mode only
 	groups    *cluster.Groups // cluster mode only: Key-Shared groups across nodes
-	stop      chan struct{}   // closed when Shutdown begins; ends background loops
+	// clusterKS is keyShared for the cluster's callbacks, which start
+	// before the hook exists.
+	clusterKS atomic.Pointer[hooks.KeyShared]
+	stop      chan struct{} // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -247,6 +250,7 @@ func (b *Broker) addHooks() error {
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
 		Cluster:            b.groups,
 	})
+	b.clusterKS.Store(b.keyShared)
 	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}

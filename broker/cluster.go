@@ -123,8 +123,17 @@ func (b *Broker) startGroups() error {
 			return d, g
 		},
 		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
-			if b.keyShared != nil {
-				b.keyShared.PublishDeadLetter(group, d)
+			if ks := b.clusterKS.Load(); ks != nil {
+				ks.PublishDeadLetter(group, d)
+			}
+		},
+		OnGroup: func(name string) {
+			ks := b.clusterKS.Load()
+			if ks == nil {
+				return // the hook's Init opens every group it finds
+			}
+			if err := ks.OpenGroup(name); err != nil {
+				b.log.Warn("cannot open a group another node created", "group", name, "error", err)
 			}
 		},
 		Logger: b.log.With("node", b.node.NodeID()),

@@ -670,3 +670,36 @@ func TestClusterKeySharedDeadLettersAnyNode(t *testing.T) {
 		return v.DeadLetters == 0 && v.Head == 2 && v.Cursor == 2 && v.Counters.DeadLettered == 1
 	})
 }
+
+// TestClusterKeySharedBacklogLimit: a group's backlog limit holds across
+// nodes: at the limit a publish on any node is refused with 0x97.
+func TestClusterKeySharedBacklogLimit(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	var bs []*Broker
+	for i, u := range nc.URLs()[:2] {
+		cfg := testConfig(t)
+		cfg.Cluster.NATS = []string{u}
+		cfg.Cluster.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		cfg.GroupSettings.BacklogMaxMessages = 3
+		bs = append(bs, startBroker(t, cfg))
+	}
+	w, err := mqtttest.DialWorker(bs[1].Addr("tcp"), "holder-of-nothing", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Disconnect() })
+	if rc, err := w.Subscribe("$share/lim/jobs/#", 1); err != nil || rc != 1 {
+		t.Fatalf("subscribe: %#x %v", rc, err)
+	}
+	pub := dialV5(t, bs[0], &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for i := range 4 {
+		rc := pub.Publish(t, &paho.Publish{Topic: "jobs/x", QoS: 1, Payload: fmt.Appendf(nil, "m%d", i)})
+		want := byte(0)
+		if i == 3 {
+			want = 0x97
+		}
+		if rc != want {
+			t.Fatalf("publish %d: reason %#x, want %#x", i, rc, want)
+		}
+	}
+}

@@ -78,6 +78,9 @@ type GroupsConfig struct {
 	// OnDeadLetter, when set, is told of every dead letter the holder
 	// stored (the broker publishes it live on $dlq/...).
 	OnDeadLetter func(group string, d keyshared.DeadLetter)
+	// OnGroup, when set, is told of a group another node created, so that
+	// this node's publishes reach it too.
+	OnGroup func(name string)
 	Logger       *slog.Logger
 }
 
@@ -316,11 +319,15 @@ func (g *Groups) applyEntry(e jetstream.KeyValueEntry) {
 	if !ok {
 		return
 	}
+	var created string
 	g.mu.Lock()
 	switch kind {
 	case "m":
 		var m groupMeta
 		if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &m) == nil && m.Name != "" {
+			if _, known := g.mu.metas[gh]; !known {
+				created = m.Name
+			}
 			g.mu.metas[gh] = m
 		} else {
 			delete(g.mu.metas, gh)
@@ -340,7 +347,16 @@ func (g *Groups) applyEntry(e jetstream.KeyValueEntry) {
 	if kind == "l" && ng != nil && held {
 		ng.holderChanged(lv.node, lv.epoch)
 	}
+	if created != "" && g.cfg.OnGroup != nil {
+		g.goFunc(func() { g.cfg.OnGroup(created) })
+	}
 	g.kickPlacement()
+}
+
+// Known reports whether group name exists in the cluster.
+func (g *Groups) Known(name string) bool {
+	_, err := g.known(name)
+	return err == nil
 }
 
 func (g *Groups) kickPlacement() {

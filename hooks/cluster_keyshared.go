@@ -40,6 +40,17 @@ func (h *KeyShared) openClusterGroup(name string, n share.Name) (*ksGroup, error
 	return g, nil
 }
 
+// OpenGroup opens this node's side of a group another node created, so
+// that publishes here reach its log.
+func (h *KeyShared) OpenGroup(name string) error {
+	n, err := share.Parse(name)
+	if err != nil {
+		return err
+	}
+	_, err = h.ensureGroup(n)
+	return err
+}
+
 // PublishDeadLetter publishes a dead letter of group live on $dlq/... (the
 // cluster's holder of the group calls it once the dead letter is stored).
 func (h *KeyShared) PublishDeadLetter(group string, d keyshared.DeadLetter) {

@@ -141,6 +141,9 @@ func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) {
 	name := n.String()
 	return h.groups.ensure(name, func() (*ksGroup, error) {
 		dcfg, gcfg := h.cfg.GroupSettings(name)
+		if h.cfg.Cluster != nil && h.cfg.Cluster.Known(name) {
+			return h.openClusterGroup(name, n) // made by another node
+		}
 		if _, err := h.store.EnsureGroup(name, gcfg); err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}
