@@ -139,6 +139,7 @@ func (ng *nodeGroup) switchHolder(node string, epoch uint64, force bool) {
 	for _, a := range ng.mu.unconfirmed {
 		items = append(items, upItem{kind: upAcked, member: a.member, offset: a.offset})
 	}
+	ng.mu.unconfirmed = nil // in the resync now; kept again once it is answered
 	ng.mu.Unlock()
 	ng.send(items...)
 }
@@ -146,7 +147,7 @@ func (ng *nodeGroup) switchHolder(node string, epoch uint64, force bool) {
 // unsent takes back an item a closed pipe did not deliver: its ack is
 // reported to the next holder.
 func (ng *nodeGroup) unsent(it upItem) {
-	if it.kind != upAck {
+	if it.kind != upAck && it.kind != upAcked {
 		return
 	}
 	ng.mu.Lock()
@@ -238,7 +239,7 @@ func (ng *nodeGroup) answered(items []upItem, no uint64) {
 	ng.mu.Lock()
 	defer ng.mu.Unlock()
 	for _, it := range items {
-		if it.kind == upAck {
+		if it.kind == upAck || it.kind == upAcked {
 			ng.mu.unconfirmed = append(ng.mu.unconfirmed, pendingAck{member: it.member, offset: it.offset, no: no})
 		}
 	}
