@@ -104,10 +104,10 @@ type Outbox struct {
 		sync.Mutex
 		q    []entry // q[head:] may be live; q[i] holds the message with seq base+i
 		head int
-		base uint64            // seq of q[0]
-		next uint64            // seq of the next message added
-		live int               // messages held
-		ids  map[uint16]uint64 // packet id -> seq, of live messages with an id
+		base uint64  // seq of q[0]
+		next uint64  // seq of the next message added
+		live int     // messages held
+		ids  idTable // packet id -> seq, of live messages with an id
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -132,7 +132,6 @@ func New(client string, cfg *Config) *Outbox {
 	}
 	o := &Outbox{client: client, cfg: cfg}
 	o.mu.next, o.mu.base = 1, 1
-	o.mu.ids = map[uint16]uint64{}
 	o.mu.wakeFn = o.wake
 	return o
 }
@@ -181,7 +180,7 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 	o.mu.q = append(o.mu.q, e)
 	o.mu.live++
 	if e.id != 0 {
-		o.mu.ids[e.id] = seq
+		o.mu.ids.put(e.id, seq)
 	}
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
@@ -198,7 +197,7 @@ func (o *Outbox) allocLocked() uint16 {
 		if id++; id == 0 {
 			id = 1
 		}
-		if _, used := o.mu.ids[id]; used {
+		if _, used := o.mu.ids.get(id); used {
 			continue
 		}
 		if o.mu.external != nil && o.mu.external(id) {
@@ -297,7 +296,7 @@ func (o *Outbox) pumpLocked() {
 			if e.id = o.allocLocked(); e.id == 0 {
 				return // every id in use: an acknowledgement frees one
 			}
-			o.mu.ids[e.id] = o.mu.base + uint64(o.mu.cursor)
+			o.mu.ids.put(e.id, o.mu.base+uint64(o.mu.cursor))
 			o.persistLocked(o.mu.base + uint64(o.mu.cursor))
 		}
 		if e.state == stQueued && e.deadline > 0 {
@@ -340,7 +339,7 @@ func (o *Outbox) pumpLocked() {
 func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	seq, ok := o.mu.ids[id]
+	seq, ok := o.mu.ids.get(id)
 	if !ok {
 		return false
 	}
@@ -353,10 +352,10 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 	case typ == 4 && e.pub.QoS == 1 && e.state == stSent,
 		typ == 7 && e.pub.QoS == 2 && e.state == stReleased,
 		typ == 5 && e.pub.QoS == 2 && e.state == stSent && reason >= 0x80:
-		o.finishLocked(i)
-		if i < o.mu.cursor {
+		if i < o.mu.cursor { // on the wire (finishing may move the cursor)
 			o.mu.inflight--
 		}
+		o.finishLocked(i)
 		o.pumpLocked()
 	case typ == 5 && e.pub.QoS == 2 && (e.state == stSent || e.state == stReleased):
 		e.state = stReleased
@@ -373,12 +372,12 @@ func (o *Outbox) finishLocked(i int) {
 	e := &o.mu.q[i]
 	seq := o.mu.base + uint64(i)
 	if e.id != 0 {
-		delete(o.mu.ids, e.id)
+		o.mu.ids.del(e.id)
 	}
 	*e = entry{}
 	o.mu.live--
 	addInfo(o.cfg.Stats.InfoInflight, -1)
-	if o.cfg.Store != nil {
+	if o.mu.persist {
 		o.cfg.Store.Delete(o.client, seq)
 	}
 	for o.mu.head < len(o.mu.q) && o.mu.q[o.mu.head].pub == nil && o.mu.head < o.mu.cursor {
@@ -411,10 +410,10 @@ func (o *Outbox) Freeze(reserve func(id uint16)) {
 	defer o.mu.Unlock()
 	o.mu.frozen = true
 	o.mu.reserved = o.mu.reserved[:0]
-	for id := range o.mu.ids {
+	o.mu.ids.each(func(id uint16) {
 		reserve(id)
 		o.mu.reserved = append(o.mu.reserved, id)
-	}
+	})
 }
 
 // Thaw ends a Freeze: unreserve is called with the ids Freeze reserved,
@@ -431,7 +430,7 @@ func (o *Outbox) Thaw(unreserve func(id uint16)) {
 			if e.id = o.allocLocked(); e.id == 0 {
 				break // the pump assigns it once an id is free
 			}
-			o.mu.ids[e.id] = o.mu.base + uint64(i)
+			o.mu.ids.put(e.id, o.mu.base+uint64(i))
 			o.persistLocked(o.mu.base + uint64(i))
 		}
 	}
@@ -465,7 +464,7 @@ func (o *Outbox) Discard() {
 	}
 	o.mu.gone = true
 	addInfo(o.cfg.Stats.InfoInflight, -int64(o.mu.live))
-	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, map[uint16]uint64{}, 0, nil
+	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
 	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
 	if o.cfg.Store != nil {
 		o.cfg.Store.DeleteSession(o.client)

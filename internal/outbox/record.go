@@ -179,7 +179,7 @@ func (o *Outbox) Restore(meta []byte, recs []Record) []error {
 		for o.mu.base+uint64(len(o.mu.q)) < r.Seq {
 			o.mu.q = append(o.mu.q, entry{}) // a gap: finished messages
 		}
-		if _, dupID := o.mu.ids[e.id]; e.id != 0 && dupID {
+		if _, dupID := o.mu.ids.get(e.id); e.id != 0 && dupID {
 			e.id = 0 // assigned again before it is sent
 		}
 		e.sent = e.sent || r.Seq <= sentTo || attached
@@ -188,7 +188,7 @@ func (o *Outbox) Restore(meta []byte, recs []Record) []error {
 		}
 		o.mu.q = append(o.mu.q, e)
 		if e.id != 0 {
-			o.mu.ids[e.id] = r.Seq
+			o.mu.ids.put(e.id, r.Seq)
 		}
 		o.mu.live++
 		addInfo(o.cfg.Stats.InfoInflight, 1)
