@@ -217,6 +217,8 @@ func (b *Broker) addHooks() error {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
+		// The fan-out's session outboxes share each client's packet ids.
+		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
 	})
 	if err := b.server.AddHook(b.keyShared, nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
@@ -225,7 +227,7 @@ func (b *Broker) addHooks() error {
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
-	})
+	}, hooks.NewOutboxStore(b.sessions))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
@@ -263,6 +265,10 @@ func (b *Broker) Start() error {
 		default:
 		}
 		b.started = time.Now()
+		if err := b.fanout.RestoreSessions(b.sessions); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
 		if err := b.server.Serve(); err != nil {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return

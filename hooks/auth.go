@@ -56,9 +56,14 @@ func NewAuth(server *mqtt.Server, ledger *auth.Ledger) *Auth {
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
-func (h *Auth) Provides(b byte) bool {
-	return bytes.Contains([]byte{mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnPacketRead}, []byte{b})
-}
+func (h *Auth) Provides(b byte) bool { return authMethods.has(b) }
+
+var authMethods = methods(
+	mqtt.OnConnectAuthenticate,
+	mqtt.OnACLCheck,
+	mqtt.OnPacketEncode,
+	mqtt.OnPacketRead,
+)
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,
 // and keeps a client id to the user whose session it is.

@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +41,11 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
+	// AllocPacketID, when set, picks the packet id of a delivery and calls
+	// set with it while no other delivery to the client can pick the same
+	// (the fan-out's session outbox shares the id space); false: none free
+	// now. Nil: mochi's Client.NextPacketID.
+	AllocPacketID func(cl *mqtt.Client, set func(id uint16)) (uint16, bool)
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
@@ -87,13 +91,18 @@ func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeyShar
 func (h *KeyShared) ID() string { return "keyline-keyshared" }
 
 // Provides reports which hook methods KeyShared implements.
-func (h *KeyShared) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
-		mqtt.OnSessionEstablished, mqtt.OnDisconnect,
-		mqtt.OnPublish, mqtt.OnSelectSubscribers, mqtt.OnPacketRead,
-	}, []byte{b})
-}
+func (h *KeyShared) Provides(b byte) bool { return keySharedMethods.has(b) }
+
+var keySharedMethods = methods(
+	mqtt.OnSubscribe,
+	mqtt.OnSubscribed,
+	mqtt.OnUnsubscribed,
+	mqtt.OnSessionEstablished,
+	mqtt.OnDisconnect,
+	mqtt.OnPublish,
+	mqtt.OnSelectSubscribers,
+	mqtt.OnPacketRead,
+)
 
 // Init notifies dispatchers of new log entries and resumes every stored group,
 // so publishes keep landing in groups whose members are away.

@@ -1,6 +1,9 @@
 package hooks
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // inflightTable owns the Key-Shared deliveries awaiting a member's answer:
 // which group and offset each (client, packet id) stands for, and back. It is
@@ -9,6 +12,7 @@ type inflightTable struct {
 	mu       sync.Mutex
 	byPacket map[packetKey]delivery // (client, packet id) -> delivery
 	byOffset map[offsetKey]uint16   // (group, client, offset) -> packet id
+	n        atomic.Int64           // len(byPacket), read without the lock
 }
 
 type packetKey struct {
@@ -36,17 +40,22 @@ func (t *inflightTable) track(client string, id uint16, g *ksGroup, offset uint6
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.byPacket[packetKey{client, id}] = delivery{group: g, offset: offset}
+	t.n.Store(int64(len(t.byPacket)))
 	t.byOffset[offsetKey{g.name, client, offset}] = id
 }
 
 // untrack forgets packet id of client and returns what it carried.
 func (t *inflightTable) untrack(client string, id uint16) (delivery, bool) {
+	if t.n.Load() == 0 {
+		return delivery{}, false // every client's acknowledgements pass here: no lock when idle
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	d, ok := t.byPacket[packetKey{client, id}]
 	if ok {
 		delete(t.byPacket, packetKey{client, id})
 		delete(t.byOffset, offsetKey{d.group.name, client, d.offset})
+		t.n.Store(int64(len(t.byPacket)))
 	}
 	return d, ok
 }
@@ -60,6 +69,7 @@ func (t *inflightTable) revoke(group, client string, offset uint64) (uint16, boo
 	if ok {
 		delete(t.byOffset, k)
 		delete(t.byPacket, packetKey{client, id})
+		t.n.Store(int64(len(t.byPacket)))
 	}
 	return id, ok
 }

@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"sync"
@@ -43,28 +42,28 @@ func NewStorage(server *mqtt.Server, store *persistence.SessionStore) *Storage {
 func (h *Storage) ID() string { return "keyline-storage" }
 
 // Provides reports which hook methods Storage implements.
-func (h *Storage) Provides(b byte) bool {
-	return bytes.Contains([]byte{
-		mqtt.OnSessionEstablished,
-		mqtt.OnDisconnect,
-		mqtt.OnSubscribed,
-		mqtt.OnUnsubscribed,
-		mqtt.OnRetainMessage,
-		mqtt.OnWillSent,
-		mqtt.OnQosPublish,
-		mqtt.OnQosComplete,
-		mqtt.OnQosDropped,
-		mqtt.OnSysInfoTick,
-		mqtt.OnPacketEncode,
-		mqtt.OnClientExpired,
-		mqtt.OnRetainedExpired,
-		mqtt.StoredClients,
-		mqtt.StoredSubscriptions,
-		mqtt.StoredInflightMessages,
-		mqtt.StoredRetainedMessages,
-		mqtt.StoredSysInfo,
-	}, []byte{b})
-}
+func (h *Storage) Provides(b byte) bool { return storageMethods.has(b) }
+
+var storageMethods = methods(
+	mqtt.OnSessionEstablished,
+	mqtt.OnDisconnect,
+	mqtt.OnSubscribed,
+	mqtt.OnUnsubscribed,
+	mqtt.OnRetainMessage,
+	mqtt.OnWillSent,
+	mqtt.OnQosPublish,
+	mqtt.OnQosComplete,
+	mqtt.OnQosDropped,
+	mqtt.OnSysInfoTick,
+	mqtt.OnPacketEncode,
+	mqtt.OnClientExpired,
+	mqtt.OnRetainedExpired,
+	mqtt.StoredClients,
+	mqtt.StoredSubscriptions,
+	mqtt.StoredInflightMessages,
+	mqtt.StoredRetainedMessages,
+	mqtt.StoredSysInfo,
+)
 
 // Stop commits whatever is still queued.
 func (h *Storage) Stop() error { return h.store.Sync() }
