@@ -32,22 +32,26 @@ func (b *Broker) ClientViews() []adminapi.ClientView {
 		if cl.Net.Inline {
 			continue
 		}
-		out = append(out, viewOf(cl))
+		out = append(out, b.viewOf(cl))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
-// viewOf is what the admin API shows of cl.
-func viewOf(cl *mqtt.Client) adminapi.ClientView {
+// viewOf is what the admin API shows of cl. Inflight counts the session's
+// QoS 1/2 messages, queued or unacknowledged: its outbox and what mochi
+// tracks itself (retained messages sent on subscribe, Key-Shared deliveries).
+func (b *Broker) viewOf(cl *mqtt.Client) adminapi.ClientView {
+	held, _, _ := b.fanout.Outbox(cl.ID, 0)
 	v := adminapi.ClientView{
 		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
-		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
+		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len() + held,
 	}
 	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 		v.QueuedBytes = q.Queued()
 		v.DroppedMessages, v.DroppedBytes = q.Dropped()
+		v.ConflatedMessages = q.Conflated()
 		l := q.Limits()
 		v.SlowPolicy, v.QueueSoft, v.QueueHard = l.Policy.String(), l.Soft, l.Hard
 	}
