@@ -46,7 +46,9 @@ func dialRaw(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, pac
 	if o.rcvbuf > 0 {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
 			var serr error
-			err := rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, o.rcvbuf) })
+			err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, o.rcvbuf)
+			})
 			return errors.Join(err, serr)
 		}
 	}

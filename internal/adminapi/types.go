@@ -237,6 +237,6 @@ type ClientView struct {
 	// newer one of their topic (slow policy conflate).
 	ConflatedMessages uint64 `json:"conflated_messages"`
 	SlowPolicy        string `json:"slow_policy,omitempty"`
-	QueueSoft       int    `json:"conn_queue_soft,omitempty"`
-	QueueHard       int    `json:"conn_queue_hard,omitempty"`
+	QueueSoft         int    `json:"conn_queue_soft,omitempty"`
+	QueueHard         int    `json:"conn_queue_hard,omitempty"`
 }
