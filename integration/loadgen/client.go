@@ -21,6 +21,7 @@ type dialOpts struct {
 	proto     byte
 	keepalive uint16
 	rcvbuf    int // SO_RCVBUF set before connect (0: kernel default)
+	readRate  int // bytes/s the connection reads at most (0: no limit)
 	readBuf   int // bufio reader size
 	timeout   time.Duration
 }
@@ -48,6 +49,9 @@ func dialMQTT(ctx context.Context, addr, clientID string, o dialOpts) (*mconn, e
 		o.readBuf = 64 << 10
 	}
 	m := &mconn{c: c, fr: newFrameReader(c, o.readBuf), proto: o.proto, recvMax: 65535}
+	if o.readRate > 0 {
+		m.fr = newFrameReader(&rateConn{Conn: c, rate: float64(o.readRate)}, o.readBuf)
+	}
 	if err := m.handshake(clientID, o); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: %w", clientID, err)

@@ -43,6 +43,7 @@ type run struct {
 	pubs     []*publisher
 	subs     []*subscriber
 	checker  *orderChecker
+	finals   *finalTracker // conflate: the reader's newest value per topic
 	keyNames []string
 	streams  int // distinct stream ids (for per-subscriber sequence tracking)
 }
@@ -84,6 +85,7 @@ type subscriber struct {
 	m        *mconn
 	filter   string
 	stalled  bool
+	readRate int // bytes/s it reads at most (0: no limit)
 	consumer int // index inside the $share group, -1 if not a group member
 	// per publisher
 	lastLocal []uint64
@@ -208,9 +210,10 @@ func (r *run) connectAll(ctx context.Context) error {
 	for _, s := range r.subs {
 		jobs = append(jobs, func() error {
 			o := r.dialOpts()
-			if s.stalled {
+			if s.stalled || s.readRate > 0 {
 				o.rcvbuf = r.cfg.stallRcvbuf
 			}
+			o.readRate = s.readRate
 			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("s", s.idx), o)
 			if err != nil {
 				return err
@@ -604,6 +607,9 @@ func (s *subscriber) handle(m *publish) {
 	if pi.seq > s.lastLocal[pi.pub] {
 		s.lastLocal[pi.pub] = pi.seq
 	}
+	if r.finals != nil {
+		r.finals.observe(pi.key, pi.keySeq)
+	}
 	if int(pi.key) < r.streams {
 		i := int(pi.pub)*r.streams + int(pi.key)
 		n := s.nextSeq[i]
@@ -680,26 +686,27 @@ type result struct {
 	Ahead     int      `json:"ahead"`
 	Window    float64  `json:"window_s"`
 
-	Published       uint64      `json:"published"`
-	PublishedPerS   float64     `json:"published_per_s"`
-	Delivered       uint64      `json:"delivered"`
-	DeliveredPerS   float64     `json:"delivered_per_s"`
-	Expected        uint64      `json:"expected"`
-	DeliveredRatio  float64     `json:"delivered_ratio"`
-	Latency         latencyJSON `json:"latency_us"`
-	Gaps            uint64      `json:"gaps"`
-	Reorders        uint64      `json:"reorders"`
-	Foreign         uint64      `json:"foreign,omitempty"`
-	PubNacks        uint64      `json:"pub_nacks,omitempty"`
-	PublishedAll    uint64      `json:"published_all"`
-	DeliveredAll    uint64      `json:"delivered_all"`
-	Order           *orderJSON  `json:"order,omitempty"`
-	KeyPropMissing  uint64      `json:"key_prop_missing,omitempty"`
-	MsgsPerConsumer []uint64    `json:"msgs_per_consumer,omitempty"`
-	CPU             cpuJSON     `json:"cpu"`
-	RSS             *rssJSON    `json:"broker_rss,omitempty"`
-	Connections     *connJSON   `json:"connections,omitempty"`
-	ElapsedS        float64     `json:"elapsed_s"`
+	Published       uint64        `json:"published"`
+	PublishedPerS   float64       `json:"published_per_s"`
+	Delivered       uint64        `json:"delivered"`
+	DeliveredPerS   float64       `json:"delivered_per_s"`
+	Expected        uint64        `json:"expected"`
+	DeliveredRatio  float64       `json:"delivered_ratio"`
+	Latency         latencyJSON   `json:"latency_us"`
+	Gaps            uint64        `json:"gaps"`
+	Reorders        uint64        `json:"reorders"`
+	Foreign         uint64        `json:"foreign,omitempty"`
+	PubNacks        uint64        `json:"pub_nacks,omitempty"`
+	PublishedAll    uint64        `json:"published_all"`
+	DeliveredAll    uint64        `json:"delivered_all"`
+	Order           *orderJSON    `json:"order,omitempty"`
+	KeyPropMissing  uint64        `json:"key_prop_missing,omitempty"`
+	MsgsPerConsumer []uint64      `json:"msgs_per_consumer,omitempty"`
+	CPU             cpuJSON       `json:"cpu"`
+	RSS             *rssJSON      `json:"broker_rss,omitempty"`
+	Connections     *connJSON     `json:"connections,omitempty"`
+	Conflate        *conflateJSON `json:"conflate,omitempty"`
+	ElapsedS        float64       `json:"elapsed_s"`
 }
 
 func (r *run) execute(ctx context.Context, res *result) {
@@ -782,12 +789,26 @@ func (r *run) execute(ctx context.Context, res *result) {
 		<-p.done
 	}
 
-	// Drain: wait until every expected delivery arrived or progress stops.
+	// Drain: wait until every expected delivery arrived or progress stops
+	// (conflate: until every topic's last value arrived).
 	expAll := r.expectedAll()
+	stopped := time.Now()
+	var finalAt time.Time
+	if r.finals != nil {
+		r.finals.setFinal(r.publishedFinals())
+	}
 	deadline := time.Now().Add(cfg.drain)
 	lastN, lastChange := r.received(), time.Now()
 	for time.Now().Before(deadline) {
 		n := r.received()
+		if r.finals != nil {
+			if int(r.finals.done.Load()) == max(cfg.topics, 1) {
+				finalAt = time.Now()
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
 		if n >= expAll {
 			break
 		}
@@ -802,8 +823,11 @@ func (r *run) execute(ctx context.Context, res *result) {
 		c1 = snapCPU(cfg.brokerPID)
 		recv1 = r.received()
 	}
-	res.RSS = rss.finish(cfg.scenario == "slowsub")
+	res.RSS = rss.finish(cfg.scenario == "slowsub" || cfg.scenario == "conflate")
 	r.closeAll()
+	if r.finals != nil {
+		r.conflateResult(res, stopped, finalAt)
+	}
 
 	// Collect.
 	w := window

@@ -225,6 +225,12 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	return q
 }
 
+// ConflateSendBuffer is the kernel send buffer (SO_SNDBUF) of a TCP
+// connection under the conflate policy: what the kernel holds is out of
+// conflation's reach, and by default Linux lets it grow to megabytes, which a
+// slow reader then gets as stale data first.
+const ConflateSendBuffer = 16 << 10
+
 // SetLimits replaces the connection's limits (for example once the client's
 // id is known and an override applies).
 func (c *Conn) SetLimits(l Limits) {
@@ -234,6 +240,9 @@ func (c *Conn) SetLimits(l Limits) {
 		c.mu.conflate = nil
 	}
 	c.mu.Unlock()
+	if l.Policy == Conflate && c.tcp != nil {
+		_ = c.tcp.SetWriteBuffer(ConflateSendBuffer) // best effort: conflation works without it, later
+	}
 }
 
 // Limits returns the connection's limits.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -297,5 +298,29 @@ func TestEditsRespectTheMaximumPacketSize(t *testing.T) {
 	second := r.next(t)
 	if v, _ := userProp(second, DropSignalProperty); v != "3" || second.Properties.TopicAlias != 1 {
 		t.Fatalf("second publish: signal %q alias %d, want 3 and 1", v, second.Properties.TopicAlias)
+	}
+}
+
+func TestConflateShrinksTheKernelSendBuffer(t *testing.T) {
+	a, _ := tcpPair(t)
+	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	sndbuf := func() int {
+		raw, err := a.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		var serr error
+		if err := raw.Control(func(fd uintptr) { n, serr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) }); err != nil || serr != nil {
+			t.Fatal(err, serr)
+		}
+		return n
+	}
+	before := sndbuf()
+	c.SetLimits(Limits{Hard: 1 << 20, Policy: Conflate})
+	// Linux doubles the value set (bookkeeping overhead).
+	if after := sndbuf(); after > 2*ConflateSendBuffer {
+		t.Fatalf("SO_SNDBUF %d after conflate (was %d), want at most %d", after, before, 2*ConflateSendBuffer)
 	}
 }
