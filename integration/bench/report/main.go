@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -102,11 +103,19 @@ type rec struct {
 		RSSPerConnKB float64 `json:"rss_per_conn_kb"`
 		FDLimit      int     `json:"fd_limit"`
 	} `json:"connections"`
+	Conflate *struct {
+		Topics         int     `json:"topics"`
+		ReadRate       int     `json:"read_rate_bytes_per_s"`
+		TopicsReceived int     `json:"topics_received"`
+		FinalValues    int     `json:"final_values"`
+		FinalDelayMS   float64 `json:"final_delay_ms"`
+	} `json:"conflate"`
 }
 
 type meta struct {
 	kv        map[string]string
-	cases     [][2]string // name, args
+	cases     [][2]string       // name, args
+	caseFlags map[string]string // name -> keyline flags of that case
 	brokerCmd [][2]string
 	brokers   []string
 }
@@ -149,14 +158,17 @@ func oneLine(r *rec) string {
 			s += fmt.Sprintf(", order violations %d, dups %d, missing %d", r.Order.OrderViolations, r.Order.Duplicates, r.Order.Missing)
 		}
 		if r.RSS != nil && r.Stalled > 0 {
-			s += fmt.Sprintf(", RSS max %.1f MiB", float64(r.RSS.MaxKB)/1024)
+			s += fmt.Sprintf(", RSS max %.1f MiB (+%.1f)", float64(r.RSS.MaxKB)/1024, rssGrowth(r)/1024)
+		}
+		if c := r.Conflate; c != nil {
+			s += fmt.Sprintf(", last values of %d/%d topics, after %s", c.FinalValues, c.Topics, ms(finalDelay(r)))
 		}
 		return s
 	}
 }
 
 func readMeta(path string) (*meta, error) {
-	m := &meta{kv: map[string]string{}}
+	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -168,6 +180,8 @@ func readMeta(path string) (*meta, error) {
 		switch {
 		case len(parts) == 3 && parts[0] == "case":
 			m.cases = append(m.cases, [2]string{parts[1], parts[2]})
+		case len(parts) == 3 && parts[0] == "case_flags":
+			m.caseFlags[parts[1]] = parts[2]
 		case len(parts) == 3 && parts[0] == "broker_cmd":
 			m.brokerCmd = append(m.brokerCmd, [2]string{parts[1], parts[2]})
 		case len(parts) >= 2:
@@ -289,6 +303,8 @@ func kind(c cell) string {
 		return "connections"
 	case r.Scenario == "shared":
 		return "shared"
+	case r.Scenario == "conflate":
+		return "conflate"
 	case r.Scenario == "slowsub" || r.Stalled > 0:
 		return "slowsub"
 	case r.Rate > 0:
@@ -347,6 +363,7 @@ func run(resultsPath, metaPath, mdPath, chartDir string) error {
 	}
 	var b strings.Builder
 	writeMarkdown(&b, m, t, recs, charts)
+	b.WriteString(keptSections(mdPath))
 	return os.WriteFile(mdPath, []byte(b.String()), 0o644)
 }
 
@@ -450,6 +467,12 @@ func headlines(k string) []headline {
 		return []headline{
 			{"readers' msg/s", func(r *rec) float64 { return r.DeliveredPerS }, num, "higher", false},
 			{"broker RSS max", func(r *rec) float64 { return float64(r.RSS.MaxKB) }, mib, "lower", false},
+			{"broker RSS growth", rssGrowth, mib, "lower", false},
+		}
+	case "conflate":
+		return []headline{
+			{"age of values read, p99", func(r *rec) float64 { return r.Latency.P99 }, us, "lower", false},
+			{"last value of every topic, after stop", finalDelay, ms, "lower", false},
 		}
 	case "connections":
 		return []headline{
@@ -512,7 +535,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 			for _, b := range t.brokers {
 				v := t.get(cs, b).median(h.f)
 				s := h.format(v)
-				if b != "mosquitto" && !h.counts && !math.IsNaN(base) && base != 0 {
+				if b != "mosquitto" && !h.counts && !math.IsNaN(base) && base != 0 && (h.name != "broker RSS growth" || base >= 1024) {
 					s += " (" + ratio(v, base) + ")"
 				}
 				cols = append(cols, s)
@@ -617,31 +640,35 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("the slowest *reading* subscriber. A broker that isolates the slow reader keeps the publisher at the target, the\n")
 	p("readers' latency low and its own memory bounded; `published < target` means the broker could not deliver the\n")
 	p("target rate to the readers while one reader was stalled (or, with high `other cores`, lacked CPU).\n\n")
-	p("| case | broker | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| case | broker | QoS | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto | RSS growth | growth vs mosquitto |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range t.cases {
 		if caseKind(t, cs) != "slowsub" {
 			continue
 		}
 		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
+		baseGrowth := t.get(cs, "mosquitto").median(rssGrowth)
 		for _, b := range t.brokers {
 			c := t.get(cs, b)
 			rss := c.median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
-			rate := math.NaN()
+			growth := c.median(rssGrowth)
+			rate, qos := math.NaN(), "n/a"
 			if ok := c.ok(); len(ok) > 0 {
-				rate = ok[0].Rate
+				rate, qos = ok[0].Rate, strconv.Itoa(ok[0].QoS)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(rate),
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, qos, num(rate),
 				num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
 				num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
 				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
 				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
 				us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
 				mib(c.median(func(r *rec) float64 { return float64(r.RSS.StartKB) })),
-				mib(rss), ratio(rss, base))
+				mib(rss), ratio(rss, base), mib(growth), growthRatio(growth, baseGrowth))
 		}
 	}
-	p("\n")
+	p("\nRSS growth is RSS max minus RSS start: what the run added, the stalled reader's backlog included (no ratio\n")
+	p("where mosquitto grew by less than 1 MiB).\n\n")
+	writeConflate(w, t)
 
 	p("## Idle connections\n\n")
 	p("N connections (MQTT CONNECT, keep-alive 60 s) opened 64 at a time; RSS read from `/proc/<pid>/status` before and\n")
@@ -736,9 +763,19 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("mosquitto config: %s\n```\n\n", kv["mosquitto_conf"])
 	p("Load, per case (every run adds `-addr 127.0.0.1:PORT -broker-pid PID -label BROKER -tag CASE -round N %s`):\n\n```\n", kv["common"])
 	for _, c := range m.cases {
-		p("%-16s loadgen %s\n", c[0], c[1])
+		p("%-18s loadgen %s\n", c[0], c[1])
 	}
-	p("```\n\nThe full argument list of every run is in the `args` field of its line in `%s`.\n", t.resultsRel)
+	p("```\n\n")
+	if len(m.caseFlags) > 0 {
+		p("Keyline runs these cases with extra flags:\n\n```\n")
+		for _, c := range m.cases {
+			if f := m.caseFlags[c[0]]; f != "" {
+				p("%-18s keyline ... %s\n", c[0], f)
+			}
+		}
+		p("```\n\n")
+	}
+	p("The full argument list of every run is in the `args` field of its line in `%s`.\n", t.resultsRel)
 
 	var failed []string
 	for _, r := range recs {
