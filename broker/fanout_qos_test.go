@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
-	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
@@ -136,9 +135,7 @@ func TestQueuedMessagesKeepTheirOrder(t *testing.T) {
 	addr := b.Addr("tcp")
 	const n = 1500
 	url := mqtttest.V3URL(mqtttest.TCP, addr)
-	v3 := mqtttest.ConnectV3(t, url, "away-v3", false, nil)
-	v3.Subscribe(t, "ord/#", 1)
-	v3.Disconnect(0)
+	mqtttest.AwayV3(t, url, "away-v3", "ord/#")
 	expiry := uint32(300)
 	v5c := &paho.Connect{ClientID: "away-v5", CleanStart: false, KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}
 	v5 := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), v5c)
@@ -147,19 +144,9 @@ func TestQueuedMessagesKeepTheirOrder(t *testing.T) {
 
 	// One publisher, QoS 1, every publish in flight at once (paho's async API).
 	pub := mqtttest.ConnectV3(t, url, "fast-pub", true, nil)
-	start := time.Now()
-	toks := make([]mqtt3.Token, n)
-	for i := range toks {
-		toks[i] = pub.Client.Publish("ord/t", 1, false, strconv.Itoa(i))
-	}
-	for i, tok := range toks {
-		if !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
-			t.Fatalf("publish %d: %v", i, tok.Error())
-		}
-	}
-	t.Logf("%d QoS 1 messages queued in %v", n, time.Since(start))
+	t.Logf("%d QoS 1 messages queued in %v", n, pub.PublishSeq(t, "ord/t", 1, n))
 
-	v3 = mqtttest.ConnectV3(t, url, "away-v3", false, nil)
+	v3 := mqtttest.ConnectV3(t, url, "away-v3", false, nil)
 	for i := range n {
 		if m := v3.Next(t); string(m.Payload()) != strconv.Itoa(i) {
 			t.Fatalf("MQTT 3.1.1 session: message %d is %q", i, m.Payload())

@@ -128,33 +128,10 @@ func rawSubscribe(t *testing.T, addr, clientID, filter string, qos byte) net.Con
 	return c
 }
 
-// readPublish reads one PUBLISH frame (QoS 0) and returns its payload.
+// readPublish reads up to the next PUBLISH frame and returns its payload.
 func readPublish(r *bufio.Reader) ([]byte, error) {
-	h, err := r.ReadByte()
-	if err != nil {
-		return nil, err
-	}
-	n, mult := 0, 1
-	for {
-		d, err := r.ReadByte()
-		if err != nil {
-			return nil, err
-		}
-		n += int(d&0x7f) * mult
-		mult *= 128
-		if d&0x80 == 0 {
-			break
-		}
-	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return nil, err
-	}
-	if h>>4 != 3 {
-		return nil, fmt.Errorf("packet type %d, want PUBLISH", h>>4)
-	}
-	tl := int(binary.BigEndian.Uint16(body))
-	return body[2+tl:], nil
+	p, _, err := readAnyPublish(r)
+	return p, err
 }
 
 // readAnyPublish reads frames until a PUBLISH and returns its payload and

@@ -5,10 +5,8 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/eclipse/paho.golang/paho"
-	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -24,11 +22,7 @@ func TestSigkillKeepsSessionsAndRetained(t *testing.T) {
 	url := mqtttest.V3URL(mqtttest.TCP, addr)
 
 	// Two persistent sessions subscribe, then go away.
-	v3 := mqtttest.ConnectV3(t, url, "device-fleet-agent", false, nil)
-	if qos := v3.Subscribe(t, "jobs/#", 1); qos != 1 {
-		t.Fatalf("v3 SUBACK %#x", qos)
-	}
-	v3.Disconnect(0)
+	mqtttest.AwayV3(t, url, "device-fleet-agent", "jobs/#")
 	expiry := uint32(3600)
 	v5connect := &paho.Connect{ClientID: "worker-5", CleanStart: false, KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}
 	v5, err := mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), v5connect)
@@ -88,7 +82,7 @@ func TestSigkillKeepsSessionsAndRetained(t *testing.T) {
 	}
 	check("MQTT 5 session", got, ids)
 
-	v3 = mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "device-fleet-agent", false, nil)
+	v3 := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "device-fleet-agent", false, nil)
 	got, ids = nil, nil
 	for range queued {
 		m := v3.Next(t)
@@ -123,11 +117,7 @@ func TestSigkillKeepsQueueOrderAndDUP(t *testing.T) {
 	p := startKeyline(t, dataDir) // fsync on: the default
 	addr := p.addrs["tcp"]
 	url := mqtttest.V3URL(mqtttest.TCP, addr)
-	v3 := mqtttest.ConnectV3(t, url, "away", false, nil)
-	if qos := v3.Subscribe(t, "q/#", 1); qos != 1 {
-		t.Fatalf("SUBACK %#x", qos)
-	}
-	v3.Disconnect(0)
+	mqtttest.AwayV3(t, url, "away", "q/#")
 	wo := mqtttest.WorkerOptions{SessionExpiry: 3600, ReceiveMaximum: 10, KeepAlive: 30, Buffer: 2000}
 	w, err := mqtttest.DialWorker(addr, "holding", wo)
 	if err != nil {
@@ -139,17 +129,7 @@ func TestSigkillKeepsQueueOrderAndDUP(t *testing.T) {
 
 	const n = 1200
 	pub := mqtttest.ConnectV3(t, url, "pub", true, nil)
-	start := time.Now()
-	toks := make([]mqtt3.Token, n)
-	for i := range toks {
-		toks[i] = pub.Client.Publish("q/t", 1, false, strconv.Itoa(i))
-	}
-	for i, tok := range toks {
-		if !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
-			t.Fatalf("publish %d: %v", i, tok.Error())
-		}
-	}
-	t.Logf("%d messages queued in %v", n, time.Since(start))
+	t.Logf("%d messages queued in %v", n, pub.PublishSeq(t, "q/t", 1, n))
 	ids := make([]uint16, 10)
 	for i := range ids {
 		m := w.Next(mqtttest.Timeout)
@@ -169,7 +149,7 @@ func TestSigkillKeepsQueueOrderAndDUP(t *testing.T) {
 	p = startKeyline(t, dataDir)
 	addr = p.addrs["tcp"]
 
-	v3 = mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "away", false, nil)
+	v3 := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, addr), "away", false, nil)
 	for i := range n {
 		m := v3.Next(t)
 		if string(m.Payload()) != strconv.Itoa(i) || m.Duplicate() {
