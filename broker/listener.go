@@ -134,6 +134,7 @@ const connectTimeout = 10 * time.Second
 func (l *listener) handle(conn net.Conn) {
 	_ = conn.SetReadDeadline(time.Now().Add(connectTimeout))
 	q := l.queue(conn)
+	q.AwaitConnack() // a session is attached as its CONNACK is written: its messages go after it
 	if err := l.establish(l.id, q); err != nil && !errors.Is(err, io.EOF) {
 		l.log.Debug("connection ended", "remote", conn.RemoteAddr().String(), "error", err)
 	}

@@ -97,7 +97,6 @@ var fanoutMethods = methods(
 	mqtt.OnStarted,
 	mqtt.OnClientExpired,
 	mqtt.OnPacketEncode,
-	mqtt.OnPacketSent,
 	mqtt.OnPacketRead,
 	mqtt.OnPacketProcessed,
 	mqtt.OnDisconnect,
@@ -143,33 +142,24 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnPacketEncode prepares the session when a successful CONNACK is about to
-// go out: mochi has decided by now whether the session is resumed (its
-// subscriptions were re-indexed for the new connection just before), and
-// OnSessionEstablished only runs after the client has its CONNACK.
+// OnPacketEncode attaches the session to its new connection when a
+// successful CONNACK is about to be written: mochi has decided by now whether
+// the session is resumed (its subscriptions were re-indexed for the new
+// connection just before), and OnSessionEstablished only runs after the
+// client has its CONNACK, which it may answer at once. What the session
+// sends from here on (first, what was in flight, in its original order)
+// waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
 func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode >= packets.ErrUnspecifiedError.Code || queueOf(cl) == nil {
+	q := queueOf(cl)
+	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
 		return pk
 	}
+	var s *fanSession
 	if pk.SessionPresent {
-		h.sessions.ensure(cl)
+		s = h.sessions.ensure(cl)
 		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
 	} else {
-		h.sessions.replace(cl) // a new session: whatever was queued for the id is gone
-	}
-	h.invalidate()
-	return pk
-}
-
-// OnPacketSent attaches the session's new connection once its CONNACK is
-// queued: what was in flight is resent first, in its original order.
-func (h *Fanout) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
-	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode >= packets.ErrUnspecifiedError.Code {
-		return
-	}
-	q, s := queueOf(cl), h.sessions.get(cl.ID)
-	if q == nil || s == nil {
-		return
+		s = h.sessions.replace(cl) // a new session: whatever was queued for the id is gone
 	}
 	window := 0 // MQTT 3.1.1 has no Receive Maximum: the outbox's bound
 	if cl.Properties.ProtocolVersion == 5 {
@@ -177,6 +167,8 @@ func (h *Fanout) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
 	}
 	s.attach(&sessConn{q: q, version: cl.Properties.ProtocolVersion, maxPacket: maxPacketSize(cl), inflight: cl.State.Inflight},
 		window, persistent(cl))
+	h.invalidate()
+	return pk
 }
 
 // OnPacketRead hands the client's PUBACK, PUBREC and PUBCOMP to its

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/eclipse/paho.golang/packets"
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
@@ -136,7 +137,10 @@ func addMember(t *testing.T, addr, id, filter string, l *ledger) *member {
 	m := &member{id: id, conn: mqtttest.Dial(t, mqtttest.TCP, addr, nil)}
 	m.c = paho.NewClient(paho.ClientConfig{
 		ClientID: id,
-		Conn:     mqtttest.Tap(m.conn, 5, func(_ string, payload []byte) { l.record(id, payload) }),
+		// paho writes a packet in several Write calls, from more than one
+		// goroutine, and takes a lock only if its Conn is a sync.Locker:
+		// the tap is not one.
+		Conn: packets.NewThreadSafeConn(mqtttest.Tap(m.conn, 5, func(_ string, payload []byte) { l.record(id, payload) })),
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(paho.PublishReceived) (bool, error) {
 			return true, nil
 		}},

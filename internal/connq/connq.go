@@ -197,6 +197,10 @@ type Conn struct {
 		conflate map[string]uint64
 		missed   uint64 // messages dropped or conflated since the last drop signal
 		wake     func() // called by the writer once tracked publishes fit again
+		// connacked is set once mochi wrote the CONNACK: frames queued
+		// before (a session attached while its CONNACK is on its way) wait,
+		// and the CONNACK goes in front of them.
+		connacked bool
 	}
 	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
 
@@ -222,7 +226,17 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, done: make(chan struct{})}
 	q.tcp, _ = c.(*net.TCPConn)
 	q.mu.limits = limits
+	q.mu.connacked = true
 	return q
+}
+
+// AwaitConnack makes frames queued before the CONNACK wait for it: the
+// CONNACK (the first frame Write gets whose type is CONNACK) is sent first.
+// Call it before the connection is served.
+func (c *Conn) AwaitConnack() {
+	c.mu.Lock()
+	c.mu.connacked = false
+	c.mu.Unlock()
 }
 
 // ConflateSendBuffer is the kernel send buffer (SO_SNDBUF) of a TCP
@@ -282,8 +296,23 @@ func (c *Conn) Write(p []byte) (int, error) {
 			return 0, c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
 		}
 	}
+	if !c.mu.connacked && len(b) > 0 && b[0]>>4 == 2 {
+		c.connackLocked(e)
+		return len(p), nil
+	}
 	c.pushLocked(e)
 	return len(p), nil
+}
+
+// connackLocked queues the CONNACK ahead of the publishes that wait for it.
+func (c *Conn) connackLocked(e entry) {
+	c.mu.connacked = true
+	c.mu.q = append(c.mu.q, entry{})
+	copy(c.mu.q[c.mu.head+1:], c.mu.q[c.mu.head:])
+	c.mu.q[c.mu.head] = e
+	c.mu.bytes += len(e.b)
+	clear(c.mu.conflate) // positions moved; the index starts over
+	c.scheduleLocked()
 }
 
 func (c *Conn) pushLocked(e entry) {

@@ -324,3 +324,44 @@ func TestConflateShrinksTheKernelSendBuffer(t *testing.T) {
 		t.Fatalf("SO_SNDBUF %d after conflate (was %d), want at most %d", after, before, 2*ConflateSendBuffer)
 	}
 }
+
+func TestPublishesQueuedBeforeTheCONNACKGoAfterIt(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	c.AwaitConnack()
+	early := encodePub(t, 4, 1, "t", "early")
+	if err := c.EnqueueTracked(early, 7, true, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.Enqueue(pubN(1))
+	if n := bufioReader(b).peek(); n != 0 {
+		t.Fatalf("%d bytes sent before the CONNACK", n)
+	}
+	connack := []byte{0x20, 2, 0, 0}
+	if _, err := c.Write(connack); err != nil {
+		t.Fatal(err)
+	}
+	r := newWireReader(b, 4)
+	if pk := r.next(t); pk.FixedHeader.Type != packets.Connack {
+		t.Fatalf("first packet %v, want the CONNACK", pk.FixedHeader.Type)
+	}
+	if pk := r.next(t); pk.PacketID != 7 || string(pk.Payload) != "early" {
+		t.Fatalf("second packet %+v", pk)
+	}
+	if pk := r.next(t); string(pk.Payload) != "[001]" {
+		t.Fatalf("third packet %q", pk.Payload)
+	}
+}
+
+func TestCloseWithoutCONNACKDropsWaitingPublishes(t *testing.T) {
+	g := newGated()
+	g.open()
+	c := New(g, Limits{Hard: 1 << 20}, nil, nil)
+	c.AwaitConnack()
+	c.Enqueue(pubN(1))
+	closeAndWait(t, c)
+	if n := g.calls(); n != 0 {
+		t.Fatalf("%d writes without a CONNACK", n)
+	}
+}

@@ -60,12 +60,13 @@ const (
 func (c *Conn) take(bt *batch) (takeResult, func()) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	gated := !c.mu.connacked
 	switch {
-	case c.mu.failed != nil || (c.mu.head == len(c.mu.q) && c.mu.closing):
+	case c.mu.failed != nil || (c.mu.closing && (c.mu.head == len(c.mu.q) || gated)):
 		c.mu.q, c.mu.head, c.mu.bytes, c.mu.conflate, c.mu.wake = nil, 0, 0, nil, nil
 		return takeDone, nil
-	case c.mu.head == len(c.mu.q) || c.heldLocked():
-		c.mu.scheduled = false // Enqueue, Write, Close or a hold's decision start it again
+	case c.mu.head == len(c.mu.q) || c.heldLocked() || gated:
+		c.mu.scheduled = false // Enqueue, Write (the CONNACK), Close or a hold's decision start it again
 		return takeIdle, nil
 	}
 	n := 0
