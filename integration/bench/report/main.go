@@ -347,7 +347,26 @@ func run(resultsPath, metaPath, mdPath, chartDir string) error {
 	}
 	var b strings.Builder
 	writeMarkdown(&b, m, t, recs, charts)
+	b.WriteString(manualSections(mdPath))
 	return os.WriteFile(mdPath, []byte(b.String()), 0o644)
+}
+
+// manualMarker starts the part of BENCHMARKS.md written by hand (figures
+// measured outside integration/bench/run); a new report keeps it as it is.
+const manualMarker = "<!-- Sections below are measured by hand; integration/bench/run keeps them as they are. -->"
+
+// manualSections returns the hand-written tail of the report at path, from
+// manualMarker on, or "" when there is none.
+func manualSections(path string) string {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	i := strings.Index(string(old), manualMarker)
+	if i < 0 {
+		return ""
+	}
+	return "\n" + string(old[i:])
 }
 
 func mustAbs(p string) string {
