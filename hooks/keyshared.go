@@ -77,7 +77,8 @@ type KeyShared struct {
 // Serve; its Init resumes the stored groups.
 func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeySharedConfig) *KeyShared {
 	h := &KeyShared{server: server, store: store, cfg: cfg,
-		groups: newGroupRegistry(), members: newMemberships(), inflight: newInflightTable()}
+		groups: newGroupRegistry(), inflight: newInflightTable()}
+	h.members = newMemberships(h.recordMembers)
 	h.dlq = newDLQPublisher(server, h)
 	return h
 }
@@ -255,7 +256,7 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "err", err)
 		return
 	}
-	count := h.members.set(cl.ID, g.name, m)
+	h.members.set(cl.ID, g.name, m)
 	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters}
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
@@ -266,8 +267,13 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	if err := g.r.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "err", err)
 	}
-	if err := h.store.MembersChanged(g.name, count, time.Now()); err != nil {
-		h.Log.Warn("record group members", "group", g.name, "err", err)
+}
+
+// recordMembers tells the store a group's member count (memberships calls
+// it after every change, in order); the idle TTL counts from the last member.
+func (h *KeyShared) recordMembers(group string, members int) {
+	if err := h.store.MembersChanged(group, members, time.Now()); err != nil && !errors.Is(err, persistence.ErrGroupNotFound) {
+		h.Log.Warn("record group members", "group", group, "err", err)
 	}
 }
 
@@ -287,7 +293,7 @@ func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 }
 
 func (h *KeyShared) leave(clientID, name string) {
-	count, was := h.members.remove(clientID, name)
+	_, was := h.members.remove(clientID, name)
 	g := h.groups.get(name)
 	if g == nil || !was {
 		return
@@ -296,9 +302,6 @@ func (h *KeyShared) leave(clientID, name string) {
 		h.Log.Warn("remove member", "group", name, "client", clientID, "err", err)
 	}
 	_ = g.r.RemoveMember(clientID)
-	if err := h.store.MembersChanged(name, count, time.Now()); err != nil {
-		h.Log.Warn("record group members", "group", name, "err", err)
-	}
 }
 
 // OnSessionEstablished re-activates the memberships of a resumed session (or,
