@@ -117,7 +117,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Var(&cfg.SessionOwnership, "session-ownership", "with auth, a CONNECT using another user's client id is refused, or gets a fresh session: refuse or fresh")
 
 	f = store.fs
-	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db) and the group log (segments/)")
 	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
 	f.Var(&cfg.SegmentSize, "segment-size", "size of each file of the group message log under data-dir/segments (64KiB to 1GiB)")
 
