@@ -102,6 +102,16 @@ type rec struct {
 		RSSPerConnKB float64 `json:"rss_per_conn_kb"`
 		FDLimit      int     `json:"fd_limit"`
 	} `json:"connections"`
+	Sessions *struct {
+		Requested       int     `json:"requested"`
+		Stored          int     `json:"stored"`
+		CreateS         float64 `json:"create_s"`
+		Checked         int     `json:"checked"`
+		Present         int     `json:"present"`
+		RSSBeforeKB     int64   `json:"rss_before_kb"`
+		RSSAfterKB      int64   `json:"rss_after_kb"`
+		RSSPerSessionKB float64 `json:"rss_per_session_kb"`
+	} `json:"sessions"`
 }
 
 type meta struct {
@@ -142,6 +152,9 @@ func oneLine(r *rec) string {
 	case r.Connections != nil:
 		c := r.Connections
 		return fmt.Sprintf("%d conns, %.0f/s, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.RSSPerConnKB, c.Alive)
+	case r.Sessions != nil:
+		s := r.Sessions
+		return fmt.Sprintf("%d offline sessions, %.1f KiB/session, %d of %d kept", s.Stored, s.RSSPerSessionKB, s.Present, s.Checked)
 	default:
 		s := fmt.Sprintf("%.0f delivered/s (%.3f of expected), p50 %s p99 %s, loadgen %.2f cores, broker %.2f, other %.2f",
 			r.DeliveredPerS, r.DeliveredRatio, us(r.Latency.P50), us(r.Latency.P99), r.CPU.Loadgen, r.CPU.Broker, r.CPU.Other)
@@ -287,6 +300,8 @@ func kind(c cell) string {
 	switch {
 	case r.Scenario == "connections":
 		return "connections"
+	case r.Scenario == "sessions":
+		return "sessions"
 	case r.Scenario == "shared":
 		return "shared"
 	case r.Scenario == "slowsub" || r.Stalled > 0:
@@ -474,6 +489,10 @@ func headlines(k string) []headline {
 		return []headline{
 			{"connects/s", func(r *rec) float64 { return r.Connections.ConnectPerS }, num, "higher", false},
 			{"RSS per connection", func(r *rec) float64 { return r.Connections.RSSPerConnKB }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v) }, "lower", false},
+		}
+	case "sessions":
+		return []headline{
+			{"RSS per offline session", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v) }, "lower", false},
 		}
 	}
 	return nil
@@ -689,6 +708,31 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	}
 	p("\n")
 
+	p("## Offline sessions\n\n")
+	p("N clients connect with a persistent session (MQTT 3.1.1 clean session 0, or MQTT 5 session expiry 1 h), subscribe\n")
+	p("to one topic at QoS 1 and disconnect; RSS is read before and after (plus a settle time); every hundredth session\n")
+	p("is then resumed to check the broker kept it (session present).\n\n")
+	p("| case | broker | sessions | RSS before | RSS after | RSS per session | vs mosquitto | kept |\n")
+	p("|---|---|---|---|---|---|---|---|\n")
+	for _, cs := range t.cases {
+		if caseKind(t, cs) != "sessions" {
+			continue
+		}
+		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
+		for _, b := range t.brokers {
+			c := t.get(cs, b)
+			per := c.median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
+			p("| %s | %s | %s | %s | %s | %.1f KiB | %s | %s of %s |\n", cs, b,
+				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Stored) })),
+				mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSBeforeKB) })),
+				mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSAfterKB) })),
+				per, ratio(per, base),
+				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Present) })),
+				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Checked) })))
+		}
+	}
+	p("\n")
+
 	// -------- CPU evidence
 	p("## Is the load generator the limit?\n\n")
 	p("loadgen measures its own CPU with `getrusage` and the broker's from `/proc/<pid>/stat` over the measured window\n")
@@ -707,7 +751,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 				maxShare, maxCase = sh, cs+" / "+b
 			}
 			lu, bu := "-", "-"
-			if caseKind(t, cs) != "connections" {
+			if k := caseKind(t, cs); k != "connections" && k != "sessions" {
 				lu = f2(c.median(func(r *rec) float64 { return r.CPU.LoadgenUsPerMsg }))
 				bu = f2(c.median(func(r *rec) float64 { return r.CPU.BrokerUsPerMsg }))
 			}
