@@ -170,6 +170,21 @@ func uintParam(q url.Values, name string) (uint64, bool, error) {
 	return n, true, nil
 }
 
+// limitParam reads the "limit" query parameter: def when absent, else a
+// number from 1 to max.
+func limitParam(q url.Values, def, max uint64) (int, error) {
+	limit, given, err := uintParam(q, "limit")
+	switch {
+	case err != nil:
+		return 0, err
+	case !given:
+		return int(def), nil
+	case limit < 1 || limit > max:
+		return 0, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, max)
+	}
+	return int(limit), nil
+}
+
 func badRequest(w http.ResponseWriter, err error) {
 	writeJSON(w, http.StatusBadRequest, adminapi.Error{Error: err.Error()})
 }

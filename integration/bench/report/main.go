@@ -571,48 +571,34 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("arrived by the end of the drain; `gaps` are lost messages seen as sequence gaps.\n\n")
 	p("| case | broker | delivered msg/s | vs mosquitto | published msg/s | delivered/expected | gaps | p50 | p99 | rounds (delivered msg/s) |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "throughput" {
-			continue
-		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.DeliveredPerS })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(d), ratio(d, base),
-				num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
-				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Gaps) })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
-				c.all(func(r *rec) float64 { return r.DeliveredPerS }, num))
-		}
-	}
+	forKind(t, "throughput", func(r *rec) float64 { return r.DeliveredPerS }, func(cs, b string, c cell, base float64) {
+		d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(d), ratio(d, base),
+			num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
+			f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Gaps) })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
+			c.all(func(r *rec) float64 { return r.DeliveredPerS }, num))
+	})
 	p("\n")
 
 	p("## Latency at a fixed rate\n\n")
 	p("From the send time the publisher stamps into each payload just before its `write()` to the subscriber's read of it.\n\n")
 	p("| case | broker | delivered msg/s | p50 | p90 | p99 | p99.9 | max | p99 vs mosquitto | delivered/expected |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "latency" {
-			continue
-		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.Latency.P99 })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			p99 := c.median(func(r *rec) float64 { return r.Latency.P99 })
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b,
-				num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P90 })),
-				us(p99),
-				us(c.median(func(r *rec) float64 { return r.Latency.P999 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.Max })),
-				ratio(p99, base),
-				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })))
-		}
-	}
+	forKind(t, "latency", func(r *rec) float64 { return r.Latency.P99 }, func(cs, b string, c cell, base float64) {
+		p99 := c.median(func(r *rec) float64 { return r.Latency.P99 })
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b,
+			num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P90 })),
+			us(p99),
+			us(c.median(func(r *rec) float64 { return r.Latency.P999 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.Max })),
+			ratio(p99, base),
+			f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })))
+	})
 	p("\n")
 
 	p("## Shared subscriptions: per-key order\n\n")
@@ -623,29 +609,22 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("consumer (0 with Key-Shared dispatch, all keys with round-robin). QoS 1 both ways.\n\n")
 	p("| case | broker | delivered msg/s | vs mosquitto | order violations (median) | per round | keys with violations | duplicates | missing | keys on >1 consumer | p50 | p99 |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "shared" {
-			continue
+	forKind(t, "shared", func(r *rec) float64 { return r.DeliveredPerS }, func(cs, b string, c cell, base float64) {
+		d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
+		keys := 0
+		if ok := c.ok(); len(ok) > 0 && ok[0].Order != nil {
+			keys = ok[0].Order.Keys
 		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.DeliveredPerS })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
-			keys := 0
-			if ok := c.ok(); len(ok) > 0 && ok[0].Order != nil {
-				keys = ok[0].Order.Keys
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", cs, b, num(d), ratio(d, base),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.OrderViolations) })),
-				c.all(func(r *rec) float64 { return float64(r.Order.OrderViolations) }, integer),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysWithViolations) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.Duplicates) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.Missing) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysOnSeveralConsumers) })), keys,
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P99 })))
-		}
-	}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", cs, b, num(d), ratio(d, base),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.OrderViolations) })),
+			c.all(func(r *rec) float64 { return float64(r.Order.OrderViolations) }, integer),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysWithViolations) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.Duplicates) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.Missing) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysOnSeveralConsumers) })), keys,
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P99 })))
+	})
 	p("\n")
 	writeOrderFindings(w, t)
 
@@ -657,28 +636,21 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("target rate to the readers while one reader was stalled (or, with high `other cores`, lacked CPU).\n\n")
 	p("| case | broker | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "slowsub" {
-			continue
+	forKind(t, "slowsub", func(r *rec) float64 { return float64(r.RSS.MaxKB) }, func(cs, b string, c cell, base float64) {
+		rss := c.median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
+		rate := math.NaN()
+		if ok := c.ok(); len(ok) > 0 {
+			rate = ok[0].Rate
 		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			rss := c.median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
-			rate := math.NaN()
-			if ok := c.ok(); len(ok) > 0 {
-				rate = ok[0].Rate
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(rate),
-				num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
-				num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
-				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
-				mib(c.median(func(r *rec) float64 { return float64(r.RSS.StartKB) })),
-				mib(rss), ratio(rss, base))
-		}
-	}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(rate),
+			num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
+			num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
+			f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
+			mib(c.median(func(r *rec) float64 { return float64(r.RSS.StartKB) })),
+			mib(rss), ratio(rss, base))
+	})
 	p("\n")
 
 	p("## Idle connections\n\n")
@@ -714,23 +686,16 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("is then resumed to check the broker kept it (session present).\n\n")
 	p("| case | broker | sessions | RSS before | RSS after | RSS per session | vs mosquitto | kept |\n")
 	p("|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "sessions" {
-			continue
-		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			per := c.median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
-			p("| %s | %s | %s | %s | %s | %.1f KiB | %s | %s of %s |\n", cs, b,
-				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Stored) })),
-				mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSBeforeKB) })),
-				mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSAfterKB) })),
-				per, ratio(per, base),
-				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Present) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Checked) })))
-		}
-	}
+	forKind(t, "sessions", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(cs, b string, c cell, base float64) {
+		per := c.median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
+		p("| %s | %s | %s | %s | %s | %.1f KiB | %s | %s of %s |\n", cs, b,
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Stored) })),
+			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSBeforeKB) })),
+			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSAfterKB) })),
+			per, ratio(per, base),
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Present) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Checked) })))
+	})
 	p("\n")
 
 	// -------- CPU evidence
@@ -1218,4 +1183,18 @@ func chartOrder(t *table, path string) (bool, error) {
 	p.Y.Max = math.Max(p.Y.Max*1.35, 10)
 	p.Add(plotter.NewGrid())
 	return true, p.Save(8*vg.Inch, 4*vg.Inch, path)
+}
+
+// forKind calls f for every broker's cell of every case of kind k, with the
+// median of value over mosquitto's runs of that case (the ratios' base).
+func forKind(t *table, k string, value func(*rec) float64, f func(cs, b string, c cell, base float64)) {
+	for _, cs := range t.cases {
+		if caseKind(t, cs) != k {
+			continue
+		}
+		base := t.get(cs, "mosquitto").median(value)
+		for _, b := range t.brokers {
+			f(cs, b, t.get(cs, b), base)
+		}
+	}
 }
