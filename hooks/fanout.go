@@ -283,7 +283,7 @@ func (h *Fanout) frame(variants *[]variant, pk packets.Packet, version byte, ret
 	}
 	frame, err := encodeQoS0(pk, version, retain, ids)
 	if err != nil {
-		h.Log.Error("fanout: encode publish", "topic", clip(pk.TopicName), "err", err)
+		h.Log.Error("fanout: encode publish", "topic", clip(pk.TopicName), "error", err)
 		return nil
 	}
 	h.Stats.Encodes.Add(1)

@@ -192,9 +192,9 @@ func (h *KeyShared) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Pack
 		case !shared:
 			continue
 		case err != nil:
-			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", clip(f.Filter), "err", err)
+			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", clip(f.Filter), "error", err)
 		case filtersErr != nil:
-			h.Log.Info("refusing shared subscription: invalid key filter", "client", cl.ID, "filter", clip(f.Filter), "err", filtersErr)
+			h.Log.Info("refusing shared subscription: invalid key filter", "client", cl.ID, "filter", clip(f.Filter), "error", filtersErr)
 		default:
 			continue
 		}
@@ -227,7 +227,7 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			continue
 		}
 		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
-			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "err", err)
+			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
@@ -253,7 +253,7 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	g, err := h.ensureGroup(n)
 	if err != nil {
-		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "err", err)
+		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "error", err)
 		return
 	}
 	h.members.set(cl.ID, g.name, m)
@@ -262,10 +262,10 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
 	if err := g.d.AddMember(cl.ID, opts); err != nil {
-		h.Log.Error("add member", "group", g.name, "client", cl.ID, "err", err)
+		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
 	}
 	if err := g.r.AddMember(cl.ID, opts); err != nil {
-		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "err", err)
+		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "error", err)
 	}
 }
 
@@ -273,7 +273,7 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 // it after every change, in order); the idle TTL counts from the last member.
 func (h *KeyShared) recordMembers(group string, members int) {
 	if err := h.store.MembersChanged(group, members, time.Now()); err != nil && !errors.Is(err, persistence.ErrGroupNotFound) {
-		h.Log.Warn("record group members", "group", group, "err", err)
+		h.Log.Warn("record group members", "group", group, "error", err)
 	}
 }
 
@@ -299,7 +299,7 @@ func (h *KeyShared) leave(clientID, name string) {
 		return
 	}
 	if err := g.d.RemoveMember(clientID); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
-		h.Log.Warn("remove member", "group", name, "client", clientID, "err", err)
+		h.Log.Warn("remove member", "group", name, "client", clientID, "error", err)
 	}
 	_ = g.r.RemoveMember(clientID)
 }
@@ -334,7 +334,7 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 			continue
 		}
 		if err := g.d.SetActive(cl.ID, false); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
-			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "err", err)
+			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "error", err)
 		}
 		_ = g.r.RemoveMember(cl.ID)
 	}
@@ -369,7 +369,7 @@ func (h *KeyShared) storedKeyFilters(clientID, filter string) []string {
 	}
 	var filters []string
 	if err := json.Unmarshal(data, &filters); err != nil {
-		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", clip(filter), "err", err)
+		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", clip(filter), "error", err)
 		return nil
 	}
 	return filters

@@ -548,7 +548,7 @@ func (c *core) poll(now time.Time) {
 		buf, err := c.log.ReadFrom(c.nextRead, n, c.buf[:0])
 		if err != nil {
 			c.st.storeErrors++
-			c.logger.Error("keyshared: read from log", "from", c.nextRead, "err", err)
+			c.logger.Error("keyshared: read from log", "from", c.nextRead, "error", err)
 			return
 		}
 		full := false
