@@ -26,7 +26,6 @@ var (
 	subID       = []byte{mqttwire.PropSubscriptionID, 7}
 	sessExpiry  = mqtttest.PropU32(mqttwire.PropSessionExpiry, 60)
 	willDelay   = mqtttest.PropU32(mqttwire.PropWillDelay, 5)
-	authMethod  = mqtttest.PropString(mqttwire.PropAuthMethod, "SCRAM")
 	user        = mqtttest.PropUser("key", "k1")
 	user2       = mqtttest.PropUser("key", "k2")
 	connectOK   = mqtttest.Connect5("c1", props(sessExpiry, user, user2), props(willDelay, user))
@@ -34,37 +33,6 @@ var (
 	pingreq     = frame(mqttwire.TypePingreq, 0)
 	shortPuback = frame(mqttwire.TypePuback, 0, u16(1))
 )
-
-// badFrames break a rule each; the checker must name the packet and property.
-var badFrames = []struct {
-	name, want string
-	frame      []byte
-}{
-	{"CONNECT", "CONNECT: Session Expiry Interval (0x11) appears more than once",
-		mqtttest.Connect5("c1", props(sessExpiry, user, sessExpiry), nil)},
-	{"CONNECT will", "CONNECT will properties: Will Delay Interval (0x18) appears more than once",
-		mqtttest.Connect5("c1", props(), props(willDelay, willDelay))},
-	{"CONNECT Receive Maximum 0", "CONNECT: Receive Maximum (0x21) is 0",
-		mqtttest.Connect5("c1", props(mqtttest.PropU16(mqttwire.PropReceiveMaximum, 0)), nil)},
-	{"CONNECT Maximum Packet Size 0", "CONNECT: Maximum Packet Size (0x27) is 0",
-		mqtttest.Connect5("c1", props(mqtttest.PropU32(mqttwire.PropMaximumPacketSize, 0)), nil)},
-	{"PUBLISH QoS 0", "PUBLISH: Topic Alias (0x23) appears more than once",
-		frame(mqttwire.TypePublish, 0, str("a/b"), props(topicAlias, user, topicAlias), []byte("x"))},
-	{"PUBLISH QoS 2", "PUBLISH: Message Expiry Interval (0x02) appears more than once",
-		frame(mqttwire.TypePublish, 0x04, str("a/b"), u16(9), props(expiry, expiry), []byte("x"))},
-	{"PUBACK", "PUBACK: Reason String (0x1f) appears more than once", frame(mqttwire.TypePuback, 0, u16(1), []byte{0}, props(reason, reason))},
-	{"PUBREC", "PUBREC: Reason String (0x1f) appears more than once", frame(mqttwire.TypePubrec, 0, u16(1), []byte{0}, props(reason, reason))},
-	{"PUBREL", "PUBREL: Reason String (0x1f) appears more than once", frame(mqttwire.TypePubrel, 2, u16(1), []byte{0}, props(reason, reason))},
-	{"PUBCOMP", "PUBCOMP: Reason String (0x1f) appears more than once", frame(mqttwire.TypePubcomp, 0, u16(1), []byte{0}, props(reason, reason))},
-	{"SUBSCRIBE", "SUBSCRIBE: Subscription Identifier (0x0b) appears more than once",
-		frame(mqttwire.TypeSubscribe, 2, u16(2), props(subID, subID), str("a/#"), []byte{1})},
-	{"UNSUBSCRIBE", "UNSUBSCRIBE: Reason String (0x1f) appears more than once",
-		frame(mqttwire.TypeUnsubscribe, 2, u16(3), props(reason, user, reason), str("a/#"))},
-	{"DISCONNECT", "DISCONNECT: Session Expiry Interval (0x11) appears more than once",
-		frame(mqttwire.TypeDisconnect, 0, []byte{0}, props(sessExpiry, sessExpiry))},
-	{"AUTH", "AUTH: Authentication Method (0x15) appears more than once",
-		frame(mqttwire.TypeAuth, 0, []byte{0x18}, props(authMethod, authMethod))},
-}
 
 // goodFrames follow the rules (or are left to mochi) and all pass.
 var goodFrames = [][]byte{
@@ -121,30 +89,32 @@ func splits(t testing.TB) map[string]func() int {
 	}
 }
 
+// TestCheckerRefusesBadFrames: a frame of each kind a client sends with a
+// property twice, and CONNECTs with Receive Maximum or Maximum Packet Size 0.
 func TestCheckerRefusesBadFrames(t *testing.T) {
-	for _, bad := range badFrames {
+	for _, bad := range mqtttest.ProtocolErrors() {
 		var stream []byte
-		if bad.frame[0]>>4 != mqttwire.TypeConnect {
+		if !bad.IsConnect() {
 			stream = slices.Concat(connectOK, slices.Concat(goodFrames...))
 		}
 		start := len(stream)
-		stream = slices.Concat(stream, bad.frame, publishOK)
+		stream = slices.Concat(stream, bad.Frame, publishOK)
 		for how, next := range splits(t) {
 			o := feed(t, NewChecker(1<<20), stream, next)
-			if !errors.Is(o.err, ErrProtocol) || !strings.HasSuffix(o.err.Error(), ": "+bad.want) {
-				t.Fatalf("%s, read %s: error %v, want %q", bad.name, how, o.err, bad.want)
+			if !errors.Is(o.err, ErrProtocol) || !strings.HasSuffix(o.err.Error(), ": "+bad.Reason) {
+				t.Fatalf("%s, read %s: error %v, want %q", bad.Name, how, o.err, bad.Reason)
 			}
 			// Every frame before the bad one passes, the bad one never whole.
-			if o.passed < start || o.passed >= start+len(bad.frame) {
-				t.Fatalf("%s, read %s: passed %d bytes; the bad frame is bytes %d to %d", bad.name, how, o.passed, start, start+len(bad.frame))
+			if o.passed < start || o.passed >= start+len(bad.Frame) {
+				t.Fatalf("%s, read %s: passed %d bytes; the bad frame is bytes %d to %d", bad.Name, how, o.passed, start, start+len(bad.Frame))
 			}
 			typ, body := mqttwire.TypeDisconnect, []byte{0x82}
 			if start == 0 {
 				typ, body = mqttwire.TypeConnack, []byte{0, 0x82}
 			}
-			body = append(body, props(mqtttest.PropString(mqttwire.PropReasonString, bad.want))...)
+			body = append(body, props(mqtttest.PropString(mqttwire.PropReasonString, bad.Reason))...)
 			if want := frame(typ, 0, body); !bytes.Equal(o.reply, want) {
-				t.Fatalf("%s, read %s: reply % x, want % x", bad.name, how, o.reply, want)
+				t.Fatalf("%s, read %s: reply % x, want % x", bad.Name, how, o.reply, want)
 			}
 		}
 	}
@@ -255,8 +225,8 @@ func TestConnack311(t *testing.T) {
 // into reads never changes the verdict.
 func FuzzChecker(f *testing.F) {
 	f.Add(slices.Concat(connectOK, slices.Concat(goodFrames...)), uint64(1))
-	for _, bad := range badFrames {
-		f.Add(slices.Concat(connectOK, bad.frame), uint64(2))
+	for _, bad := range mqtttest.ProtocolErrors() {
+		f.Add(slices.Concat(connectOK, bad.Frame), uint64(2))
 	}
 	f.Fuzz(func(t *testing.T, stream []byte, s uint64) {
 		whole := feed(t, NewChecker(4096), stream, func() int { return 1 << 30 })

@@ -66,3 +66,49 @@ func Connect5(clientID string, props, will []byte) []byte {
 	}
 	return Frame(mqttwire.TypeConnect, 0, parts...)
 }
+
+// ProtocolError is a frame that breaks a rule of MQTT 5 that mochi's decoder
+// lets through, with the Reason String of the broker's answer.
+type ProtocolError struct {
+	Name   string
+	Frame  []byte
+	Reason string
+}
+
+// IsConnect reports whether the frame is a CONNECT (answered by CONNACK
+// 0x82; any other by DISCONNECT 0x82).
+func (p ProtocolError) IsConnect() bool { return p.Frame[0]>>4 == mqttwire.TypeConnect }
+
+// ProtocolErrors returns a frame of each kind a client sends with a property
+// twice, and CONNECTs with Receive Maximum or Maximum Packet Size 0. Those
+// that are not CONNECTs follow a CONNECT from Connect5.
+func ProtocolErrors() []ProtocolError {
+	var (
+		topicAlias = PropU16(mqttwire.PropTopicAlias, 1)
+		expiry     = PropU32(mqttwire.PropMessageExpiry, 60)
+		reason     = PropString(mqttwire.PropReasonString, "why")
+		subID      = []byte{mqttwire.PropSubscriptionID, 7}
+		sessExpiry = PropU32(mqttwire.PropSessionExpiry, 60)
+		willDelay  = PropU32(mqttwire.PropWillDelay, 5)
+		authMethod = PropString(mqttwire.PropAuthMethod, "SCRAM")
+		user       = PropUser("key", "k1")
+		twice      = " appears more than once"
+	)
+	ack := func(typ, flags byte) ProtocolError {
+		name := mqttwire.TypeName(typ)
+		return ProtocolError{name, Frame(typ, flags, U16(1), []byte{0}, Props(reason, user, reason)), name + ": Reason String (0x1f)" + twice}
+	}
+	return []ProtocolError{
+		{"CONNECT", Connect5("c1", Props(sessExpiry, user, sessExpiry), nil), "CONNECT: Session Expiry Interval (0x11)" + twice},
+		{"CONNECT will", Connect5("c1", Props(), Props(willDelay, willDelay)), "CONNECT will properties: Will Delay Interval (0x18)" + twice},
+		{"CONNECT Receive Maximum 0", Connect5("c1", Props(PropU16(mqttwire.PropReceiveMaximum, 0)), nil), "CONNECT: Receive Maximum (0x21) is 0"},
+		{"CONNECT Maximum Packet Size 0", Connect5("c1", Props(PropU32(mqttwire.PropMaximumPacketSize, 0)), nil), "CONNECT: Maximum Packet Size (0x27) is 0"},
+		{"PUBLISH QoS 0", Frame(mqttwire.TypePublish, 0, Str("a/b"), Props(topicAlias, user, topicAlias), []byte("x")), "PUBLISH: Topic Alias (0x23)" + twice},
+		{"PUBLISH QoS 2", Frame(mqttwire.TypePublish, 0x04, Str("a/b"), U16(9), Props(expiry, expiry), []byte("x")), "PUBLISH: Message Expiry Interval (0x02)" + twice},
+		ack(mqttwire.TypePuback, 0), ack(mqttwire.TypePubrec, 0), ack(mqttwire.TypePubrel, 2), ack(mqttwire.TypePubcomp, 0),
+		{"SUBSCRIBE", Frame(mqttwire.TypeSubscribe, 2, U16(2), Props(subID, subID), Str("a/#"), []byte{1}), "SUBSCRIBE: Subscription Identifier (0x0b)" + twice},
+		{"UNSUBSCRIBE", Frame(mqttwire.TypeUnsubscribe, 2, U16(3), Props(reason, user, reason), Str("a/#")), "UNSUBSCRIBE: Reason String (0x1f)" + twice},
+		{"DISCONNECT", Frame(mqttwire.TypeDisconnect, 0, []byte{0}, Props(sessExpiry, sessExpiry)), "DISCONNECT: Session Expiry Interval (0x11)" + twice},
+		{"AUTH", Frame(mqttwire.TypeAuth, 0, []byte{0x18}, Props(authMethod, authMethod)), "AUTH: Authentication Method (0x15)" + twice},
+	}
+}
