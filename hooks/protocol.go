@@ -18,7 +18,11 @@ import (
 //     breaks the protocol gets no CONNACK: the connection is closed
 //     [MQTT-3.1.4-1];
 //   - a SUBACK or UNSUBACK does not carry the user properties of the
-//     SUBSCRIBE or UNSUBSCRIBE it answers (mochi copies them over).
+//     SUBSCRIBE or UNSUBSCRIBE it answers (mochi copies them over);
+//   - a PUBLISH keeps its user properties when the client set Request
+//     Problem Information to 0, which concerns the other packets only
+//     [MQTT-3.1.2-29] (mochi dropped them from the QoS 1/2 deliveries it
+//     encodes; Keyline's own encoders keep them).
 //
 // The protocol errors mochi's decoder lets through are found before mochi
 // reads the packet, by internal/conform's Checker on the connection.
@@ -35,9 +39,11 @@ func (h *Protocol) Provides(b byte) bool { return b == mqtt.OnPacketEncode }
 // errNoConnack ends a 3.1.1 connection whose CONNECT broke the protocol.
 var errNoConnack = errors.New("MQTT 3.1.1 CONNECT breaks the protocol: closed without CONNACK")
 
-// OnPacketEncode corrects CONNACK, SUBACK and UNSUBACK packets.
+// OnPacketEncode corrects CONNACK, SUBACK, UNSUBACK and PUBLISH packets.
 func (h *Protocol) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	switch pk.FixedHeader.Type {
+	case packets.Publish:
+		pk.Mods.DisallowProblemInfo = false
 	case packets.Suback, packets.Unsuback:
 		pk.Properties.User = nil
 	case packets.Connack:
