@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -48,9 +49,7 @@ func TestConnack311ReturnCodes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
 			defer c.Close()
-			if _, err := c.Write(tc.connect); err != nil {
-				t.Fatal(err)
-			}
+			write(t, c, tc.connect)
 			if got := readToEOF(t, c); !slices.Equal(got, tc.want) {
 				t.Fatalf("the broker sent % x, want % x", got, tc.want)
 			}
@@ -77,9 +76,7 @@ func TestProtocolErrorsCloseOnlyTheOffender(t *testing.T) {
 			r := mqttwire.NewReader(c, 0)
 			_ = c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
 			if bad.IsConnect() {
-				if _, err := c.Write(bad.Frame); err != nil {
-					t.Fatal(err)
-				}
+				write(t, c, bad.Frame)
 				connack, err := r.Next()
 				ack, derr := mqttwire.DecodeConnack(mqttwire.Version5, connack)
 				if err != nil || derr != nil || ack.ReasonCode != 0x82 || reasonString(t, ack.Props) != bad.Reason {
@@ -87,27 +84,16 @@ func TestProtocolErrorsCloseOnlyTheOffender(t *testing.T) {
 				}
 			} else {
 				id := "offender-" + bad.Name
-				if _, err := c.Write(mqtttest.Connect5(id, nil, mqtttest.Props())); err != nil { // with a will
-					t.Fatal(err)
-				}
-				if p, err := r.Next(); err != nil || p.Type != mqttwire.TypeConnack || p.Body[1] != 0 {
-					t.Fatalf("CONNACK %+v, %v", p, err)
-				}
+				connect5(t, c, r, mqtttest.Connect5(id, nil, mqtttest.Props())) // with a will
 				// A good QoS 1 publish and the bad frame in one write: the
 				// publish is answered, then the bad frame.
 				good := mqttwire.AppendPublish(nil, mqttwire.Version5, &mqttwire.Publish{Topic: "ok/before", QoS: 1, PacketID: 77, Payload: []byte(bad.Name)})
-				if _, err := c.Write(slices.Concat(good, bad.Frame)); err != nil {
-					t.Fatal(err)
-				}
+				write(t, c, slices.Concat(good, bad.Frame))
 				p, err := r.Next()
 				if ack, derr := mqttwire.DecodeAck(mqttwire.Version5, p); err != nil || derr != nil || p.Type != mqttwire.TypePuback || ack.PacketID != 77 {
 					t.Fatalf("want the PUBACK of the publish before the bad frame, got %+v (%v, %v)", p, err, derr)
 				}
-				p, err = r.Next()
-				d, derr := mqttwire.DecodeDisconnect(mqttwire.Version5, p)
-				if err != nil || derr != nil || d.ReasonCode != 0x82 || reasonString(t, d.Props) != bad.Reason {
-					t.Fatalf("DISCONNECT %+v (%v, %v), want 0x82 %q", d, err, derr, bad.Reason)
-				}
+				expectDisconnect(t, r, bad.Reason)
 				// The publish and the will (QoS 1 and QoS 0: two paths, in either order).
 				got := map[string]string{}
 				for range 2 {
@@ -133,6 +119,59 @@ func TestProtocolErrorsCloseOnlyTheOffender(t *testing.T) {
 				t.Fatalf("keyline_conn_protocol_errors_total = %d, want %d", n, i+1)
 			}
 		})
+	}
+}
+
+// TestProtocolErrorsOnEveryListener: the check runs on TCP, TLS and
+// WebSocket connections alike.
+func TestProtocolErrorsOnEveryListener(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.WS, cfg.TLS = "127.0.0.1:0", "127.0.0.1:0"
+	var clientTLS *tls.Config
+	cfg.TLSCert, cfg.TLSKey, clientTLS = mqtttest.SelfSigned(t, t.TempDir())
+	b := startBroker(t, cfg)
+	dup := mqtttest.PropU16(mqttwire.PropTopicAlias, 1)
+	bad := mqtttest.Frame(mqttwire.TypePublish, 0, mqtttest.Str("a/b"), mqtttest.Props(dup, dup), []byte("x"))
+	for _, tr := range []mqtttest.Transport{mqtttest.TCP, mqtttest.TLS, mqtttest.WS} {
+		t.Run(string(tr), func(t *testing.T) {
+			c := mqtttest.Dial(t, tr, b.Addr(string(tr)), clientTLS)
+			defer c.Close()
+			r := mqttwire.NewReader(c, 0)
+			_ = c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+			connect5(t, c, r, mqtttest.Connect5("over-"+string(tr), nil, nil))
+			write(t, c, bad)
+			expectDisconnect(t, r, "PUBLISH: Topic Alias (0x23) appears more than once")
+			if !mqtttest.IsClosed(c) {
+				t.Fatal("the broker kept the connection open")
+			}
+		})
+	}
+}
+
+func write(t *testing.T, c net.Conn, frame []byte) {
+	t.Helper()
+	if _, err := c.Write(frame); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connect5 sends an MQTT 5 CONNECT and expects a successful CONNACK.
+func connect5(t *testing.T, c net.Conn, r *mqttwire.Reader, connect []byte) {
+	t.Helper()
+	write(t, c, connect)
+	p, err := r.Next()
+	if ack, derr := mqttwire.DecodeConnack(mqttwire.Version5, p); err != nil || derr != nil || ack.ReasonCode != 0 {
+		t.Fatalf("CONNACK %+v (%v, %v)", ack, err, derr)
+	}
+}
+
+// expectDisconnect reads a DISCONNECT 0x82 with Reason String reason.
+func expectDisconnect(t *testing.T, r *mqttwire.Reader, reason string) {
+	t.Helper()
+	p, err := r.Next()
+	d, derr := mqttwire.DecodeDisconnect(mqttwire.Version5, p)
+	if err != nil || derr != nil || d.ReasonCode != 0x82 || reasonString(t, d.Props) != reason {
+		t.Fatalf("DISCONNECT %+v (%v, %v), want 0x82 %q", d, err, derr, reason)
 	}
 }
 
