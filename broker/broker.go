@@ -28,6 +28,7 @@ import (
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -140,7 +141,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
-		ln.queue = func(c net.Conn) *connq.Conn { return connq.New(c, limits, b.connStats, logger) }
+		ln.queue = func(c net.Conn) *connq.Conn {
+			q := connq.New(c, limits, b.connStats, logger)
+			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
+			return q
+		}
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -250,6 +255,10 @@ func (b *Broker) addHooks() error {
 		}
 	} else {
 		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	}
+	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
+	if err := b.server.AddHook(new(hooks.Protocol), nil); err != nil {
+		return fmt.Errorf("broker: protocol hook: %w", err)
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated

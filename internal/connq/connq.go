@@ -14,6 +14,10 @@
 // up to a byte budget per wakeup and sends it with one
 // writev (net.Buffers) on TCP, or one coalesced Write on TLS and WebSocket.
 //
+// On the read side an optional Inspector sees every byte the client sends
+// before the reader does, and can end the connection with a last frame
+// (inspect.go).
+//
 // Invariants:
 //   - frames leave in the order they entered (dropped ones aside);
 //   - queued bytes never exceed Limits.Hard (plus the one batch being written);
@@ -98,6 +102,7 @@ type Stats struct {
 	DroppedMessages atomic.Uint64 // shared frames dropped by a policy
 	DroppedBytes    atomic.Uint64
 	SlowDisconnects atomic.Uint64 // connections cut for overflowing
+	ProtocolErrors  atomic.Uint64 // connections closed by their Inspector (inspect.go)
 	Writes          atomic.Uint64 // writev (or coalesced Write) calls
 	Frames          atomic.Uint64 // frames written
 
@@ -126,7 +131,7 @@ type frame struct {
 
 // Conn is a client connection whose writes are queued.
 type Conn struct {
-	net.Conn // the underlying connection: reads, addresses and deadlines go straight to it
+	net.Conn // the underlying connection: reads (but for an Inspector), addresses and deadlines go straight to it
 
 	stats *Stats
 	log   *slog.Logger
@@ -152,6 +157,8 @@ type Conn struct {
 	wbatch    []frame
 	wbufs     net.Buffers
 	wcoalesce []byte
+
+	in inspection // the read side's check, when there is one (inspect.go)
 
 	// readDeadline is the read deadline in force through SetDeadline, in
 	// Unix nanoseconds (0: none).
