@@ -117,7 +117,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Var(&cfg.SessionOwnership, "session-ownership", "with auth, a CONNECT using another user's client id is refused, or gets a fresh session: refuse or fresh")
 
 	f = store.fs
-	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db) and the group log (segments/)")
 	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
 	f.Var(&cfg.SegmentSize, "segment-size", "size of each file of the group message log under data-dir/segments (64KiB to 1GiB)")
 
@@ -126,7 +126,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once (0: no limit)")
 	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
-	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "cap on how long a disconnected persistent session is kept (0: as the client asks)")
+	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
 
 	f = fanout.fs
@@ -162,7 +162,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.BoolVarP(help, "help", "h", false, "show this help")
 	f.BoolVar(showVersion, "version", false, "print the version")
 
-	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, general}
+	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, clusterFlags(&cfg.Cluster), general}
 }
 
 func newFlagSet(cfg *broker.Config, configPath *string, help, showVersion *bool) *pflag.FlagSet {

@@ -47,6 +47,7 @@ func (b *Broker) viewOf(cl *mqtt.Client) adminapi.ClientView {
 		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
 		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len() + held,
+		Node: b.NodeID(),
 	}
 	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 		v.QueuedBytes = q.Queued()
@@ -171,6 +172,21 @@ func uintParam(q url.Values, name string) (uint64, bool, error) {
 		return 0, true, fmt.Errorf("query parameter %q: %q is not a non-negative integer", name, vs[0])
 	}
 	return n, true, nil
+}
+
+// limitParam reads the "limit" query parameter: def when absent, else a
+// number from 1 to max.
+func limitParam(q url.Values, def, max uint64) (int, error) {
+	limit, given, err := uintParam(q, "limit")
+	switch {
+	case err != nil:
+		return 0, err
+	case !given:
+		return int(def), nil
+	case limit < 1 || limit > max:
+		return 0, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, max)
+	}
+	return int(limit), nil
 }
 
 func badRequest(w http.ResponseWriter, err error) {

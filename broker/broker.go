@@ -25,8 +25,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -53,8 +55,10 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
-	obs       *observer     // counter samples and topic streams for the console
-	stop      chan struct{} // closed when Shutdown begins; ends background loops
+	obs       *observer      // counter samples and topic streams for the console
+	cluster   *hooks.Cluster // cluster mode only (broker/cluster.go)
+	node      *cluster.Node  // cluster mode only
+	stop      chan struct{}  // closed when Shutdown begins; ends background loops
 
 	ready     atomic.Bool // serving MQTT and not shutting down
 	startOnce sync.Once
@@ -137,7 +141,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
-		ln.queue = func(c net.Conn) *connq.Conn { return connq.New(c, limits, b.connStats, logger) }
+		ln.queue = func(c net.Conn) *connq.Conn {
+			q := connq.New(c, limits, b.connStats, logger)
+			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
+			return q
+		}
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -158,6 +166,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	return b, nil
 }
 
+// clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
+const clientWritesPending = 1024
+
 func (b *Broker) capabilities() *mqtt.Capabilities {
 	c := mqtt.NewDefaultServerCapabilities()
 	c.MaximumPacketSize = b.cfg.MaxPacketSize
@@ -175,6 +186,13 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
 	// is not a valid PUBACK reason: acks carry no properties and mean success.
 	c.Compatibilities.NoInheritedPropertiesOnAck = true
+	// mochi gives every client a channel of this many packet pointers for
+	// the publishes it routes (8192 by default: 64 KiB per connection and per
+	// offline session, the largest item of an idle client). Its writer drains
+	// the channel into the connection queue (internal/connq), which holds
+	// the bytes and applies the slow-consumer policy, so the channel only has
+	// to absorb a burst between two runs of that goroutine.
+	c.MaximumClientWritesPending = clientWritesPending
 	return c
 }
 
@@ -200,10 +218,14 @@ func (b *Broker) addHooks() error {
 		}
 	}
 	// Storage before Key-Shared: a subscription that cannot be stored is
-	// refused before Key-Shared makes the client a member.
-	storage := hooks.NewStorage(b.server, b.sessions)
-	if err := b.server.AddHook(storage, nil); err != nil {
-		return fmt.Errorf("broker: storage hook: %w", err)
+	// refused before Key-Shared makes the client a member. In cluster mode
+	// sessions and retained messages live in the cluster, not in bbolt.
+	var storage *hooks.Storage
+	if !b.clusterMode() {
+		storage = hooks.NewStorage(b.server, b.sessions)
+		if err := b.server.AddHook(storage, nil); err != nil {
+			return fmt.Errorf("broker: storage hook: %w", err)
+		}
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, b.db.Groups(), hooks.KeySharedConfig{
 		KeyProperty: b.cfg.KeyProperty,
@@ -220,20 +242,41 @@ func (b *Broker) addHooks() error {
 		// The fan-out's session outboxes share each client's packet ids.
 		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
 	})
-	if err := b.server.AddHook(b.keyShared, nil); err != nil {
+	if b.clusterMode() {
+		if err := b.startCluster(); err != nil {
+			return err
+		}
+	}
+	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
 		return fmt.Errorf("broker: key-shared hook: %w", err)
 	}
-	storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	if b.cluster != nil {
+		// The cluster hook goes before the fan-out hook (see hooks.Cluster).
+		if err := b.server.AddHook(b.cluster, nil); err != nil {
+			return fmt.Errorf("broker: cluster hook: %w", err)
+		}
+	} else {
+		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
+	}
+	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
+	if err := b.server.AddHook(new(hooks.Protocol), nil); err != nil {
+		return fmt.Errorf("broker: protocol hook: %w", err)
+	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	}, hooks.NewOutboxStore(b.sessions))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
+	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
 	}
 	b.auth.OnDiscard = func(cl *mqtt.Client) { // a session discarded for another user
-		storage.OnClientExpired(cl)
+		if b.cluster != nil {
+			b.cluster.OnClientExpired(cl)
+		} else {
+			storage.OnClientExpired(cl)
+		}
 		b.fanout.OnClientExpired(cl)
 	}
 	b.obs = newObserver(b)
@@ -384,6 +427,12 @@ func (b *Broker) closeResources() error {
 			errs = append(errs, ignoreClosed(ln.ln.Close()))
 		}
 	}
+	if b.cluster != nil {
+		_ = b.cluster.Stop() // mochi stops it too once it served
+	}
+	if b.node != nil {
+		b.node.Close() // after the server: its hooks write session records on the way out
+	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())
 	}
@@ -420,12 +469,13 @@ func (b *Broker) Addr(name string) string {
 	return ""
 }
 
-// Ready reports whether the broker is serving MQTT and not shutting down.
-func (b *Broker) Ready() bool { return b.ready.Load() }
+// Ready reports whether the broker is serving MQTT and not shutting down
+// (and, in cluster mode, is connected to NATS with JetStream available).
+func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups))
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
 	mux := http.NewServeMux()
 	if b.cfg.Pprof {
 		registerDebug(mux)
@@ -434,6 +484,7 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
 	b.registerConsole(mux, groups)
+	b.registerCluster(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

@@ -45,11 +45,14 @@ type Config struct {
 	LogFormat LogFormat `yaml:"log-format"` // text or json
 
 	// MQTT limits.
-	MaxPacketSize    uint32        `yaml:"max-packet-size"`    // bytes; larger packets close the connection (0: no limit)
-	MaxClients       int64         `yaml:"max-clients"`        // connected clients at once (0: no limit)
-	MaxInflight      uint16        `yaml:"max-inflight"`       // QoS 1/2 messages held per session (queued or unacknowledged)
-	ReceiveMaximum   uint16        `yaml:"receive-maximum"`    // QoS 1/2 publishes a client may have unacknowledged towards the broker
-	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"` // cap on how long a disconnected persistent session is kept
+	MaxPacketSize  uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
+	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
+	MaxInflight    uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
+	ReceiveMaximum uint16 `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	// MaxSessionExpiry caps how long a disconnected persistent session is
+	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
+	// 0: no cap, and 3.1.1 sessions never expire.
+	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"`
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
 	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
 
@@ -87,6 +90,9 @@ type Config struct {
 	// session another username holds (with auth configured): refused, or a
 	// fresh session (the other user's is discarded).
 	SessionOwnership SessionOwnership `yaml:"session-ownership"`
+
+	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
+	Cluster ClusterConfig `yaml:",inline"`
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
@@ -130,6 +136,11 @@ type ConnQueueOverride struct {
 	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
 }
 
+// DefaultMaxSessionExpiry is how long a disconnected persistent session is
+// kept unless configured: a week, so devices offline over a long weekend
+// keep their sessions and abandoned ones do not pile up for ever.
+const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
+
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
@@ -143,7 +154,7 @@ func DefaultConfig() Config {
 		MaxPacketSize:      1 << 20,
 		MaxInflight:        8192,
 		ReceiveMaximum:     1024,
-		MaxSessionExpiry:   0,
+		MaxSessionExpiry:   DefaultMaxSessionExpiry,
 		ShutdownTimeout:    10 * time.Second,
 		SlowPolicy:         connq.DropOldest,
 		ConnQueueSoft:      1 << 20,
@@ -157,6 +168,7 @@ func DefaultConfig() Config {
 		SessionOwnership:   OwnershipRefuse,
 		HTTPReadTimeout:    10 * time.Second,
 		HTTPMaxConns:       256,
+		Cluster:            DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -259,6 +271,9 @@ func (c *Config) Validate() error {
 		if _, err := c.connLimits(o.Listener, o.ClientPrefix); err != nil {
 			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
 		}
+	}
+	if err := c.Cluster.validate(); err != nil {
+		return err
 	}
 	switch {
 	case c.LogLevel == 0:

@@ -3,7 +3,6 @@ package broker
 import (
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/eclipse/paho.golang/paho"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -85,7 +84,7 @@ func TestQoS1FastPathIDsWindowAndResendOrder(t *testing.T) {
 	for i := 7; i < n; i++ {
 		sub2.ack(got(sub2, i, false))
 	}
-	waitFor(t, "the outbox to empty", func() bool { held, _, _ := b.fanout.Outbox("sub", 0); return held == 0 })
+	waitFor(t, mqtttest.Timeout, "the outbox to empty", func() bool { held, _, _ := b.fanout.Outbox("sub", 0); return held == 0 })
 }
 
 // TestQoS2FastPathResendsPUBRELAfterPUBREC: a QoS 2 delivery whose PUBREC
@@ -109,7 +108,7 @@ func TestQoS2FastPathResendsPUBRELAfterPUBREC(t *testing.T) {
 		t.Fatalf("after PUBREC: %v %d", rel.FixedHeader.Type, rel.PacketID)
 	}
 	sub.ack(third) // completes the third: it is not resent
-	waitFor(t, "the third's PUBCOMP", func() bool { held, _, _ := b.fanout.Outbox("sub2", 0); return held == 2 })
+	waitFor(t, mqtttest.Timeout, "the third's PUBCOMP", func() bool { held, _, _ := b.fanout.Outbox("sub2", 0); return held == 2 })
 	sub.c.Close()
 
 	opts.clean = false
@@ -124,7 +123,7 @@ func TestQoS2FastPathResendsPUBRELAfterPUBREC(t *testing.T) {
 		t.Fatalf("second after reconnect: %q dup %v id %d, want \"1\" again with DUP and id %d", m.Payload, m.FixedHeader.Dup, m.PacketID, second.PacketID)
 	}
 	sub2.ack(m)
-	waitFor(t, "the outbox to empty", func() bool { held, _, _ := b.fanout.Outbox("sub2", 0); return held == 0 })
+	waitFor(t, mqtttest.Timeout, "the outbox to empty", func() bool { held, _, _ := b.fanout.Outbox("sub2", 0); return held == 0 })
 }
 
 // TestQueuedMessagesKeepTheirOrder: a persistent session (MQTT 3.1.1 clean
@@ -157,19 +156,5 @@ func TestQueuedMessagesKeepTheirOrder(t *testing.T) {
 		if m := v5.Next(t); string(m.Payload) != strconv.Itoa(i) {
 			t.Fatalf("MQTT 5 session: message %d is %q", i, m.Payload)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, failing after mqtttest.Timeout.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.Now().Add(mqtttest.Timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", mqtttest.Timeout, what)
-		}
-		<-tick.C
 	}
 }

@@ -196,11 +196,11 @@ func TestClosedConnectionsAreNotKeptAlive(t *testing.T) {
 		}
 		gone = append(gone, weak.Make(cl))
 		c.Close()
-		waitFor(t, id+" to be forgotten", func() bool { _, ok := b.server.Clients.Get(id); return !ok })
+		waitFor(t, mqtttest.Timeout, id+" to be forgotten", func() bool { _, ok := b.server.Clients.Get(id); return !ok })
 	}
 	// Later publishes to the topics (their cached routes stay) find nobody.
 	pub.Publish(t, &paho.Publish{Topic: "churn/all", QoS: 1, Payload: []byte("y")})
-	waitFor(t, "their Clients to be collected", func() bool {
+	waitFor(t, mqtttest.Timeout, "their Clients to be collected", func() bool {
 		runtime.GC()
 		for _, w := range gone {
 			if w.Value() != nil {

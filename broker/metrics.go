@@ -52,6 +52,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_conn_conflated_messages_total", "QoS 0 messages replaced in a slow client's queue by a newer one of their topic (slow policy conflate).", prometheus.CounterValue},
 	{"keyline_conn_drop_signals_total", "Drop signals sent: publishes that carried the number of messages their client missed.", prometheus.CounterValue},
 	{"keyline_conn_slow_disconnects_total", "Clients disconnected because their outbound queue overflowed.", prometheus.CounterValue},
+	{"keyline_conn_protocol_errors_total", "Connections closed for a protocol error found in what the client sent (duplicate properties, Receive Maximum or Maximum Packet Size 0).", prometheus.CounterValue},
 	{"keyline_conn_writes_total", "Socket writes (one writev per writer wakeup).", prometheus.CounterValue},
 	{"keyline_conn_frames_written_total", "MQTT frames written; divided by keyline_conn_writes_total, the frames per writev.", prometheus.CounterValue},
 	{"keyline_conn_queued_bytes", "Bytes waiting in connected clients' outbound queues.", prometheus.GaugeValue},
@@ -114,6 +115,7 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_conn_conflated_messages_total"] = float64(cs.Conflated.Load())
 		values["keyline_conn_drop_signals_total"] = float64(cs.DropSignals.Load())
 		values["keyline_conn_slow_disconnects_total"] = float64(cs.SlowDisconnects.Load())
+		values["keyline_conn_protocol_errors_total"] = float64(cs.ProtocolErrors.Load())
 		values["keyline_conn_writes_total"] = float64(cs.Writes.Load())
 		values["keyline_conn_frames_written_total"] = float64(cs.Frames.Load())
 		queued := 0

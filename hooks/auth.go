@@ -56,13 +56,15 @@ func NewAuth(server *mqtt.Server, ledger *auth.Ledger) *Auth {
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
-func (h *Auth) Provides(b byte) bool { return authMethods.has(b) }
+func (h *Auth) Provides(b byte) bool {
+	if b == mqtt.OnPacketEncode && h.ledger == nil {
+		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
+	}
+	return authEvents.has(b)
+}
 
-var authMethods = methods(
-	mqtt.OnConnectAuthenticate,
-	mqtt.OnACLCheck,
-	mqtt.OnPacketEncode,
-	mqtt.OnPacketRead,
+var authEvents = eventSet(
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnPacketRead,
 )
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,

@@ -5,20 +5,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/frame"
 )
 
-// decodeEdited decodes a frame as one connection would write it.
-func decodeEdited(t *testing.T, p *frame.Publish, e frame.Edit) packets.Packet {
+// decodePublish decodes an encoded PUBLISH for protocol version.
+func decodePublish(t *testing.T, b []byte, version byte) packets.Packet {
 	t.Helper()
-	out, tail := p.AppendEdited(nil, &e, true)
-	pk, err := decodeFrame(&frame.Publish{B: append(out, tail...), Version: p.Version})
+	pk, err := decodeFrame(&frame.Publish{B: b, Version: version})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return pk
+}
+
+// decodeEdited decodes a frame as one connection would write it.
+func decodeEdited(t *testing.T, p *frame.Publish, e frame.Edit) packets.Packet {
+	t.Helper()
+	out, tail := p.AppendEdited(nil, &e, true)
+	return decodePublish(t, append(out, tail...), p.Version)
 }
 
 func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
@@ -87,12 +94,92 @@ func TestFitsHonoursMaximumPacketSize(t *testing.T) {
 	}
 }
 
-func TestMethodSet(t *testing.T) {
-	s := methods(0, 5, 63, 64, 200, 255)
-	for m := range 256 {
-		want := m == 0 || m == 5 || m == 63 || m == 64 || m == 200 || m == 255
-		if s.has(byte(m)) != want {
-			t.Errorf("has(%d) = %v", m, !want)
+// TestShortAckIsTheSameFrame: every ack shortAck marks encodes to the bytes
+// mochi's MQTT 5 encoder writes; acks with a reason or properties stay MQTT 5.
+func TestShortAckIsTheSameFrame(t *testing.T) {
+	for i, typ := range []byte{packets.Puback, packets.Pubrec, packets.Pubrel, packets.Pubcomp} {
+		// mochi puts the granted QoS in its acks' reason code.
+		pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: typ}, PacketID: 0x1234, ProtocolVersion: 5, ReasonCode: byte(i % 3)}
+		if typ == packets.Pubrel {
+			pk.FixedHeader.Qos = 1
 		}
+		var v5, short bytes.Buffer
+		enc := func(p packets.Packet, b *bytes.Buffer) {
+			var err error
+			switch typ {
+			case packets.Puback:
+				err = p.PubackEncode(b)
+			case packets.Pubrec:
+				err = p.PubrecEncode(b)
+			case packets.Pubrel:
+				err = p.PubrelEncode(b)
+			default:
+				err = p.PubcompEncode(b)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		enc(pk, &v5)
+		s := shortAck(pk)
+		if s.ProtocolVersion != 4 {
+			t.Fatalf("type %d: not shortened", typ)
+		}
+		enc(s, &short)
+		if !bytes.Equal(v5.Bytes(), short.Bytes()) {
+			t.Fatalf("type %d: MQTT 5 % x, short % x", typ, v5.Bytes(), short.Bytes())
+		}
+		for _, keep := range []packets.Packet{
+			{FixedHeader: pk.FixedHeader, PacketID: 1, ProtocolVersion: 5, ReasonCode: 0x80},
+			{FixedHeader: pk.FixedHeader, PacketID: 1, ProtocolVersion: 5, Properties: packets.Properties{ReasonString: "no"}},
+			{FixedHeader: pk.FixedHeader, PacketID: 1, ProtocolVersion: 5, Properties: packets.Properties{User: []packets.UserProperty{{Key: "a", Val: "b"}}}},
+		} {
+			if shortAck(keep).ProtocolVersion != 5 {
+				t.Fatalf("type %d: shortened %+v", typ, keep)
+			}
+		}
+	}
+	if p := shortAck(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, ProtocolVersion: 5}); p.ProtocolVersion != 5 {
+		t.Fatal("a PUBLISH was shortened")
+	}
+}
+
+// TestEncodeDeliveryReadsBackAsMochiWouldWriteIt: the frames Key-Shared
+// deliveries are written with decode, with mochi's decoder, to what mochi's
+// WritePacket would have sent, for MQTT 3.1.1 and 5.
+func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	m := &keyshared.Message{
+		Offset: 7, Key: "dev-1", Topic: "jobs/dev-1", Payload: []byte("work"), QoS: 2,
+		ExpiresAt: now.Add(90 * time.Second),
+		Props: keyshared.Properties{
+			PayloadFormat: 1, PayloadFormatSet: true, ContentType: "text/plain", ResponseTopic: "reply/1",
+			CorrelationData: []byte{9}, User: []keyshared.UserProperty{{Key: "key", Val: "dev-1"}, {Key: "key", Val: "again"}},
+		},
+	}
+	for _, v := range []byte{4, 5} {
+		for _, qos := range []byte{1, 2} {
+			frame := encodeDelivery(m, v, qos, 0x0102, now)
+			pk := decodePublish(t, frame, v)
+			if pk.TopicName != m.Topic || string(pk.Payload) != "work" || pk.FixedHeader.Qos != qos || pk.PacketID != 0x0102 ||
+				pk.FixedHeader.Retain || pk.FixedHeader.Dup {
+				t.Fatalf("v%d QoS %d: %+v", v, qos, pk)
+			}
+			p := pk.Properties
+			if v == 4 {
+				if p.ContentType != "" || len(p.User) != 0 {
+					t.Fatalf("v4 frame carries properties: %+v", p)
+				}
+				continue
+			}
+			if p.MessageExpiryInterval != 90 || p.PayloadFormat != 1 || p.ContentType != "text/plain" || p.ResponseTopic != "reply/1" ||
+				!bytes.Equal(p.CorrelationData, []byte{9}) || len(p.User) != 2 || p.User[1].Val != "again" {
+				t.Fatalf("v5 QoS %d properties %+v", qos, p)
+			}
+		}
+	}
+	m.ExpiresAt = now.Add(-time.Second) // expired while waiting: at least 1 s [MQTT-3.3.2-6]
+	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, now), 5).Properties; p.MessageExpiryInterval != 1 {
+		t.Fatalf("expiry %d, want 1", p.MessageExpiryInterval)
 	}
 }

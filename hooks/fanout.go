@@ -52,7 +52,11 @@ type Fanout struct {
 	// SharedElsewhere says another hook delivers $share subscriptions (Key-Shared),
 	// so they do not keep a publish on mochi's path.
 	SharedElsewhere bool
-	Stats           FanoutStats
+	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
+	// (cluster mode: the cluster hook ties mochi's in-flight messages to
+	// their JetStream sequences, for a session another node takes over).
+	MochiTracksQoS bool
+	Stats          FanoutStats
 	OutboxStats     outbox.Stats
 
 	sessions      *sessionRegistry
@@ -84,9 +88,9 @@ func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) 
 func (h *Fanout) ID() string { return "keyline-fanout" }
 
 // Provides reports which hook methods Fanout implements.
-func (h *Fanout) Provides(b byte) bool { return fanoutMethods.has(b) }
+func (h *Fanout) Provides(b byte) bool { return fanoutEvents.has(b) }
 
-var fanoutMethods = methods(
+var fanoutEvents = eventSet(
 	mqtt.OnSelectSubscribers,
 	mqtt.OnConnect,
 	mqtt.OnSessionEstablish,
@@ -149,17 +153,24 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 // client has its CONNACK, which it may answer at once. What the session
 // sends from here on (first, what was in flight, in its original order)
 // waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
+// Other acks it marks for the short encoding (shortAck); the broker
+// registers this hook after every other hook that may change an ack.
 func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type != packets.Connack {
+		return shortAck(pk)
+	}
 	q := queueOf(cl)
-	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
 		return pk
 	}
 	var s *fanSession
+	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
 	if pk.SessionPresent {
 		s = h.sessions.ensure(cl)
 		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
 	} else {
-		s = h.sessions.replace(cl) // a new session: whatever was queued for the id is gone
+		stale = h.sessions.get(cl.ID) != nil // cached routes may hold the session replaced
+		s = h.sessions.replace(cl)           // a new session: whatever was queued for the id is gone
 	}
 	window := 0 // MQTT 3.1.1 has no Receive Maximum: the outbox's bound
 	if cl.Properties.ProtocolVersion == 5 {
@@ -167,7 +178,9 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 	}
 	s.attach(&sessConn{q: q, version: cl.Properties.ProtocolVersion, maxPacket: maxPacketSize(cl), inflight: cl.State.Inflight},
 		window, persistent(cl))
-	h.invalidate()
+	if stale {
+		h.invalidate()
+	}
 	return pk
 }
 

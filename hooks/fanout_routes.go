@@ -43,6 +43,7 @@ type routes struct {
 	// mochiOnly: something only mochi can deliver matches (an inline
 	// subscription, or a shared one nobody else takes).
 	mochiOnly bool
+	maxQoS    byte // the highest granted QoS among subs
 	subs      []route
 }
 
@@ -78,6 +79,7 @@ func (h *Fanout) routesFor(topic string) *routes {
 			continue // the ACL is fixed for the broker's life, and so is this client
 		}
 		r.subs = append(r.subs, routeOf(h.sessions.ensure(cl), cl.Properties.ProtocolVersion, sub))
+		r.maxQoS = max(r.maxQoS, sub.Qos)
 	}
 	cost := int64(len(r.subs)) * routeCost
 	for _, rt := range r.subs {
@@ -97,7 +99,7 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, nil
 	}
 	r := h.routesFor(pk.TopicName)
-	if r.mochiOnly {
+	if r.mochiOnly || (h.MochiTracksQoS && pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
 		return pk, nil
 	}
 	d := h.newDelivery(pk)
@@ -110,7 +112,8 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 
 // OnSelectSubscribers delivers what mochi routes itself (retained
 // publishes, wills, $SYS, publishes an inline subscription matches) to
-// client sessions, and leaves mochi only the inline subscriptions.
+// client sessions, and leaves mochi only the inline subscriptions (and,
+// with MochiTracksQoS, the QoS 1/2 deliveries).
 func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
 	delete(subs.Shared, placeholderFilter)
 	if len(subs.Shared) > 0 {
@@ -124,7 +127,7 @@ func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) 
 	d := h.newDelivery(pk)
 	for id, sub := range subs.Subscriptions {
 		cl, ok := h.server.Clients.Get(id)
-		if ok && cl.Net.Inline {
+		if (ok && cl.Net.Inline) || (h.MochiTracksQoS && min(pk.FixedHeader.Qos, sub.Qos) > 0) {
 			continue
 		}
 		delete(subs.Subscriptions, id)

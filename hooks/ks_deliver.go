@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -53,7 +54,7 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return false // every packet id is in use: retried on the next ack or heartbeat
 	}
 	h.inflight.track(cl.ID, pk.PacketID, o.g, m.Offset)
-	if err := cl.WritePacket(pk); err != nil {
+	if err := o.write(cl, pk, m); err != nil {
 		h.inflight.untrack(cl.ID, pk.PacketID)
 		if cl.State.Inflight.Delete(pk.PacketID) {
 			atomic.AddInt64(&h.server.Info.Inflight, -1)
@@ -67,6 +68,21 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return false
 	}
 	return true
+}
+
+// write sends a QoS 1 or 2 delivery: encoded here and queued by reference
+// on the member's connection queue (mochi's WritePacket would copy it and
+// run its slower encoder), or through mochi for a client without one.
+func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Message) error {
+	q, ok := cl.Net.Conn.(*connq.Conn)
+	if !ok {
+		return cl.WritePacket(pk)
+	}
+	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
+	if !fits(maxPacketSize(cl), len(frame)) {
+		return packets.ErrPacketTooLarge
+	}
+	return q.Send(frame)
 }
 
 // deliverQoS0 writes a message at QoS 0: a QoS 0 publish routed on the ring

@@ -6,23 +6,14 @@ import (
 )
 
 // inflightTable owns the Key-Shared deliveries awaiting a member's answer:
-// which group and offset each (client, packet id) stands for, and back. It is
-// safe for concurrent use.
+// which group and offset each (client, packet id) stands for. It is safe for
+// concurrent use. Every delivery costs one lookup by client id to track and
+// one to untrack (the table is on the path of every message); revoking, which
+// members leaving and ack timeouts need, scans the client's deliveries.
 type inflightTable struct {
-	mu       sync.Mutex
-	byPacket map[packetKey]delivery // (client, packet id) -> delivery
-	byOffset map[offsetKey]uint16   // (group, client, offset) -> packet id
-	n        atomic.Int64           // len(byPacket), read without the lock
-}
-
-type packetKey struct {
-	client string
-	id     uint16
-}
-
-type offsetKey struct {
-	group, client string
-	offset        uint64
+	mu      sync.Mutex
+	clients map[string]map[uint16]delivery // client -> packet id -> delivery; no empty inner maps
+	n       atomic.Int64                   // deliveries tracked, read without the lock
 }
 
 // delivery is what one packet id of a member stands for.
@@ -32,16 +23,22 @@ type delivery struct {
 }
 
 func newInflightTable() *inflightTable {
-	return &inflightTable{byPacket: map[packetKey]delivery{}, byOffset: map[offsetKey]uint16{}}
+	return &inflightTable{clients: map[string]map[uint16]delivery{}}
 }
 
 // track records that packet id of client carries offset of g.
 func (t *inflightTable) track(client string, id uint16, g *ksGroup, offset uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.byPacket[packetKey{client, id}] = delivery{group: g, offset: offset}
-	t.n.Store(int64(len(t.byPacket)))
-	t.byOffset[offsetKey{g.name, client, offset}] = id
+	ds := t.clients[client]
+	if ds == nil {
+		ds = map[uint16]delivery{}
+		t.clients[client] = ds
+	}
+	if _, ok := ds[id]; !ok {
+		t.n.Add(1)
+	}
+	ds[id] = delivery{group: g, offset: offset}
 }
 
 // untrack forgets packet id of client and returns what it carried.
@@ -51,11 +48,10 @@ func (t *inflightTable) untrack(client string, id uint16) (delivery, bool) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	d, ok := t.byPacket[packetKey{client, id}]
+	ds := t.clients[client]
+	d, ok := ds[id]
 	if ok {
-		delete(t.byPacket, packetKey{client, id})
-		delete(t.byOffset, offsetKey{d.group.name, client, d.offset})
-		t.n.Store(int64(len(t.byPacket)))
+		t.forgetLocked(client, ds, id)
 	}
 	return d, ok
 }
@@ -64,20 +60,38 @@ func (t *inflightTable) untrack(client string, id uint16) (delivery, bool) {
 func (t *inflightTable) revoke(group, client string, offset uint64) (uint16, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	k := offsetKey{group, client, offset}
-	id, ok := t.byOffset[k]
-	if ok {
-		delete(t.byOffset, k)
-		delete(t.byPacket, packetKey{client, id})
-		t.n.Store(int64(len(t.byPacket)))
+	ds := t.clients[client]
+	for id, d := range ds {
+		if d.offset == offset && d.group.name == group {
+			t.forgetLocked(client, ds, id)
+			return id, true
+		}
 	}
-	return id, ok
+	return 0, false
+}
+
+func (t *inflightTable) forgetLocked(client string, ds map[uint16]delivery, id uint16) {
+	delete(ds, id)
+	t.n.Add(-1)
+	if len(ds) == 0 {
+		delete(t.clients, client) // a client gone for good leaves nothing behind
+	}
 }
 
 // owns reports whether packet id of client is a Key-Shared delivery.
 func (t *inflightTable) owns(client string, id uint16) bool {
+	if t.n.Load() == 0 {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	_, ok := t.byPacket[packetKey{client, id}]
+	_, ok := t.clients[client][id]
 	return ok
+}
+
+// clientCount returns how many clients have deliveries tracked (tests).
+func (t *inflightTable) clientCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.clients)
 }

@@ -82,8 +82,9 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 			typ = packets.Pubrec
 		}
 		hold := q.HoldAck(typ, pk.PacketID, v5)
+		topic := pk.TopicName // not pk: the callback would keep the whole packet on the heap
 		h.store.AppendMultiAsync(names, m, func(rs []persistence.AppendResult) {
-			if err := h.appendFailure(cl, pk.TopicName, rs); err != nil {
+			if err := h.appendFailure(cl, topic, rs); err != nil {
 				hold.Fail(refusalCode(err).Code)
 				return
 			}
@@ -124,7 +125,7 @@ func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistenc
 	for _, r := range rs {
 		if r.Err != nil {
 			h.AppendErrors.Add(1)
-			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "err", r.Err)
+			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "error", r.Err)
 			if failed == nil || errors.Is(r.Err, persistence.ErrBacklogFull) {
 				failed = r.Err
 			}

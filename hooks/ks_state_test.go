@@ -139,7 +139,7 @@ func TestTopicCacheIsBounded(t *testing.T) {
 }
 
 func TestMembershipsCountBothWays(t *testing.T) {
-	ms := newMemberships()
+	ms := newMemberships(nil)
 	if n := ms.set("c1", "g/a", &membership{qos: 1}); n != 1 {
 		t.Fatal(n)
 	}
@@ -168,6 +168,34 @@ func TestMembershipsCountBothWays(t *testing.T) {
 	}
 }
 
+// TestMembershipCountsArriveInOrder: members leaving at once report their
+// groups' counts in the order the counts were taken, so the last count
+// recorded is the true one (once, a group stayed at one member for ever and
+// was never idle).
+func TestMembershipCountsArriveInOrder(t *testing.T) {
+	for round := range 200 {
+		last := map[string]int{}
+		var mu sync.Mutex
+		ms := newMemberships(func(group string, n int) {
+			mu.Lock()
+			last[group] = n
+			mu.Unlock()
+		})
+		const members = 8
+		for i := range members {
+			ms.set(fmt.Sprint("c", i), "g", &membership{qos: 1})
+		}
+		var wg sync.WaitGroup
+		for i := range members {
+			wg.Go(func() { ms.remove(fmt.Sprint("c", i), "g") })
+		}
+		wg.Wait()
+		if last["g"] != 0 {
+			t.Fatalf("round %d: last count recorded %d, want 0", round, last["g"])
+		}
+	}
+}
+
 func TestInflightTableBothWays(t *testing.T) {
 	it := newInflightTable()
 	g := testGroup("w/a")
@@ -187,6 +215,17 @@ func TestInflightTableBothWays(t *testing.T) {
 	}
 	if _, ok := it.revoke("w/a", "c", 43); ok {
 		t.Fatal("untracked delivery revoked")
+	}
+	// Two groups deliver to one member: a revoke names its group.
+	h := testGroup("w/b")
+	it.track("c", 1, g, 50)
+	it.track("c", 2, h, 50)
+	if id, ok := it.revoke("w/b", "c", 50); !ok || id != 2 || !it.owns("c", 1) {
+		t.Fatal("revoke took the other group's delivery", id, ok)
+	}
+	it.untrack("c", 1)
+	if n := it.clientCount(); n != 0 {
+		t.Fatalf("%d clients left in the table with nothing in flight", n)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"sync"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -31,6 +32,9 @@ type Storage struct {
 	// failedRetain holds the publishes whose retained message could not be
 	// stored, until their acknowledgement is encoded (as a failure).
 	failedRetain sync.Map // packetKey -> struct{}
+	// failedRetains counts failedRetain's entries (at least), so that the
+	// acks of every other publish skip the lookup.
+	failedRetains atomic.Int64
 }
 
 // NewStorage returns a storage hook writing to store.
@@ -42,9 +46,9 @@ func NewStorage(server *mqtt.Server, store *persistence.SessionStore) *Storage {
 func (h *Storage) ID() string { return "keyline-storage" }
 
 // Provides reports which hook methods Storage implements.
-func (h *Storage) Provides(b byte) bool { return storageMethods.has(b) }
+func (h *Storage) Provides(b byte) bool { return storageEvents.has(b) }
 
-var storageMethods = methods(
+var storageEvents = eventSet(
 	mqtt.OnSessionEstablished,
 	mqtt.OnDisconnect,
 	mqtt.OnSubscribed,
@@ -92,7 +96,7 @@ func inflightKey(id string, packetID uint16) []byte {
 func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
 	data, err := v.MarshalBinary()
 	if err != nil {
-		h.Log.Error("storage: encode record", "kind", kind, "err", err)
+		h.Log.Error("storage: encode record", "kind", kind, "error", err)
 		return
 	}
 	h.store.Put(kind, key, data)
@@ -188,7 +192,7 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 			RetainAsPublished: f.RetainAsPublished,
 		}).MarshalBinary()
 		if err != nil {
-			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "err", err)
+			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
@@ -198,7 +202,7 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 	for j, err := range h.store.Write(ws...) {
 		if err != nil {
 			i := idx[j]
-			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "err", err)
+			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "error", err)
 			refuseSubscription(h.server, cl, pk.Filters[i].Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 		}
 	}
@@ -248,7 +252,7 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 		m.ID, m.T, m.Client = pk.TopicName, storage.RetainedKey, cl.ID
 		data, err := m.MarshalBinary()
 		if err != nil {
-			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "err", err)
+			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "error", err)
 			return
 		}
 		w.Val = data
@@ -257,7 +261,7 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 	if err == nil {
 		return
 	}
-	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "err", err)
+	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "error", err)
 	if cl.Net.Inline || pk.FixedHeader.Qos == 0 {
 		return
 	}
@@ -266,13 +270,21 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 		return
 	}
 	h.failedRetain.Store(packetKey{cl.ID, pk.PacketID}, struct{}{})
+	h.failedRetains.Add(1)
+}
+
+// packetKey names one packet id of one client.
+type packetKey struct {
+	client string
+	id     uint16
 }
 
 // OnPacketEncode turns the acknowledgement of a publish whose retained
 // message was not stored into a failure (0x80).
 func (h *Storage) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if t := pk.FixedHeader.Type; t == packets.Puback || t == packets.Pubrec {
+	if t := pk.FixedHeader.Type; (t == packets.Puback || t == packets.Pubrec) && h.failedRetains.Load() > 0 {
 		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
+			h.failedRetains.Add(-1)
 			pk.ReasonCode = packets.ErrUnspecifiedError.Code
 		}
 	}
@@ -318,7 +330,7 @@ func loadAll[T any](h *Storage, kind string) ([]T, error) {
 		var v T
 		if err := json.Unmarshal(val, &v); err != nil {
 			// One unreadable record must not cost every other session.
-			h.Log.Error("storage: skipping unreadable record", "kind", kind, "err", err)
+			h.Log.Error("storage: skipping unreadable record", "kind", kind, "error", err)
 			return nil
 		}
 		out = append(out, v)

@@ -22,11 +22,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/natstest"
 )
 
 var keylineBin string
 
 func TestMain(m *testing.M) {
+	natstest.MaybeRunChild() // a NATS server child of a cluster test
 	dir, err := os.MkdirTemp("", "keyline-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -283,7 +283,9 @@ func TestStalledMemberDoesNotHoldTheGroup(t *testing.T) {
 		key, seq, _ := strings.Cut(<-acked, ":")
 		n := 0
 		fmt.Sscan(seq, &n)
-		if prev, ok := last[key]; ok && n <= prev {
+		// The same message twice is a redelivery: its ack came after the
+		// 300 ms ack timeout (a loaded machine). Going back is a violation.
+		if prev, ok := last[key]; ok && n < prev {
 			t.Errorf("key %s acknowledged %d after %d", key, n, prev)
 		}
 		last[key] = n

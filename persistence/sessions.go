@@ -106,7 +106,7 @@ func (w SessionWrite) apply(tx *bolt.Tx) error {
 func (s *SessionStore) queue(apply func(tx *bolt.Tx) error, kind string) {
 	ok := !s.closed.Load() && s.db.commit.queue(apply, func(err error) {
 		s.writeErrors.Add(1)
-		s.db.log.Error("persistence: session write failed", "kind", kind, "err", err)
+		s.db.log.Error("persistence: session write failed", "kind", kind, "error", err)
 	})
 	if !ok {
 		s.writeErrors.Add(1)

@@ -7,23 +7,29 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 // mconn is one raw MQTT connection.
 type mconn struct {
 	c       net.Conn
-	fr      *frameReader
+	fr      *mqttwire.Reader
 	proto   byte
 	recvMax uint16 // the broker's Receive Maximum (65535 if it sent none)
+	present bool   // the CONNACK's session present flag
 }
 
 type dialOpts struct {
-	proto     byte
-	keepalive uint16
-	rcvbuf    int // SO_RCVBUF set before connect (0: kernel default)
-	readRate  int // bytes/s the connection reads at most (0: no limit)
-	readBuf   int // bufio reader size
-	timeout   time.Duration
+	proto byte
+	// persistent asks for a session that outlives the connection (3.1.1
+	// clean session 0; MQTT 5 session expiry of an hour).
+	persistent bool
+	keepalive  uint16
+	rcvbuf     int // SO_RCVBUF set before connect (0: kernel default)
+	readRate   int // bytes/s the connection reads at most (0: no limit)
+	readBuf    int // bufio reader size
+	timeout    time.Duration
 }
 
 // dialMQTT connects, sends CONNECT and waits for a successful CONNACK.
@@ -48,40 +54,50 @@ func dialMQTT(ctx context.Context, addr, clientID string, o dialOpts) (*mconn, e
 	if o.readBuf == 0 {
 		o.readBuf = 64 << 10
 	}
-	m := &mconn{c: c, fr: newFrameReader(c, o.readBuf), proto: o.proto, recvMax: 65535}
+	m := &mconn{c: c, fr: mqttwire.NewReader(c, o.readBuf), proto: o.proto, recvMax: 65535}
 	if o.readRate > 0 {
-		m.fr = newFrameReader(&rateConn{Conn: c, rate: float64(o.readRate)}, o.readBuf)
+		m.fr = mqttwire.NewReader(&rateConn{Conn: c, rate: float64(o.readRate)}, o.readBuf)
 	}
-	if err := m.handshake(clientID, o); err != nil {
+	if m.present, err = m.handshake(clientID, o); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: %w", clientID, err)
 	}
 	return m, nil
 }
 
-func (m *mconn) handshake(clientID string, o dialOpts) error {
+// handshake sends CONNECT and reads a successful CONNACK; it returns the
+// CONNACK's session present flag.
+func (m *mconn) handshake(clientID string, o dialOpts) (bool, error) {
 	if o.timeout > 0 {
 		m.c.SetDeadline(time.Now().Add(o.timeout))
 		defer m.c.SetDeadline(time.Time{})
 	}
-	if _, err := m.c.Write(appendConnect(nil, o.proto, clientID, o.keepalive)); err != nil {
-		return err
+	connect := &mqttwire.Connect{Version: o.proto, ClientID: clientID, CleanStart: !o.persistent, KeepAlive: o.keepalive}
+	if o.persistent && o.proto == mqttwire.Version5 {
+		connect.Props.SessionExpiry = 3600
 	}
-	p, err := m.fr.next()
+	if _, err := m.c.Write(mqttwire.AppendConnect(nil, connect)); err != nil {
+		return false, err
+	}
+	p, err := m.fr.Next()
 	if err != nil {
-		return fmt.Errorf("reading CONNACK: %w", err)
+		return false, fmt.Errorf("reading CONNACK: %w", err)
 	}
-	ca, err := decodeConnack(p, o.proto)
+	ca, err := mqttwire.DecodeConnack(o.proto, p)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if ca.code != 0 {
-		return fmt.Errorf("CONNACK refused with code 0x%02x", ca.code)
+	if ca.ReasonCode != 0 {
+		return false, fmt.Errorf("CONNACK refused with code 0x%02x", ca.ReasonCode)
 	}
-	if ca.receiveMaximum > 0 {
-		m.recvMax = ca.receiveMaximum
+	props, err := ca.Props.Parse()
+	if err != nil {
+		return false, err
 	}
-	return nil
+	if props.ReceiveMaximum > 0 {
+		m.recvMax = props.ReceiveMaximum
+	}
+	return ca.SessionPresent, nil
 }
 
 // subscribe sends one SUBSCRIBE and waits for its SUBACK.
@@ -90,32 +106,31 @@ func (m *mconn) subscribe(filter string, qos byte, timeout time.Duration) error 
 		m.c.SetDeadline(time.Now().Add(timeout))
 		defer m.c.SetDeadline(time.Time{})
 	}
-	if _, err := m.c.Write(appendSubscribe(nil, m.proto, 1, filter, qos)); err != nil {
+	sub := &mqttwire.Subscribe{PacketID: 1, Filters: []mqttwire.Subscription{{Filter: filter, Options: qos}}}
+	if _, err := m.c.Write(mqttwire.AppendSubscribe(nil, m.proto, sub)); err != nil {
 		return err
 	}
-	for {
-		p, err := m.fr.next()
-		if err != nil {
-			return fmt.Errorf("reading SUBACK for %s: %w", filter, err)
-		}
-		if p.typ != pktSuback {
-			// Nothing is published before every subscription is in place,
-			// so anything else is a protocol surprise worth reporting.
-			return fmt.Errorf("expected SUBACK for %s, got packet type %d", filter, p.typ)
-		}
-		_, codes, err := decodeSuback(p, m.proto)
-		if err != nil {
-			return err
-		}
-		if len(codes) != 1 || codes[0] >= 0x80 {
-			return fmt.Errorf("subscription to %s refused: %x", filter, codes)
-		}
-		return nil
+	p, err := m.fr.Next()
+	if err != nil {
+		return fmt.Errorf("reading SUBACK for %s: %w", filter, err)
 	}
+	if p.Type != mqttwire.TypeSuback {
+		// Nothing is published before every subscription is in place,
+		// so anything else is a protocol surprise worth reporting.
+		return fmt.Errorf("expected SUBACK for %s, got %s", filter, mqttwire.TypeName(p.Type))
+	}
+	sa, err := mqttwire.DecodeSuback(m.proto, p)
+	if err != nil {
+		return err
+	}
+	if len(sa.ReasonCodes) != 1 || sa.ReasonCodes[0] >= 0x80 {
+		return fmt.Errorf("subscription to %s refused: %x", filter, sa.ReasonCodes)
+	}
+	return nil
 }
 
 func (m *mconn) close() {
-	m.c.Write(appendDisconnect(nil))
+	m.c.Write(mqttwire.AppendDisconnect(nil, 0))
 	m.c.Close()
 }
 

@@ -129,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	var proto, qos int
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port")
-	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate or connections")
+	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate, connections or sessions")
 	fs.StringVar(&cfg.label, "label", "", "broker name echoed in the JSON")
 	fs.StringVar(&cfg.tag, "tag", "", "case name echoed in the JSON (the benchmark script's name for this run)")
 	fs.IntVar(&cfg.round, "round", 0, "round number echoed in the JSON")
@@ -157,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.keys, "keys", 64, "shared: routing keys")
 	fs.StringVar(&cfg.keyMode, "key-mode", "prop", "shared: prop (MQTT 5 user property key=kN on topic bench/shared) or topic (bench/shared/kN)")
 	fs.BoolVar(&cfg.group, "group", false, "fanin: subscribers form one $share group")
-	fs.IntVar(&cfg.conns, "conns", 10000, "connections: idle connections to open")
+	fs.IntVar(&cfg.conns, "conns", 10000, "connections: idle connections to open; sessions: persistent sessions to create and leave")
 	fs.IntVar(&cfg.conc, "conc", 64, "connects in flight at once")
 	fs.IntVar(&cfg.brokerPID, "broker-pid", 0, "broker process id, for its CPU time and RSS from /proc")
 	fs.DurationVar(&cfg.rssEvery, "rss-every", 200*time.Millisecond, "RSS sampling interval")
@@ -175,7 +175,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg.proto = byte(proto)
 	switch cfg.scenario {
-	case "fanout", "fanin", "slowsub", "connections", "conflate":
+	case "fanout", "fanin", "slowsub", "connections", "conflate", "sessions":
 		if qos < 0 {
 			qos = 0
 		}
@@ -184,7 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			qos = 1
 		}
 	default:
-		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, conflate, connections)", cfg.scenario)
+		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, conflate, connections, sessions)", cfg.scenario)
 	}
 	if qos > 2 {
 		return cfg, fmt.Errorf("-qos must be 0, 1 or 2")
@@ -208,7 +208,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.pubs < 1 || cfg.subs < 0 || cfg.conc < 1 || cfg.inflight < 1 {
 		return cfg, fmt.Errorf("-pubs, -conc and -inflight must be at least 1")
 	}
-	if cfg.scenario != "connections" && cfg.scenario != "shared" && cfg.subs < 1 {
+	if cfg.scenario != "connections" && cfg.scenario != "sessions" && cfg.scenario != "shared" && cfg.subs < 1 {
 		return cfg, fmt.Errorf("-subs must be at least 1")
 	}
 	if keepalive > 65535 {
@@ -249,8 +249,13 @@ func runScenario(cfg config, args []string) *result {
 	})
 	defer wd.Stop()
 
-	if cfg.scenario == "connections" {
-		runConnections(ctx, cfg, res)
+	switch cfg.scenario {
+	case "connections", "sessions":
+		if cfg.scenario == "connections" {
+			runConnections(ctx, cfg, res)
+		} else {
+			runSessions(ctx, cfg, res)
+		}
 		res.Subs = 0
 		res.OK = len(res.Errors) == 0
 		return res

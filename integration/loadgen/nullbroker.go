@@ -17,6 +17,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 type nullBroker struct {
@@ -82,7 +84,7 @@ func (nb *nullBroker) handle(c net.Conn) {
 		nb.unsubscribe(nc)
 	}()
 	go nc.writer()
-	fr := newFrameReader(c, 64<<10)
+	fr := mqttwire.NewReader(c, 64<<10)
 	var proto byte = 4
 	var batch []byte
 	var batchTopic string
@@ -99,29 +101,29 @@ func (nb *nullBroker) handle(c net.Conn) {
 		batch = nil // shared by reference from now on
 	}
 	for {
-		p, err := fr.next()
+		p, err := fr.Next()
 		if err != nil {
 			return
 		}
-		switch p.typ {
-		case pktConnect:
-			if len(p.body) >= 7 {
-				proto = p.body[6]
+		switch p.Type {
+		case mqttwire.TypeConnect:
+			if len(p.Body) >= 7 {
+				proto = p.Body[6] // after the protocol name "MQTT"
 			}
-			ack := []byte{pktConnack << 4, 2, 0, 0}
-			if proto == 5 {
-				ack = []byte{pktConnack << 4, 3, 0, 0, 0}
+			ack := []byte{mqttwire.TypeConnack << 4, 2, 0, 0}
+			if proto == mqttwire.Version5 {
+				ack = []byte{mqttwire.TypeConnack << 4, 3, 0, 0, 0}
 			}
 			nc.enqueue(ack)
-		case pktSubscribe:
-			if len(p.body) < 2 {
+		case mqttwire.TypeSubscribe:
+			if len(p.Body) < 2 {
 				return
 			}
-			id := binary.BigEndian.Uint16(p.body)
-			b := p.body[2:]
-			if proto == 5 {
-				pl, n := readVarint(b)
-				if n == 0 || len(b) < n+pl {
+			id := binary.BigEndian.Uint16(p.Body)
+			b := p.Body[2:]
+			if proto == mqttwire.Version5 {
+				pl, n, err := mqttwire.ReadVarint(b)
+				if err != nil || len(b) < n+pl {
 					return
 				}
 				b = b[n+pl:]
@@ -134,32 +136,31 @@ func (nb *nullBroker) handle(c net.Conn) {
 				return
 			}
 			nb.subscribe(string(b[2:2+fl]), nc)
-			ack := []byte{pktSuback << 4, 3, byte(id >> 8), byte(id), 0}
-			if proto == 5 {
-				ack = []byte{pktSuback << 4, 4, byte(id >> 8), byte(id), 0, 0}
+			ack := []byte{mqttwire.TypeSuback << 4, 3, byte(id >> 8), byte(id), 0}
+			if proto == mqttwire.Version5 {
+				ack = []byte{mqttwire.TypeSuback << 4, 4, byte(id >> 8), byte(id), 0, 0}
 			}
 			nc.enqueue(ack)
-		case pktPublish:
-			m, err := decodePublish(p, proto)
+		case mqttwire.TypePublish:
+			m, err := mqttwire.DecodePublish(proto, p)
 			if err != nil {
 				return
 			}
-			if m.qos != 0 {
+			if m.QoS != 0 {
 				return // QoS 0 only
 			}
-			if string(m.topic) != batchTopic {
+			if string(m.Topic) != batchTopic {
 				flushBatch()
-				batchTopic = string(m.topic)
+				batchTopic = string(m.Topic)
 			}
-			batch = append(batch, p.typ<<4|p.flags)
-			batch = appendVarint(batch, len(p.body))
-			batch = append(batch, p.body...)
-		case pktPingreq:
-			nc.enqueue([]byte{pktPingresp << 4, 0})
-		case pktDisconnect:
+			batch = mqttwire.AppendHeader(batch, p.Type, p.Flags, len(p.Body))
+			batch = append(batch, p.Body...)
+		case mqttwire.TypePingreq:
+			nc.enqueue([]byte{mqttwire.TypePingresp << 4, 0})
+		case mqttwire.TypeDisconnect:
 			return
 		}
-		if !fr.buffered() {
+		if !fr.Buffered() {
 			flushBatch()
 		}
 	}

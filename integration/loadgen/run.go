@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 // How a publisher is held back so that it measures sustained throughput
@@ -20,16 +22,6 @@ const (
 	gateMin   // may run at most --ahead messages past its slowest reading subscriber
 	gateGroup // may run at most --ahead messages past what its group has consumed
 )
-
-// tmpl is one pre-encoded PUBLISH frame: a stream of messages from one
-// publisher to one topic (and key), with the packet id and payload patched in.
-type tmpl struct {
-	frame  []byte
-	pidOff int // -1 at QoS 0
-	payOff int
-	stream uint32 // written to the payload's key field: key index or topic index
-	fan    int    // deliveries expected per message (reading subscribers, or 1 for a group)
-}
 
 type run struct {
 	cfg      config
@@ -129,7 +121,7 @@ func keepAlive(keepalive uint16, conns func() []*mconn, stop <-chan struct{}) {
 	}
 	t := time.NewTicker(time.Duration(keepalive) * time.Second / 2)
 	defer t.Stop()
-	ping := appendPingreq(nil)
+	ping := mqttwire.AppendPingreq(nil)
 	for {
 		select {
 		case <-stop:
@@ -161,17 +153,10 @@ type streamSpec struct {
 func (r *run) addPublisher(specs []streamSpec) *publisher {
 	p := &publisher{r: r, idx: len(r.pubs), wake: make(chan struct{}, 1), done: make(chan struct{}), ackDone: make(chan struct{})}
 	for _, s := range specs {
-		frame, off := appendPublish(nil, r.cfg.proto, s.topic, r.cfg.qos, 0, s.key, r.cfg.payload)
-		for i := off + payloadMin; i < len(frame); i++ {
-			frame[i] = 'x'
-		}
-		t := tmpl{frame: frame, pidOff: -1, payOff: off, stream: s.stream, fan: s.fan}
-		if r.cfg.qos > 0 {
-			t.pidOff = off - 2
-			if r.cfg.proto == 5 {
-				pl := propsLen(s.key)
-				t.pidOff = off - pl - varintLen(pl) - 2
-			}
+		t := newTmpl(r.cfg.proto, s.topic, r.cfg.qos, s.key, r.cfg.payload)
+		t.stream, t.fan = s.stream, s.fan
+		for i := t.payOff + payloadMin; i < len(t.frame); i++ {
+			t.frame[i] = 'x'
 		}
 		p.tmpls = append(p.tmpls, t)
 		if s.stream >= uint32(r.streams) {
@@ -477,7 +462,7 @@ func (p *publisher) readAcks() {
 	defer close(p.ackDone)
 	var out []byte
 	for {
-		pk, err := p.m.fr.next()
+		pk, err := p.m.fr.Next()
 		if err != nil {
 			if !p.r.closing.Load() && !isClosedErr(err) {
 				p.ackErr = err
@@ -486,26 +471,26 @@ func (p *publisher) readAcks() {
 			}
 			return
 		}
-		switch pk.typ {
-		case pktPuback, pktPubcomp:
-			if _, rc, err := ackID(pk); err == nil && rc >= 0x80 {
+		switch pk.Type {
+		case mqttwire.TypePuback, mqttwire.TypePubcomp:
+			if a, err := mqttwire.DecodeAck(p.m.proto, pk); err == nil && a.ReasonCode >= 0x80 {
 				p.nacks.Add(1)
 			}
 			p.release()
-		case pktPubrec:
-			id, rc, err := ackID(pk)
+		case mqttwire.TypePubrec:
+			a, err := mqttwire.DecodeAck(p.m.proto, pk)
 			if err != nil {
 				p.ackErr = err
 				return
 			}
-			if rc >= 0x80 {
+			if a.ReasonCode >= 0x80 {
 				p.nacks.Add(1)
 				p.release()
 			} else {
-				out = appendAck(out, pktPubrel, id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePubrel, a.PacketID, 0)
 			}
 		}
-		if len(out) > 0 && !p.m.fr.buffered() {
+		if len(out) > 0 && !p.m.fr.Buffered() {
 			if _, err := p.m.c.Write(out); err != nil {
 				return
 			}
@@ -532,7 +517,7 @@ func (s *subscriber) run() {
 	proto := r.cfg.proto
 	var out []byte
 	for {
-		pk, err := s.m.fr.next()
+		pk, err := s.m.fr.Next()
 		if err != nil {
 			if !r.closing.Load() {
 				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
@@ -540,27 +525,27 @@ func (s *subscriber) run() {
 			s.endBatch()
 			return
 		}
-		switch pk.typ {
-		case pktPublish:
-			m, err := decodePublish(pk, proto)
+		switch pk.Type {
+		case mqttwire.TypePublish:
+			m, err := mqttwire.DecodePublish(proto, pk)
 			if err != nil {
 				s.err = fmt.Errorf("subscriber %d: %w", s.idx, err)
 				s.endBatch()
 				return
 			}
 			s.handle(&m)
-			switch m.qos {
+			switch m.QoS {
 			case 1:
-				out = appendAck(out, pktPuback, m.id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePuback, m.PacketID, 0)
 			case 2:
-				out = appendAck(out, pktPubrec, m.id)
+				out = mqttwire.AppendAck(out, mqttwire.TypePubrec, m.PacketID, 0)
 			}
-		case pktPubrel:
-			if id, _, err := ackID(pk); err == nil {
-				out = appendAck(out, pktPubcomp, id)
+		case mqttwire.TypePubrel:
+			if a, err := mqttwire.DecodeAck(proto, pk); err == nil {
+				out = mqttwire.AppendAck(out, mqttwire.TypePubcomp, a.PacketID, 0)
 			}
 		}
-		if !s.m.fr.buffered() {
+		if !s.m.fr.Buffered() {
 			if len(out) > 0 {
 				if _, err := s.m.c.Write(out); err != nil && !r.closing.Load() {
 					s.err = err
@@ -572,10 +557,10 @@ func (s *subscriber) run() {
 	}
 }
 
-func (s *subscriber) handle(m *publish) {
+func (s *subscriber) handle(m *mqttwire.PublishView) {
 	r := s.r
 	rt := now()
-	pi, ok := getPayload(m.payload)
+	pi, ok := getPayload(m.Payload)
 	if !ok || pi.run != r.runID || int(pi.pub) >= len(r.pubs) {
 		s.foreign++
 		return
@@ -598,8 +583,11 @@ func (s *subscriber) handle(m *publish) {
 			if viol {
 				s.viol++
 			}
-			if r.cfg.keyMode == "prop" && (!m.hasKey || int(pi.key) >= len(r.keyNames) || string(m.keyProp) != r.keyNames[pi.key]) {
-				s.keyMiss++
+			if r.cfg.keyMode == "prop" {
+				key, ok := m.Props.UserValue(keyProperty)
+				if !ok || int(pi.key) >= len(r.keyNames) || string(key) != r.keyNames[pi.key] {
+					s.keyMiss++
+				}
 			}
 		}
 		return
@@ -706,6 +694,7 @@ type result struct {
 	RSS             *rssJSON      `json:"broker_rss,omitempty"`
 	Connections     *connJSON     `json:"connections,omitempty"`
 	Conflate        *conflateJSON `json:"conflate,omitempty"`
+	Sessions        *sessionsJSON `json:"sessions,omitempty"`
 	ElapsedS        float64       `json:"elapsed_s"`
 }
 
@@ -1033,105 +1022,4 @@ func setupShared(r *run) error {
 	r.checker = newOrderChecker(cfg.keys, cfg.consumers)
 	r.gate = gateGroup
 	return nil
-}
-
-// ---------------------------------------------------------------- connections
-
-type connJSON struct {
-	Requested     int     `json:"requested"`
-	Opened        int     `json:"opened"`
-	Failed        int     `json:"failed"`
-	FirstError    string  `json:"first_error,omitempty"`
-	ConnectS      float64 `json:"connect_s"`
-	ConnectPerS   float64 `json:"connect_per_s"`
-	Alive         int     `json:"alive"`
-	RSSBeforeKB   int64   `json:"rss_before_kb"`
-	RSSAfterKB    int64   `json:"rss_after_kb"`
-	RSSPerConnKB  float64 `json:"rss_per_conn_kb"`
-	FDLimit       int     `json:"fd_limit"`
-	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
-}
-
-func runConnections(ctx context.Context, cfg config, res *result) {
-	started := time.Now()
-	cj := &connJSON{Requested: cfg.conns, FDLimit: raiseFDLimit(), BrokerFDLimit: procFDLimit(cfg.brokerPID)}
-	res.Connections = cj
-	n := cfg.conns
-	if lim := cj.FDLimit - 64; n > lim {
-		n = lim
-	}
-	if cj.BrokerFDLimit > 0 && n > cj.BrokerFDLimit-64 {
-		n = cj.BrokerFDLimit - 64
-	}
-	if n < cfg.conns {
-		res.Notes = append(res.Notes, fmt.Sprintf("file descriptor limits allow %d of the %d connections asked for", n, cfg.conns))
-	}
-	r := newRun(cfg)
-	conns := make([]*mconn, n)
-	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
-	c0 := snapCPU(cfg.brokerPID)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
-	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
-		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err.Error())
-			return nil
-		}
-		conns[i] = m
-		return nil
-	})
-	c1 := snapCPU(cfg.brokerPID)
-	el := c1.wall.Sub(c0.wall).Seconds()
-	cj.Failed = int(failed.Load())
-	cj.Opened = n - cj.Failed
-	if s, ok := firstErr.Load().(string); ok {
-		cj.FirstError = s
-	}
-	cj.ConnectS = round3(el)
-	if el > 0 {
-		cj.ConnectPerS = round3(float64(cj.Opened) / el)
-	}
-	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
-
-	// Let the broker settle, then read RSS: the stable value after the burst.
-	time.Sleep(cfg.settle)
-	cj.RSSAfterKB = rssKB(cfg.brokerPID)
-	if cj.Opened > 0 && cj.RSSAfterKB > 0 {
-		cj.RSSPerConnKB = round3(float64(cj.RSSAfterKB-cj.RSSBeforeKB) / float64(cj.Opened))
-	}
-
-	// Prove the connections are served: PINGREQ on each, count PINGRESPs.
-	var alive atomic.Int64
-	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m := conns[i]
-		if m == nil {
-			return nil
-		}
-		m.c.SetDeadline(time.Now().Add(cfg.timeout))
-		if _, err := m.c.Write(appendPingreq(nil)); err != nil {
-			return nil
-		}
-		if p, err := m.fr.next(); err == nil && p.typ == pktPingresp {
-			alive.Add(1)
-		}
-		return nil
-	})
-	cj.Alive = int(alive.Load())
-	for _, m := range conns {
-		if m != nil {
-			m.abort()
-		}
-	}
-	if cj.Opened == 0 {
-		res.Errors = append(res.Errors, "no connection opened")
-	} else if cj.Alive < cj.Opened {
-		res.Errors = append(res.Errors, fmt.Sprintf("%d of %d connections did not answer PINGREQ", cj.Opened-cj.Alive, cj.Opened))
-	}
-	if cj.Failed > 0 {
-		res.Errors = append(res.Errors, fmt.Sprintf("%d connections failed: %s", cj.Failed, cj.FirstError))
-	}
-	res.ElapsedS = round3(time.Since(started).Seconds())
 }

@@ -9,12 +9,13 @@ import "time"
 // Routes under /api/v1. Groups are named by the query parameter
 // group=<share>/<filter> (URL-encoded: '#' as %23, '+' as %2B).
 const (
-	PathGroups      = "/api/v1/groups"        // GET list, DELETE ?group=
-	PathGroupDetail = "/api/v1/groups/detail" // GET ?group=
-	PathDLQ         = "/api/v1/dlq"           // GET ?group=&after=&limit=
-	PathDLQReplay   = "/api/v1/dlq/replay"    // POST ?group=[&id=]
-	PathDLQPurge    = "/api/v1/dlq/purge"     // POST ?group=[&id=]
-	PathClients     = "/api/v1/clients"       // GET list; GET /{id}
+	PathGroups         = "/api/v1/groups"          // GET list, DELETE ?group=
+	PathGroupDetail    = "/api/v1/groups/detail"   // GET ?group=
+	PathDLQ            = "/api/v1/dlq"             // GET ?group=&after=&limit=
+	PathDLQReplay      = "/api/v1/dlq/replay"      // POST ?group=[&id=]
+	PathDLQPurge       = "/api/v1/dlq/purge"       // POST ?group=[&id=]
+	PathClients        = "/api/v1/clients"         // GET list; GET /{id}
+	PathClusterClients = "/api/v1/cluster/clients" // GET: every client of the cluster and its node (cluster mode)
 )
 
 // Dead-letter paging limits.
@@ -227,6 +228,7 @@ type ClientView struct {
 	Remote          string `json:"remote"`
 	ProtocolVersion byte   `json:"protocol_version"`
 	Connected       bool   `json:"connected"`
+	Node            string `json:"node,omitempty"` // cluster mode: the node holding the client
 	Subscriptions   int    `json:"subscriptions"`
 	Inflight        int    `json:"inflight"`
 	// Outbound queue (absent for a disconnected persistent session).
@@ -239,4 +241,17 @@ type ClientView struct {
 	SlowPolicy        string `json:"slow_policy,omitempty"`
 	QueueSoft         int    `json:"conn_queue_soft,omitempty"`
 	QueueHard         int    `json:"conn_queue_hard,omitempty"`
+}
+
+// ClusterClientList answers GET PathClusterClients.
+type ClusterClientList struct {
+	Clients []ClusterClientView `json:"clients"`
+}
+
+// ClusterClientView is one session record of the cluster.
+type ClusterClientView struct {
+	ID         string `json:"id"`
+	Node       string `json:"node"` // the node holding the session
+	Connected  bool   `json:"connected"`
+	Persistent bool   `json:"persistent"`
 }

@@ -24,6 +24,10 @@
 // up to a byte budget per wakeup and sends it with one writev (net.Buffers)
 // on TCP, or one coalesced Write on TLS and WebSocket.
 //
+// On the read side an optional Inspector sees every byte the client sends
+// before the reader does, and can end the connection with a last frame
+// (inspect.go).
+//
 // Invariants:
 //   - frames leave in the order they entered (dropped and conflated ones aside);
 //   - queued bytes never exceed Limits.Hard (plus the one batch being written);
@@ -149,6 +153,7 @@ type Stats struct {
 	DroppedBytes    atomic.Uint64
 	Conflated       atomic.Uint64 // shared frames replaced by a newer one of their topic
 	SlowDisconnects atomic.Uint64 // connections cut for overflowing
+	ProtocolErrors  atomic.Uint64 // connections closed by their Inspector (inspect.go)
 	Writes          atomic.Uint64 // writev (or coalesced Write) calls
 	Frames          atomic.Uint64 // frames written
 	DropSignals     atomic.Uint64 // drop signals sent
@@ -171,7 +176,7 @@ const FlushTimeout = time.Second
 
 // Conn is a client connection whose writes are queued.
 type Conn struct {
-	net.Conn // the underlying connection: reads, addresses and deadlines go straight to it
+	net.Conn // the underlying connection: reads (but for an Inspector), addresses and deadlines go straight to it
 
 	stats *Stats
 	log   *slog.Logger
@@ -208,10 +213,15 @@ type Conn struct {
 	// the running writer touches it.
 	aliases map[string]uint16
 
+	in inspection // the read side's check, when there is one (inspect.go)
+
+	// readDeadline is the read deadline in force through SetDeadline, in
+	// Unix nanoseconds (0: none).
+	readDeadline atomic.Int64
+
 	droppedMessages atomic.Uint64
 	droppedBytes    atomic.Uint64
 	conflated       atomic.Uint64
-	readDeadline    atomic.Int64 // unix nanoseconds of the read deadline SetDeadline set; 0: none
 }
 
 // New wraps c; its writer goroutine starts when there is something to
@@ -280,28 +290,43 @@ func (c *Conn) SetSession(s Session) {
 func (c *Conn) Write(p []byte) (int, error) {
 	b := make([]byte, len(p))
 	copy(b, p)
+	if err := c.queue(entry{b: b}); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Send queues a whole MQTT frame the caller encoded, by reference (the
+// caller must not modify b afterwards), never dropping it: a message mochi
+// does not write itself, counted in mochi's sent figures when written. Past
+// the hard limit the connection is cut and Send returns ErrSlowConsumer.
+func (c *Conn) Send(b []byte) error {
+	return c.queue(entry{b: b, kind: kindSent})
+}
+
+// queue appends e unless it would take the queue past the hard limit.
+func (c *Conn) queue(e entry) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.closedLocked(); err != nil {
-		return 0, err
+		return err
 	}
-	if c.mu.bytes+len(b) > c.mu.limits.Hard {
+	if c.mu.bytes+len(e.b) > c.mu.limits.Hard {
 		c.failLocked(ErrSlowConsumer)
-		return 0, ErrSlowConsumer
+		return ErrSlowConsumer
 	}
-	e := entry{b: b}
 	if len(c.mu.holds) > 0 {
 		c.attachLocked(&e)
 		if c.mu.failed != nil {
-			return 0, c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
+			return c.mu.failed // the hold failed on MQTT 3.1.1: the connection is cut
 		}
 	}
-	if !c.mu.connacked && len(b) > 0 && b[0]>>4 == 2 {
+	if !c.mu.connacked && e.kind == kindMochi && len(e.b) > 0 && e.b[0]>>4 == 2 {
 		c.connackLocked(e)
-		return len(p), nil
+		return nil
 	}
 	c.pushLocked(e)
-	return len(p), nil
+	return nil
 }
 
 // connackLocked queues the CONNACK ahead of the publishes that wait for it.
@@ -391,23 +416,26 @@ func (c *Conn) scheduleLocked() {
 	}
 }
 
-// deadlineSlack is how much later than asked a read deadline may fire: a
-// deadline is moved at most once per deadlineSlack, not before every packet.
-const deadlineSlack = time.Second
-
-// SetDeadline sets the read deadline only (mochi uses it for keepalive,
-// before every packet it reads): write deadlines belong to the writer. The
-// deadline may fire up to deadlineSlack late, never early.
+// SetDeadline sets the read deadline only (mochi uses it for keepalive):
+// write deadlines belong to the writer. mochi moves the deadline forward
+// after every packet it reads, and moving a runtime timer is a visible cost
+// at high packet rates, so a deadline at most DeadlineSlack earlier than the
+// one in force is not passed on; a deadline that is passed on is set
+// DeadlineSlack late. The deadline in force is never earlier than asked for,
+// and at most DeadlineSlack later.
 func (c *Conn) SetDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.readDeadline.Store(0)
 		return c.Conn.SetReadDeadline(t)
 	}
-	want, set := t.UnixNano(), c.readDeadline.Load()
-	if want <= set && want > set-2*int64(deadlineSlack) {
-		return nil // the deadline set is at most deadlineSlack later than asked
+	want := t.UnixNano()
+	if set := c.readDeadline.Load(); set != 0 && want <= set && set-want <= int64(DeadlineSlack) {
+		return nil
 	}
-	d := t.Add(deadlineSlack)
-	c.readDeadline.Store(d.UnixNano())
-	return c.Conn.SetReadDeadline(d)
+	t = t.Add(DeadlineSlack)
+	c.readDeadline.Store(t.UnixNano())
+	return c.Conn.SetReadDeadline(t)
 }
+
+// DeadlineSlack is how much later than asked a read deadline may fall (see SetDeadline).
+const DeadlineSlack = time.Second

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -400,4 +401,77 @@ func (r *peerReader) read(t *testing.T, n int) []byte {
 		t.Fatalf("read %d bytes: %v", n, err)
 	}
 	return buf
+}
+
+// TestSentFramesAreNeverDroppedAndCounted: frames given to Send survive
+// eviction like mochi's, and count as messages sent, as Enqueue's do.
+func TestSentFramesAreNeverDroppedAndCounted(t *testing.T) {
+	g := newGated()
+	var sent, packets, bytesSent int64
+	stats := &Stats{InfoMessagesSent: &sent, InfoPacketsSent: &packets, InfoBytesSent: &bytesSent}
+	c := New(g, Limits{Hard: 50, Policy: DropOldest}, stats, nil)
+	if _, err := c.Write([]byte("first")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return c.Queued() == 0 })
+	if err := c.Send([]byte("pub01")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		c.Enqueue(pubN(i))
+	}
+	g.open()
+	waitFor(t, func() bool { return c.Queued() == 0 && atomic.LoadInt64(&sent) >= 2 })
+	if got := string(g.written()); got[:10] != "firstpub01" {
+		t.Errorf("written %q: the sent frame must survive eviction", got)
+	}
+	closeAndWait(t, c)
+	if err := c.Send([]byte("late!")); err == nil {
+		t.Error("Send on a closed connection succeeded")
+	}
+	// "first" came through Write: mochi counts it itself.
+	if got, want := atomic.LoadInt64(&bytesSent), int64(len(g.written())-len("first")); got != want {
+		t.Errorf("bytes counted %d, want %d", got, want)
+	}
+}
+
+func TestSendPastTheHardLimitCutsTheConnection(t *testing.T) {
+	c, _ := parked(t, Limits{Hard: 8})
+	if err := c.Send([]byte("0123456789")); err != ErrSlowConsumer {
+		t.Fatalf("Send past the hard limit: %v", err)
+	}
+	closeAndWait(t, c)
+}
+
+// deadlineConn records the read deadlines set on it.
+type deadlineConn struct {
+	*gatedConn
+	set []time.Time
+}
+
+func (d *deadlineConn) SetReadDeadline(t time.Time) error { d.set = append(d.set, t); return nil }
+
+// TestReadDeadlinesMoveOncePerSlack: mochi's per-packet deadline updates
+// reach the socket only when the deadline in force is more than
+// DeadlineSlack off, and the deadline in force is never earlier than asked.
+func TestReadDeadlinesMoveOncePerSlack(t *testing.T) {
+	d := &deadlineConn{gatedConn: newGated()}
+	c := New(d, Limits{Hard: 1 << 20}, nil, nil)
+	t0 := time.Unix(1_800_000_000, 0)
+	asks := []time.Time{t0, t0.Add(100 * time.Millisecond), t0.Add(DeadlineSlack), t0.Add(DeadlineSlack + time.Millisecond), t0.Add(-time.Hour), {}}
+	for _, at := range asks {
+		if err := c.SetDeadline(at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []time.Time{t0.Add(DeadlineSlack), t0.Add(2*DeadlineSlack + time.Millisecond), t0.Add(-time.Hour + DeadlineSlack), {}}
+	if len(d.set) != len(want) {
+		t.Fatalf("deadlines set %v, want %v", d.set, want)
+	}
+	for i := range want {
+		if !d.set[i].Equal(want[i]) {
+			t.Fatalf("deadline %d: %v, want %v", i, d.set[i], want[i])
+		}
+	}
+	closeAndWait(t, c)
 }

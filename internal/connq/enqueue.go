@@ -12,6 +12,7 @@ const (
 	kindMochi   entryKind = iota // copied by Write: never dropped
 	kindShared                   // a QoS 0 publish by reference: the policy may drop it
 	kindTracked                  // a QoS 1/2 publish by reference: never dropped
+	kindSent                     // a whole frame by reference (Send): never dropped, counted as a message
 )
 
 // entry is one queued frame.

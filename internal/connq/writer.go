@@ -263,7 +263,7 @@ func (c *Conn) account(bt *batch) {
 	c.stats.Frames.Add(uint64(len(bt.entries)))
 	var msgs, bytes int64
 	for _, e := range bt.entries {
-		if e.pub != nil {
+		if e.pub != nil || e.kind == kindSent {
 			msgs++
 			bytes += int64(len(e.b))
 		}

@@ -1,9 +1,10 @@
 package mqtttest
 
 import (
-	"encoding/binary"
 	"net"
 	"sync"
+
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 // Tap wraps conn so that every PUBLISH the client reads is reported to
@@ -13,24 +14,37 @@ import (
 // connection's protocol version (4 or 5). onPublish runs on the reader's
 // goroutine; its slices are only valid during the call.
 func Tap(conn net.Conn, version byte, onPublish func(topic string, payload []byte)) net.Conn {
-	return &tapConn{Conn: conn, v5: version == 5, on: onPublish}
+	c := &tapConn{Conn: conn, v5: version == 5, on: onPublish}
+	c.packet, _ = conn.(sync.Locker)
+	if c.packet == nil {
+		c.packet = new(sync.Mutex)
+	}
+	return c
 }
 
 type tapConn struct {
 	net.Conn
 	v5 bool
 	on func(topic string, payload []byte)
+	// packet is the write lock paho holds around each packet (it writes one
+	// in several Writes, and PINGREQs from another goroutine): the wrapped
+	// conn's (Dial's conns have one), so that hiding it does not let a
+	// PINGREQ land inside a SUBSCRIBE, as it once did.
+	packet sync.Locker
 
-	mu  sync.Mutex
-	buf []byte // bytes read but not yet a whole frame
+	mu     sync.Mutex
+	buf    []byte // bytes read but not yet a whole frame
+	broken bool   // a malformed header: the client library will see it too; stop tapping
 }
 
 func (c *tapConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.mu.Lock()
-		c.buf = append(c.buf, p[:n]...)
-		c.parseLocked()
+		if !c.broken {
+			c.buf = append(c.buf, p[:n]...)
+			c.parseLocked()
+		}
 		c.mu.Unlock()
 	}
 	return n, err
@@ -38,57 +52,31 @@ func (c *tapConn) Read(p []byte) (int, error) {
 
 // parseLocked reports every complete PUBLISH at the front of buf.
 func (c *tapConn) parseLocked() {
+	version := mqttwire.Version311
+	if c.v5 {
+		version = mqttwire.Version5
+	}
 	for {
-		if len(c.buf) < 2 {
+		h, err := mqttwire.ParseHeader(c.buf)
+		if err != nil {
+			c.broken = err != mqttwire.ErrIncomplete
 			return
 		}
-		rem, w := varint(c.buf[1:])
-		if w <= 0 {
-			return // length not complete yet
-		}
-		end := 1 + w + rem
+		end := h.Size + h.Remaining
 		if len(c.buf) < end {
 			return
 		}
-		if c.buf[0]>>4 == 3 { // PUBLISH
-			c.publish(c.buf[0], c.buf[1+w:end])
+		if h.Type == mqttwire.TypePublish {
+			p := mqttwire.Packet{Type: h.Type, Flags: h.Flags, Body: c.buf[h.Size:end]}
+			if m, err := mqttwire.DecodePublish(version, p); err == nil {
+				c.on(string(m.Topic), m.Payload)
+			}
 		}
 		c.buf = c.buf[end:]
 	}
 }
 
-func (c *tapConn) publish(header byte, b []byte) {
-	if len(b) < 2 {
-		return
-	}
-	tl := int(binary.BigEndian.Uint16(b))
-	if len(b) < 2+tl {
-		return
-	}
-	topic := string(b[2 : 2+tl])
-	b = b[2+tl:]
-	if (header>>1)&3 > 0 { // QoS > 0: packet id
-		if len(b) < 2 {
-			return
-		}
-		b = b[2:]
-	}
-	if c.v5 {
-		pl, w := varint(b)
-		if w <= 0 || len(b) < w+pl {
-			return
-		}
-		b = b[w+pl:]
-	}
-	c.on(topic, b)
-}
-
-// varint reads an MQTT variable byte integer (protobuf's varint layout):
-// its value and width, width 0 when b holds only part of it.
-func varint(b []byte) (int, int) {
-	v, w := binary.Uvarint(b)
-	if w <= 0 || w > 4 {
-		return 0, 0
-	}
-	return int(v), w
-}
+// Lock and Unlock make the tap a sync.Locker, which paho.golang takes around
+// every packet it writes.
+func (c *tapConn) Lock()   { c.packet.Lock() }
+func (c *tapConn) Unlock() { c.packet.Unlock() }

@@ -1,0 +1,555 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/natstest"
+)
+
+// startClusterBrokers starts n Keyline nodes on one NATS cluster, node i
+// connected to NATS server i (mod the servers).
+func startClusterBrokers(t *testing.T, n int, urls []string) []*Broker {
+	t.Helper()
+	var out []*Broker
+	for i := range n {
+		cfg := testConfig(t)
+		cfg.Cluster.NATS = []string{urls[i%len(urls)]}
+		cfg.Cluster.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		out = append(out, startBroker(t, cfg))
+	}
+	return out
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func dialV5(t *testing.T, b *Broker, cp *paho.Connect) *mqtttest.V5 {
+	t.Helper()
+	return mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil), cp)
+}
+
+// expectNone fails if c receives a message within a short while.
+func expectNone(t *testing.T, c *mqtttest.V5, who string) {
+	t.Helper()
+	select {
+	case m := <-c.Msgs:
+		t.Fatalf("%s got an extra message %s %q", who, m.Topic, m.Payload)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// warmCore publishes QoS 0 probes on topic until every subscriber got one,
+// then drains them: core NATS interest reaches the other servers
+// asynchronously after the SUBACK.
+func warmCore(t *testing.T, pub *mqtttest.V5, topic string, subs ...*mqtttest.V5) {
+	t.Helper()
+	got := make([]bool, len(subs))
+	waitFor(t, 10*time.Second, "QoS 0 interest to reach every NATS server", func() bool {
+		pub.Publish(t, &paho.Publish{Topic: topic, QoS: 0, Payload: []byte("probe")})
+		time.Sleep(10 * time.Millisecond)
+		all := true
+		for i, s := range subs {
+			for !got[i] {
+				select {
+				case <-s.Msgs:
+					got[i] = true
+				default:
+				}
+				break
+			}
+			all = all && got[i]
+		}
+		return all
+	})
+	// Drain the probes still on their way: a marker published after them
+	// arrives after them.
+	for _, s := range subs {
+		pub.Publish(t, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte("marker")})
+		for {
+			m := s.Next(t)
+			if string(m.Payload) == "marker" {
+				break
+			}
+		}
+		for _, o := range subs {
+			if o != s {
+				for string(o.Next(t).Payload) != "marker" {
+				}
+			}
+		}
+	}
+}
+
+func TestClusterPubSubAcrossNodes(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 3, nc.URLs())
+	a, b, c := bs[0], bs[1], bs[2]
+
+	// Node b: one client with overlapping filters (one delivery per
+	// message, at the highest granted QoS). Node c: QoS 0. Node a, the
+	// publisher's node: QoS 1.
+	subB := dialV5(t, b, &paho.Connect{ClientID: "sub-b", CleanStart: true, KeepAlive: 30})
+	subB.Subscribe(t, paho.SubscribeOptions{Topic: "t/#", QoS: 2}, paho.SubscribeOptions{Topic: "t/+/x", QoS: 1}, paho.SubscribeOptions{Topic: "t/a/x", QoS: 0})
+	subC := dialV5(t, c, &paho.Connect{ClientID: "sub-c", CleanStart: true, KeepAlive: 30})
+	subC.Subscribe(t, paho.SubscribeOptions{Topic: "t/a/+", QoS: 0})
+	subA := dialV5(t, a, &paho.Connect{ClientID: "sub-a", CleanStart: true, KeepAlive: 30})
+	subA.Subscribe(t, paho.SubscribeOptions{Topic: "t/a/x", QoS: 1})
+	// A node with interest elsewhere only.
+	other := dialV5(t, c, &paho.Connect{ClientID: "other", CleanStart: true, KeepAlive: 30})
+	other.Subscribe(t, paho.SubscribeOptions{Topic: "elsewhere/#", QoS: 1})
+
+	pub := dialV5(t, a, &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	warmCore(t, pub, "t/a/x", subB, subC, subA)
+
+	coreB, queuedB := b.ClusterNode().Stats.CoreReceived.Load(), b.ClusterNode().Stats.QueuedReceived.Load()
+	coreC, queuedC := c.ClusterNode().Stats.CoreReceived.Load(), c.ClusterNode().Stats.QueuedReceived.Load()
+	const rounds = 20
+	for i := range rounds {
+		for qos := byte(0); qos <= 2; qos++ {
+			if rc := pub.Publish(t, &paho.Publish{Topic: "t/a/x", QoS: qos, Payload: fmt.Appendf(nil, "%d-%d", i, qos)}); rc >= 0x80 {
+				t.Fatalf("publish reason %#x", rc)
+			}
+		}
+	}
+	check := func(name string, s *mqtttest.V5, maxQoS byte) {
+		t.Helper()
+		// Per publisher and QoS, the order is the publish order.
+		next := map[byte]int{}
+		for range rounds * 3 {
+			m := s.Next(t)
+			var i int
+			var q byte
+			if _, err := fmt.Sscanf(string(m.Payload), "%d-%d", &i, &q); err != nil {
+				t.Fatalf("%s: unexpected payload %q", name, m.Payload)
+			}
+			if i != next[q] {
+				t.Fatalf("%s: got round %d of QoS %d, want round %d (lost, duplicated or reordered)", name, i, q, next[q])
+			}
+			next[q]++
+			if want := min(q, maxQoS); m.QoS != want {
+				t.Fatalf("%s: message %q at QoS %d, want %d", name, m.Payload, m.QoS, want)
+			}
+		}
+		expectNone(t, s, name)
+	}
+	check("sub-b (overlapping filters)", subB, 2)
+	check("sub-c", subC, 0)
+	check("sub-a (publisher's node)", subA, 1)
+	expectNone(t, other, "other")
+
+	// One copy per interested node: node b got each QoS 0 message once over
+	// core NATS and each QoS 1/2 message once through its consumer, although
+	// three of its subscriptions match; node c likewise.
+	if got := b.ClusterNode().Stats.CoreReceived.Load() - coreB; got != rounds {
+		t.Errorf("node b received %d core messages for %d QoS 0 publishes", got, rounds)
+	}
+	if got := b.ClusterNode().Stats.QueuedReceived.Load() - queuedB; got != 2*rounds {
+		t.Errorf("node b received %d queued messages for %d QoS 1/2 publishes", got, 2*rounds)
+	}
+	if got := c.ClusterNode().Stats.CoreReceived.Load() - coreC; got != rounds {
+		t.Errorf("node c received %d core messages for %d QoS 0 publishes", got, rounds)
+	}
+	if got := c.ClusterNode().Stats.QueuedReceived.Load() - queuedC; got != 2*rounds {
+		t.Errorf("node c received %d queued messages for %d QoS 1/2 publishes", got, 2*rounds)
+	}
+	// Node a is the publisher's node: it delivered locally and took nothing from NATS.
+	if got := a.ClusterNode().Stats.CoreReceived.Load() + a.ClusterNode().Stats.QueuedReceived.Load(); got != 0 {
+		t.Errorf("the publishing node received %d of its own messages back", got)
+	}
+
+	// A message to a topic only node c wants reaches node c only.
+	before := b.ClusterNode().Stats.QueuedReceived.Load()
+	pub.Publish(t, &paho.Publish{Topic: "elsewhere/1", QoS: 1, Payload: []byte("e")})
+	if m := other.Next(t); string(m.Payload) != "e" {
+		t.Fatalf("other got %q", m.Payload)
+	}
+	if got := b.ClusterNode().Stats.QueuedReceived.Load() - before; got != 0 {
+		t.Errorf("node b without interest received %d messages", got)
+	}
+}
+
+func TestClusterRetainedAndWills(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 3, nc.URLs())
+	a, b, c := bs[0], bs[1], bs[2]
+
+	pub := dialV5(t, a, &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	pub.Publish(t, &paho.Publish{Topic: "cfg/site", QoS: 1, Retain: true, Payload: []byte("v1")})
+	pub.Publish(t, &paho.Publish{Topic: "cfg/site", QoS: 1, Retain: true, Payload: []byte("v2")})
+	pub.Publish(t, &paho.Publish{Topic: "cfg/gone", QoS: 1, Retain: true, Payload: []byte("x")})
+	pub.Publish(t, &paho.Publish{Topic: "cfg/gone", QoS: 1, Retain: true, Payload: nil}) // deletes it
+
+	// A subscriber on node c, right after the PUBACKs on node a.
+	sub := dialV5(t, c, &paho.Connect{ClientID: "sub", CleanStart: true, KeepAlive: 30})
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "cfg/#", QoS: 1})
+	m := sub.Next(t)
+	if string(m.Payload) != "v2" || !m.Retain || m.Topic != "cfg/site" {
+		t.Fatalf("got %s %q retain=%v, want cfg/site v2 retained", m.Topic, m.Payload, m.Retain)
+	}
+	expectNone(t, sub, "sub")
+
+	// A will from a client of node b reaches a subscriber on node c.
+	willSub := dialV5(t, c, &paho.Connect{ClientID: "will-sub", CleanStart: true, KeepAlive: 30})
+	willSub.Subscribe(t, paho.SubscribeOptions{Topic: "wills/#", QoS: 1})
+	conn := mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil)
+	mqtttest.ConnectV5(t, conn, &paho.Connect{ClientID: "dying", CleanStart: true, KeepAlive: 30,
+		WillMessage: &paho.WillMessage{Topic: "wills/dying", QoS: 1, Payload: []byte("gone")}})
+	_ = conn.Close() // without DISCONNECT: the will goes out
+	if m := willSub.Next(t); string(m.Payload) != "gone" || m.Topic != "wills/dying" {
+		t.Fatalf("will: got %s %q", m.Topic, m.Payload)
+	}
+
+	// A node that starts later has the retained messages.
+	cfg := testConfig(t)
+	cfg.Cluster.NATS = nc.URLs()
+	cfg.Cluster.NodeID = "node-late"
+	late := startBroker(t, cfg)
+	lateSub := dialV5(t, late, &paho.Connect{ClientID: "late-sub", CleanStart: true, KeepAlive: 30})
+	lateSub.Subscribe(t, paho.SubscribeOptions{Topic: "cfg/site", QoS: 0})
+	if m := lateSub.Next(t); string(m.Payload) != "v2" {
+		t.Fatalf("late node: got %q", m.Payload)
+	}
+}
+
+// client5 is an MQTT 5 client that records the server's DISCONNECT.
+type client5 struct {
+	*mqtttest.V5
+	disconnect chan byte
+}
+
+func connectPersistent(t *testing.T, b *Broker, id string, cleanStart bool) *client5 {
+	t.Helper()
+	c := &client5{disconnect: make(chan byte, 1)}
+	conn := mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil)
+	v := &mqtttest.V5{Msgs: make(chan *paho.Publish, 10000)}
+	v.Client = paho.NewClient(paho.ClientConfig{
+		ClientID: id, Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(r paho.PublishReceived) (bool, error) {
+			v.Msgs <- r.Packet
+			return true, nil
+		}},
+		OnServerDisconnect: func(d *paho.Disconnect) { c.disconnect <- d.ReasonCode },
+	})
+	expiry := uint32(3600)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ca, err := v.Client.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: cleanStart, KeepAlive: 30,
+		Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}})
+	if err != nil {
+		t.Fatalf("connect %s: %v", id, err)
+	}
+	v.Connack = ca
+	t.Cleanup(v.Close)
+	c.V5 = v
+	return c
+}
+
+func TestClusterSessionResumeAndTakeover(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 3, nc.URLs())
+	a, b, c := bs[0], bs[1], bs[2]
+
+	dev := connectPersistent(t, a, "dev-1", true)
+	dev.Subscribe(t, paho.SubscribeOptions{Topic: "cmd/dev-1/#", QoS: 1}, paho.SubscribeOptions{Topic: "cmd/+/all", QoS: 2})
+	dev.Close() // offline; the session stays on node a
+
+	pub := dialV5(t, b, &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+	for i := range 10 {
+		pub.Publish(t, &paho.Publish{Topic: "cmd/dev-1/x", QoS: 1, Payload: fmt.Appendf(nil, "q%d", i)})
+	}
+	pub.Publish(t, &paho.Publish{Topic: "cmd/any/all", QoS: 2, Payload: []byte("all")})
+	pub.Publish(t, &paho.Publish{Topic: "cmd/dev-1/x", QoS: 0, Payload: []byte("qos0: not queued")})
+
+	// Resume on node c: session present, subscriptions and the queued messages.
+	dev = connectPersistent(t, c, "dev-1", false)
+	if !dev.Connack.SessionPresent {
+		t.Fatal("resumed on another node without session present")
+	}
+	var got []string
+	for range 11 {
+		got = append(got, string(dev.Next(t).Payload))
+	}
+	want := []string{"q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8", "q9", "all"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("queued messages: got %q, want %q", got, want)
+	}
+	expectNone(t, dev.V5, "dev-1")
+	// The subscriptions came along: live messages arrive on node c.
+	pub.Publish(t, &paho.Publish{Topic: "cmd/dev-1/live", QoS: 1, Payload: []byte("live")})
+	if m := dev.Next(t); string(m.Payload) != "live" {
+		t.Fatalf("live: got %q", m.Payload)
+	}
+	// Node a dropped its copy.
+	waitFor(t, 5*time.Second, "node a to drop the session", func() bool {
+		_, ok := a.Server().Clients.Get("dev-1")
+		return !ok
+	})
+
+	// Takeover: the same id connects to node b while connected on node c.
+	dev2 := connectPersistent(t, b, "dev-1", false)
+	if !dev2.Connack.SessionPresent {
+		t.Fatal("takeover without session present")
+	}
+	select {
+	case rc := <-dev.disconnect:
+		if rc != 0x8E {
+			t.Fatalf("first connection got DISCONNECT %#x, want 0x8E", rc)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("first connection not disconnected")
+	}
+	pub.Publish(t, &paho.Publish{Topic: "cmd/dev-1/after", QoS: 1, Payload: []byte("after")})
+	if m := dev2.Next(t); string(m.Payload) != "after" {
+		t.Fatalf("after takeover: got %q", m.Payload)
+	}
+	expectNone(t, dev2.V5, "dev-1 on node b")
+	if _, ok := c.Server().Clients.Get("dev-1"); ok {
+		waitFor(t, 5*time.Second, "node c to drop the session", func() bool {
+			_, ok := c.Server().Clients.Get("dev-1")
+			return !ok
+		})
+	}
+
+	// The admin API names the node holding each client: locally, and
+	// cluster-wide from any node.
+	if body := clusterGet(t, "http://"+b.Addr("http")+"/api/v1/clients/dev-1"); !strings.Contains(body, `"node": "node-b"`) {
+		t.Fatalf("client view lacks its node: %s", body)
+	}
+	var list adminapi.ClusterClientList
+	waitFor(t, 5*time.Second, "the cluster client list", func() bool {
+		list = adminapi.ClusterClientList{}
+		if err := json.Unmarshal([]byte(clusterGet(t, "http://"+a.Addr("http")+adminapi.PathClusterClients)), &list); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(list.Clients, adminapi.ClusterClientView{ID: "dev-1", Node: "node-b", Connected: true, Persistent: true}) &&
+			slices.Contains(list.Clients, adminapi.ClusterClientView{ID: "pub", Node: "node-b", Connected: true})
+	})
+
+	// $SYS: this node's id and the cluster totals.
+	sys := dialV5(t, c, &paho.Connect{ClientID: "sys", CleanStart: true, KeepAlive: 30})
+	sys.Subscribe(t, paho.SubscribeOptions{Topic: "$SYS/cluster/#", QoS: 0}, paho.SubscribeOptions{Topic: "$SYS/broker/cluster/node", QoS: 0})
+	seen := map[string]string{}
+	waitFor(t, 15*time.Second, "$SYS cluster totals", func() bool {
+		select {
+		case m := <-sys.Msgs:
+			seen[m.Topic] = string(m.Payload)
+		default:
+			time.Sleep(5 * time.Millisecond)
+		}
+		// dev-1 and pub on node b, sys on node c.
+		return seen["$SYS/broker/cluster/node"] == "node-c" && seen["$SYS/cluster/nodes"] == "3" && seen["$SYS/cluster/clients/connected"] == "3"
+	})
+}
+
+func clusterGet(t *testing.T, url string) string {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
+}
+
+func TestClusterRefusesConnectionsWithoutNATS(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	cfg := testConfig(t)
+	cfg.Cluster.NATS = nc.URLs()
+	cfg.Cluster.NodeID = "solo"
+	b := startBroker(t, cfg)
+	ready := func() int {
+		res, err := http.Get("http://" + b.Addr("http") + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	waitFor(t, 5*time.Second, "readyz 200", func() bool { return ready() == 200 })
+	nc.Shutdown()
+	waitFor(t, 15*time.Second, "readyz 503 without NATS", func() bool { return ready() == 503 })
+	conn, err := net.Dial("tcp", b.Addr("tcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = mqtttest.TryConnectV5(conn, &paho.Connect{ClientID: "late", CleanStart: true, KeepAlive: 30})
+	if err == nil || !strings.Contains(err.Error(), "136") && !strings.Contains(strings.ToLower(err.Error()), "unavailable") {
+		t.Fatalf("connect without NATS: %v, want CONNACK 0x88 (server unavailable)", err)
+	}
+}
+
+// TestClusterConcurrentConnectsOneOwner connects one client id to three
+// nodes at once, a few times over: when the dust settles exactly one
+// connection is alive and the session record names its node.
+func TestClusterConcurrentConnectsOneOwner(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 3, nc.URLs())
+	for round := range 3 {
+		clients := make([]*client5, len(bs))
+		done := make(chan int, len(bs))
+		for i, b := range bs {
+			go func() {
+				defer func() { done <- i }()
+				conn, err := net.Dial("tcp", b.Addr("tcp"))
+				if err != nil {
+					return
+				}
+				c := &client5{disconnect: make(chan byte, 1)}
+				v := &mqtttest.V5{Msgs: make(chan *paho.Publish, 100)}
+				v.Client = paho.NewClient(paho.ClientConfig{ClientID: "racer", Conn: conn,
+					OnServerDisconnect: func(d *paho.Disconnect) { c.disconnect <- d.ReasonCode }})
+				expiry := uint32(60)
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if _, err := v.Client.Connect(ctx, &paho.Connect{ClientID: "racer", KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}); err != nil {
+					_ = conn.Close()
+					return
+				}
+				c.V5 = v
+				clients[i] = c
+			}()
+		}
+		for range bs {
+			<-done
+		}
+		alive := func() []int {
+			var out []int
+			for i, c := range clients {
+				if c == nil {
+					continue
+				}
+				select {
+				case <-c.Client.Done():
+				default:
+					if cl, ok := bs[i].Server().Clients.Get("racer"); ok && !cl.Closed() {
+						out = append(out, i)
+					}
+				}
+			}
+			return out
+		}
+		waitFor(t, 10*time.Second, "one connection left", func() bool { return len(alive()) == 1 })
+		winner := alive()[0]
+		rec, _, err := bs[0].ClusterNode().LoadSession(context.Background(), "racer")
+		if err != nil || rec == nil {
+			t.Fatalf("round %d: record %v %v", round, rec, err)
+		}
+		waitFor(t, 5*time.Second, "the record to name the winner", func() bool {
+			rec, _, _ := bs[winner].ClusterNode().LoadSession(context.Background(), "racer")
+			return rec != nil && rec.Owner == bs[winner].NodeID() && rec.Connected
+		})
+		for _, c := range clients {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+}
+
+// TestClusterKeySharedStaysPerNode: a $share group on a node takes the
+// messages published on that node only, so no message is processed by two
+// nodes' copies of a group.
+func TestClusterKeySharedStaysPerNode(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 2, nc.URLs())
+	a, b := bs[0], bs[1]
+	member := dialV5(t, a, &paho.Connect{ClientID: "member", CleanStart: true, KeepAlive: 30})
+	member.Subscribe(t, paho.SubscribeOptions{Topic: "$share/g/jobs/#", QoS: 1})
+	plain := dialV5(t, a, &paho.Connect{ClientID: "plain", CleanStart: true, KeepAlive: 30})
+	plain.Subscribe(t, paho.SubscribeOptions{Topic: "jobs/#", QoS: 1})
+	pubB := dialV5(t, b, &paho.Connect{ClientID: "pub-b", CleanStart: true, KeepAlive: 30})
+	pubA := dialV5(t, a, &paho.Connect{ClientID: "pub-a", CleanStart: true, KeepAlive: 30})
+	pubB.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-b")})
+	pubA.Publish(t, &paho.Publish{Topic: "jobs/1", QoS: 1, Payload: []byte("from-a")})
+	// The plain subscriber gets both; the group member only node a's.
+	got := map[string]bool{string(plain.Next(t).Payload): true, string(plain.Next(t).Payload): true}
+	if !got["from-a"] || !got["from-b"] {
+		t.Fatalf("plain subscriber got %v", got)
+	}
+	if m := member.Next(t); string(m.Payload) != "from-a" {
+		t.Fatalf("group member got %q, want only node a's publish", m.Payload)
+	}
+	expectNone(t, member, "group member")
+}
+
+// TestClusterSweepsSessionsOfGoneNodes: records of sessions whose node is
+// gone expire on another node; those of live nodes are left to them.
+func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	bs := startClusterBrokers(t, 2, nc.URLs())
+	a, b := bs[0], bs[1]
+	ctx := context.Background()
+	now := time.Now()
+	state := func(version byte, expiry uint32) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"client":{"protocolVersion":%d,"properties":{"sessionExpiryInterval":%d,"sessionExpiryIntervalFlag":true}}}`, version, expiry))
+	}
+	for _, rec := range []cluster.SessionRecord{
+		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 10)},
+		{ClientID: "young", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 3600)},
+		{ClientID: "clean", Owner: "node-gone", Connected: true},
+		// MQTT 3.1.1 sessions last max-session-expiry (a week by default).
+		{ClientID: "v311", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-6 * 24 * time.Hour).Unix(), State: state(4, 0)},
+		{ClientID: "v311-old", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-8 * 24 * time.Hour).Unix(), State: state(4, 0)},
+		{ClientID: "was-connected", Owner: "node-gone", Persistent: true, Connected: true, State: state(5, 10)},
+	} {
+		if _, err := a.ClusterNode().SaveSession(ctx, &rec, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A session node b holds, offline: b is alive, so it is b's to expire.
+	held := connectPersistent(t, b, "held", true)
+	held.Close()
+
+	sweep := func(at time.Time) []string {
+		t.Helper()
+		deleted, err := a.ClusterHook().SweepOrphans(ctx, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(deleted)
+		return deleted
+	}
+	if got := sweep(now); !slices.Equal(got, []string{"clean", "expired", "v311-old"}) {
+		t.Fatalf("first sweep deleted %q, want clean, expired and v311-old", got)
+	}
+	// A session connected when its node died expires counted from when it
+	// was first found orphaned.
+	if got := sweep(now.Add(11 * time.Second)); !slices.Equal(got, []string{"was-connected"}) {
+		t.Fatalf("second sweep deleted %q, want was-connected", got)
+	}
+	// Two hours on: young has expired; held (3600 s too) has a live owner.
+	if got := sweep(now.Add(2 * time.Hour)); !slices.Equal(got, []string{"young"}) {
+		t.Fatalf("third sweep deleted %q, want young", got)
+	}
+	for _, id := range []string{"v311", "held"} {
+		if rec, _, err := a.ClusterNode().LoadSession(ctx, id); err != nil || rec == nil {
+			t.Errorf("%s: record %v %v, want kept", id, rec, err)
+		}
+	}
+}

@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func backoff(attempt int) time.Duration {
+	d := 50 * time.Millisecond << min(attempt, 5)
+	return min(d, time.Second)
+}
+
+// Publish sends a message published on this node to the other nodes. QoS 0
+// goes over core NATS (no wait, at most once); QoS 1 and 2 are stored in
+// KL_MSGS first, and Publish returns the stream sequence once the store is
+// acknowledged (retrying through a JetStream leader election, with one
+// message id, so a retry never stores twice).
+func (n *Node) Publish(ctx context.Context, topic string, qos byte, body []byte) (uint64, error) {
+	if qos == 0 {
+		subj, _ := TopicSubject(KindMessage, topic)
+		if err := n.nc.Publish(subj, body); err != nil {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: publish: %w", err)
+		}
+		n.Stats.CorePublished.Add(1)
+		return 0, nil
+	}
+	subj, _ := TopicSubject(KindQueued, topic)
+	seq, err := n.store(ctx, subj, body, StreamMessages)
+	if err != nil {
+		return 0, err
+	}
+	n.Stats.QueuedPublished.Add(1)
+	return seq, nil
+}
+
+// StoreRetained stores a retained message (the body says whether it is a
+// delete) for every node, and returns once it is acknowledged.
+func (n *Node) StoreRetained(ctx context.Context, topic string, body []byte) error {
+	subj, _ := TopicSubject(KindRetained, topic)
+	if _, err := n.store(ctx, subj, body, StreamRetained); err != nil {
+		return err
+	}
+	n.Stats.RetainedStored.Add(1)
+	return nil
+}
+
+func (n *Node) store(ctx context.Context, subj string, body []byte, stream string) (uint64, error) {
+	m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{hdrNode: []string{n.cfg.NodeID}}}
+	id := n.cfg.NodeID + "-" + n.boot + "-" + strconv.FormatUint(n.msgID.Add(1), 10)
+	deadline := time.Now().Add(n.cfg.PublishTimeout)
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
+		ack, err := n.js.PublishMsg(actx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(stream))
+		cancel()
+		if err == nil {
+			n.lastJSOK.Store(time.Now().UnixNano())
+			return ack.Sequence, nil
+		}
+		if permanent(err) {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: store on %s: %w", stream, err) // refused, not unavailable
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) || n.stopped() {
+			n.Stats.PublishErrors.Add(1)
+			return 0, fmt.Errorf("cluster: store on %s: %w (%v)", stream, ErrNotReady, err)
+		}
+		if !n.sleep(backoff(attempt)) {
+			return 0, ErrNotReady
+		}
+	}
+}
+
+// coreLoop hands core messages to the handler in the order the connection
+// received them (every core subscription shares one channel).
+func (n *Node) coreLoop() {
+	for {
+		select {
+		case <-n.stop:
+			return
+		case m := <-n.coreCh:
+			n.Stats.CoreReceived.Add(1)
+			if n.h.Message != nil {
+				n.h.Message(Incoming{Data: m.Data})
+			}
+		}
+	}
+}
+
+func (n *Node) readQueued(it jetstream.MessagesContext) {
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
+				return
+			}
+			n.log.Warn("reading queued messages", "error", err)
+			return
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		seq := md.Sequence.Stream
+		switch {
+		case seq <= n.queuedPos.Load():
+			n.Stats.QueuedRedeliver.Add(1)
+		case m.Headers().Get(hdrNode) == n.cfg.NodeID:
+			n.Stats.QueuedOwn.Add(1)
+			n.queuedPos.Store(seq)
+		default:
+			n.Stats.QueuedReceived.Add(1)
+			if n.h.Message != nil {
+				n.h.Message(Incoming{Data: m.Data(), Seq: seq, Queued: true})
+			}
+			n.queuedPos.Store(seq)
+		}
+	}
+}
+
+// QueuedPosition returns the highest KL_MSGS sequence this node has handed
+// to its handler (or skipped as its own).
+func (n *Node) QueuedPosition() uint64 { return n.queuedPos.Load() }
+
+// startRetained tails KL_RETAINED from the last message of every subject;
+// retainedOK closes once the tail was reached.
+func (n *Node) startRetained(ctx context.Context) error {
+	st, err := n.js.Stream(ctx, StreamRetained)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		close(n.retainedOK)
+	}
+	cons, err := n.js.OrderedConsumer(ctx, StreamRetained, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverAllPolicy, // one message per subject: the last
+		FilterSubjects: []string{
+			Prefix + "." + KindRetained + ".>",
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: retained consumer: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
+	if err != nil {
+		return fmt.Errorf("cluster: retained consumer: %w", err)
+	}
+	if !n.trackIterator(it) {
+		return ErrNotReady
+	}
+	loaded := info.State.Msgs == 0
+	n.goFunc(func() {
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
+					return
+				}
+				n.log.Debug("reading retained messages", "error", err)
+				continue
+			}
+			n.Stats.RetainedReceived.Add(1)
+			if n.h.Retained != nil {
+				n.h.Retained(Incoming{Data: m.Data()})
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				continue
+			}
+			n.retainedPos.Store(md.Sequence.Stream)
+			if !loaded && md.NumPending == 0 {
+				loaded = true
+				close(n.retainedOK)
+			}
+		}
+	})
+	return nil
+}
+
+// CatchUpRetained waits until every retained message stored anywhere in the
+// cluster before the call has been handed to Handler.Retained, or ctx ends:
+// a subscription made after a retained publish was acknowledged on another
+// node gets it.
+func (n *Node) CatchUpRetained(ctx context.Context) error {
+	st, err := n.js.Stream(ctx, StreamRetained)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: retained stream: %w", err)
+	}
+	for n.retainedPos.Load() < info.State.LastSeq {
+		if info.State.Msgs == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: retained messages not caught up: %w", ctx.Err())
+		case <-n.stop:
+			return ErrNotReady
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// permanent reports whether a store error will not go away by retrying: a
+// message too large for NATS or the stream. Everything else (timeouts, no
+// responders, a stream without a leader for a moment, answers from a node
+// that is catching up) is retried until the publish deadline.
+func permanent(err error) bool {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10054 // message size exceeds maximum allowed
+}

@@ -1,0 +1,428 @@
+package hooks
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/cluster"
+)
+
+// Ids of the inline clients that inject messages from other nodes. Clients
+// cannot take them: MQTT strings never hold U+0000.
+const (
+	clusterCoreClient   = "\x00keyline-cluster-core"
+	clusterQueuedClient = "\x00keyline-cluster-queued"
+	clusterSysClient    = "\x00keyline-cluster-sys"
+)
+
+// ClusterStats are the cluster hook's counters.
+type ClusterStats struct {
+	Forwarded     atomic.Uint64 // publishes sent to other nodes
+	Delivered     atomic.Uint64 // messages from other nodes delivered locally
+	Refused       atomic.Uint64 // CONNECTs refused while NATS was unavailable
+	ForwardErrors atomic.Uint64 // QoS 1/2 publishes the cluster could not store (publisher told)
+	Expired       atomic.Uint64 // messages from other nodes that expired on the way
+	Restored      atomic.Uint64 // queued messages restored into sessions taken over from other nodes
+	RecordErrors  atomic.Uint64 // session record writes that failed
+	Injected      atomic.Uint64 // packets injected into mochi (other nodes' messages, $SYS); mochi counts them as received
+}
+
+// Cluster is the mochi glue of cluster mode: it forwards local publishes,
+// retained messages and wills to the other nodes, delivers theirs locally,
+// keeps the node's interest equal to its local subscriptions, and keeps
+// session records (ownership, subscriptions, progress) in the cluster.
+//
+// It must be added after the Key-Shared hook and before the fan-out hook:
+// the fan-out hook may answer OnPublish with CodeSuccessIgnore, which ends
+// the hook chain, and forwarding must not depend on mochi's own routing.
+type Cluster struct {
+	mqtt.HookBase
+	server *mqtt.Server
+	node   *cluster.Node
+	Stats  ClusterStats
+
+	inlineCore, inlineQueued, inlineSys *mqtt.Client
+
+	// injectSeq is the KL_MSGS sequence of the queued message being injected
+	// (one goroutine injects queued messages).
+	injectSeq atomic.Uint64
+	// pubSeq: publishing client id -> KL_MSGS sequence of the publish it is
+	// in the middle of (stored, not yet delivered locally).
+	pubSeq sync.Map
+
+	mu struct {
+		sync.Mutex
+		sessions map[string]*clusterSession // client id -> session this node holds
+		nodes    map[string]nodeFigures     // other nodes' figures, by node id
+		orphans  map[string]time.Time       // client id -> when its owner was first found gone
+	}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// NewCluster returns the cluster hook for server. Bind it to a node with
+// SetNode before the server serves.
+func NewCluster(server *mqtt.Server) *Cluster {
+	h := &Cluster{server: server, stop: make(chan struct{})}
+	h.mu.sessions = map[string]*clusterSession{}
+	h.mu.nodes = map[string]nodeFigures{}
+	h.mu.orphans = map[string]time.Time{}
+	for _, c := range []struct {
+		cl **mqtt.Client
+		id string
+	}{{&h.inlineCore, clusterCoreClient}, {&h.inlineQueued, clusterQueuedClient}, {&h.inlineSys, clusterSysClient}} {
+		*c.cl = server.NewClient(nil, mqtt.LocalListener, c.id, true)
+		(*c.cl).Properties.ProtocolVersion = 5
+	}
+	return h
+}
+
+// Handler returns what the cluster node calls back.
+func (h *Cluster) Handler() cluster.Handler {
+	return cluster.Handler{Message: h.deliver, Retained: h.retained, Release: h.Release, NodeStats: h.nodeStats}
+}
+
+// SetNode binds the hook to its node and starts the session flusher.
+func (h *Cluster) SetNode(n *cluster.Node) {
+	h.node = n
+	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop} {
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			loop()
+		}()
+	}
+}
+
+// Node returns the cluster node.
+func (h *Cluster) Node() *cluster.Node { return h.node }
+
+// ID returns the hook's id.
+func (h *Cluster) ID() string { return "keyline-cluster" }
+
+// Provides reports which hook methods Cluster implements.
+func (h *Cluster) Provides(b byte) bool { return clusterEvents.has(b) }
+
+var clusterEvents = eventSet(
+	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
+	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
+	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
+	mqtt.OnQosPublish, mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
+	mqtt.OnPacketEncode, mqtt.OnPacketSent,
+)
+
+// Stop ends the flusher after a last flush of every session.
+func (h *Cluster) Stop() error {
+	select {
+	case <-h.stop:
+		return nil
+	default:
+	}
+	close(h.stop)
+	h.wg.Wait()
+	return nil
+}
+
+// FromCluster reports whether cl is one of the clients that inject what
+// other nodes send.
+func (h *Cluster) FromCluster(cl *mqtt.Client) bool {
+	return cl == h.inlineCore || cl == h.inlineQueued || cl == h.inlineSys
+}
+
+// Ready reports whether the node may take new connections.
+func (h *Cluster) Ready() bool { return h.node != nil && h.node.Ready() }
+
+// OnConnect refuses new connections while NATS or JetStream is unavailable,
+// rather than serving a split namespace: CONNACK 0x88 (3.1.1: 0x03).
+func (h *Cluster) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
+	if h.Ready() {
+		return nil
+	}
+	h.Stats.Refused.Add(1)
+	_ = h.server.SendConnack(cl, packets.ErrServerUnavailable, false, nil)
+	return packets.ErrServerUnavailable
+}
+
+// --- publishing to other nodes ---
+
+// OnPublish forwards a publish from a local client to the other nodes. QoS
+// 1/2 publishes are stored in the cluster before mochi acknowledges them; if
+// that fails the publisher is told (MQTT 5: PUBACK/PUBREC 0x80; 3.1.1: the
+// connection is closed without an acknowledgement).
+func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if cl.Net.Inline || h.node == nil {
+		return pk, nil // the broker's own (dead letters, $SYS) or from another node
+	}
+	body, err := encodeEnvelope(pk)
+	if err != nil {
+		h.Log.Warn("cluster: not forwarding a publish", "topic", pk.TopicName, "error", err)
+		return pk, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
+	defer cancel()
+	seq, err := h.node.Publish(ctx, pk.TopicName, pk.FixedHeader.Qos, body)
+	if err != nil {
+		if pk.FixedHeader.Qos == 0 {
+			h.Log.Debug("cluster: QoS 0 publish not forwarded", "topic", pk.TopicName, "error", err)
+			return pk, nil
+		}
+		h.Stats.ForwardErrors.Add(1)
+		h.Log.Warn("cluster: QoS 1/2 publish not stored; refusing it", "topic", pk.TopicName, "client", cl.ID, "error", err)
+		if cl.Properties.ProtocolVersion == 5 {
+			return pk, packets.ErrUnspecifiedError
+		}
+		cl.Stop(fmt.Errorf("cluster: message not stored: %w", err))
+		return pk, packets.ErrRejectPacket
+	}
+	h.Stats.Forwarded.Add(1)
+	if seq > 0 {
+		h.pubSeq.Store(cl.ID, seq) // OnQosPublish ties local deliveries to it
+	}
+	return pk, nil
+}
+
+// OnPublished ends a publish: its local deliveries are all recorded.
+func (h *Cluster) OnPublished(cl *mqtt.Client, _ packets.Packet) {
+	if !cl.Net.Inline {
+		h.pubSeq.Delete(cl.ID)
+	}
+}
+
+// OnRetainMessage stores a retained message (or its deletion) for every
+// node, before the publisher is acknowledged.
+func (h *Cluster) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, _ int64) {
+	if h.FromCluster(cl) || h.node == nil {
+		return
+	}
+	body, err := encodeEnvelope(pk)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
+		err = h.node.StoreRetained(ctx, pk.TopicName, body)
+		cancel()
+	}
+	if err != nil {
+		h.Log.Error("cluster: retained message not stored for the other nodes", "topic", pk.TopicName, "error", err)
+	}
+}
+
+// OnWillSent forwards a will to the other nodes (mochi has delivered it
+// locally; a retained will was stored by OnRetainMessage).
+func (h *Cluster) OnWillSent(cl *mqtt.Client, pk packets.Packet) {
+	if h.node == nil || cl.Net.Inline {
+		return
+	}
+	body, err := encodeEnvelope(pk)
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
+		_, err = h.node.Publish(ctx, pk.TopicName, pk.FixedHeader.Qos, body)
+		cancel()
+	}
+	if err != nil {
+		h.Log.Warn("cluster: will not forwarded", "client", cl.ID, "topic", pk.TopicName, "error", err)
+		return
+	}
+	h.Stats.Forwarded.Add(1)
+}
+
+// --- delivering what other nodes send ---
+
+// deliver injects a message from another node into mochi, which delivers it
+// to the local subscribers (the fan-out hook takes QoS 0 deliveries). It
+// does not come back to OnPublish's forwarding, and Key-Shared groups do
+// not take it (they are per node).
+func (h *Cluster) deliver(in cluster.Incoming) {
+	pk, err := decodeEnvelope(in.Data)
+	if err != nil {
+		h.Log.Warn("cluster: dropping a malformed message", "error", err)
+		return
+	}
+	if !remainingExpiry(&pk, time.Now()) {
+		h.Stats.Expired.Add(1)
+		return
+	}
+	// Retained state comes from the retained stream, in its order; a live
+	// copy must not overwrite it (it may be older than what the stream holds).
+	pk.FixedHeader.Retain = false
+	cl := h.inlineCore
+	if in.Queued {
+		cl = h.inlineQueued
+		h.injectSeq.Store(in.Seq)
+		defer h.injectSeq.Store(0)
+	}
+	if err := h.server.InjectPacket(cl, pk); err != nil {
+		h.Log.Warn("cluster: delivering a message from another node", "topic", pk.TopicName, "error", err)
+		return
+	}
+	h.Stats.Injected.Add(1)
+	h.Stats.Delivered.Add(1)
+}
+
+// retained applies the retained stream to the local index.
+func (h *Cluster) retained(in cluster.Incoming) {
+	pk, err := decodeEnvelope(in.Data)
+	if err != nil {
+		h.Log.Warn("cluster: dropping a malformed retained message", "error", err)
+		return
+	}
+	pk.FixedHeader.Retain = true
+	pk.FixedHeader.Qos = min(pk.FixedHeader.Qos, 2)
+	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
+		pk.Payload = nil // expired while stored: a deletion
+	}
+	h.server.Topics.RetainMessage(pk)
+	atomic.StoreInt64(&h.server.Info.Retained, int64(h.server.Topics.Retained.Len()))
+}
+
+// OnSelectSubscribers keeps a queued message from a session that already
+// got it through a replay (a session taken over from another node), or
+// whose matching subscriptions are younger than the message.
+func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
+	if pk.Origin != clusterQueuedClient {
+		return subs
+	}
+	seq := h.injectSeq.Load()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id := range subs.Subscriptions {
+		if s := h.mu.sessions[id]; s != nil && !s.takesQueued(pk.TopicName, seq) {
+			delete(subs.Subscriptions, id)
+		}
+	}
+	return subs
+}
+
+// --- subscriptions: the node's interest ---
+
+// OnSubscribe waits, for a SUBSCRIBE with non-shared filters, until the
+// retained messages stored anywhere in the cluster before it are in the
+// local index (at most two seconds), so it gets what another node retained
+// just before.
+func (h *Cluster) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if h.node == nil || cl.Net.Inline {
+		return pk
+	}
+	for _, f := range pk.Filters {
+		if !mqtt.IsSharedFilter(f.Filter) && f.RetainHandling != 2 {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := h.node.CatchUpRetained(ctx); err != nil {
+				h.Log.Debug("cluster: retained messages may lag behind", "error", err)
+			}
+			cancel()
+			break
+		}
+	}
+	return pk
+}
+
+// OnSubscribed registers the granted subscriptions' filters with the node
+// (waiting until other nodes' messages will reach it) and stores them in a
+// persistent session's record before the SUBACK goes out.
+func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
+	if h.node == nil || cl.Net.Inline {
+		return
+	}
+	s := h.session(cl)
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var added []packets.Subscription
+	var fresh []string
+	s.mu.Lock()
+	for i, f := range pk.Filters {
+		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
+			continue
+		}
+		if mqtt.IsSharedFilter(f.Filter) {
+			continue // Key-Shared groups are per node for now
+		}
+		sub := f
+		sub.Qos = reasonCodes[i]
+		added = append(added, sub) // new, or the same filter with new options
+		if _, known := s.since[f.Filter]; !known {
+			s.setSinceLocked(f.Filter, sincePending) // takes no queued message yet
+			fresh = append(fresh, f.Filter)
+		}
+	}
+	s.mu.Unlock()
+	var since uint64
+	if len(fresh) > 0 {
+		h.addInterest(ctx, s, fresh...)
+		// Read once the node's consumer takes the filters: every later
+		// message reaches this node.
+		var err error
+		if since, err = h.node.LastSequence(ctx); err != nil {
+			h.Log.Warn("cluster: subscription start unknown; it may get messages published just before it", "client", cl.ID, "error", err)
+		}
+		s.mu.Lock()
+		for _, f := range fresh {
+			s.setSinceLocked(f, since)
+		}
+		s.mu.Unlock()
+	}
+	if len(added) > 0 && s.persistent.Load() {
+		h.saveSubscriptions(ctx, s, added, since, nil)
+	}
+}
+
+// OnUnsubscribed drops the filters from the node's interest and the record.
+func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	if h.node == nil || cl.Net.Inline {
+		return
+	}
+	s := h.session(cl)
+	if s == nil {
+		return
+	}
+	var removed []string
+	for _, f := range pk.Filters {
+		if h.removeInterest(s, f.Filter) {
+			removed = append(removed, f.Filter)
+		}
+	}
+	if len(removed) > 0 && s.persistent.Load() && !s.released.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		h.saveSubscriptions(ctx, s, nil, 0, removed)
+	}
+}
+
+// addInterest registers the session's new filters with the node and waits
+// until other nodes' messages for them reach it.
+func (h *Cluster) addInterest(ctx context.Context, s *clusterSession, filters ...string) {
+	var fresh []string
+	s.mu.Lock()
+	for _, f := range filters {
+		if !s.filters[f] {
+			s.filters[f] = true
+			fresh = append(fresh, f)
+		}
+	}
+	s.mu.Unlock()
+	if len(fresh) == 0 {
+		return
+	}
+	if err := h.node.AddInterests(ctx, fresh...); err != nil && !errors.Is(err, cluster.ErrInvalidTopic) {
+		h.Log.Warn("cluster: subscription not yet known to the other nodes", "filters", fresh, "error", err)
+	}
+}
+
+func (h *Cluster) removeInterest(s *clusterSession, filter string) bool {
+	s.mu.Lock()
+	had := s.filters[filter]
+	delete(s.filters, filter)
+	delete(s.since, filter)
+	s.mu.Unlock()
+	if had {
+		h.node.RemoveInterest(filter)
+	}
+	return had
+}

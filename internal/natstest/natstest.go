@@ -1,0 +1,264 @@
+// Package natstest starts real NATS clusters with JetStream for tests: in
+// process (embedded nats-server), or as child processes that a test can
+// SIGKILL (the test binary re-executed in a mode that runs one server; call
+// MaybeRunChild first thing in TestMain).
+//
+// A graceful Shutdown() hands JetStream leadership over in milliseconds, so
+// a crash must be a SIGKILL of a child process.
+package natstest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// spec is one server of a cluster, as a child process receives it.
+type spec struct {
+	Name        string   `json:"name"`
+	Port        int      `json:"port"`
+	ClusterPort int      `json:"cluster_port"`
+	Routes      []string `json:"routes"`
+	StoreDir    string   `json:"store_dir"`
+}
+
+func (s spec) options() *server.Options {
+	var routes []*url.URL
+	for _, r := range s.Routes {
+		u, _ := url.Parse(r)
+		routes = append(routes, u)
+	}
+	return &server.Options{
+		ServerName: s.Name,
+		Host:       "127.0.0.1", Port: s.Port,
+		JetStream: true, StoreDir: s.StoreDir,
+		Cluster: server.ClusterOpts{Name: "kl", Host: "127.0.0.1", Port: s.ClusterPort},
+		Routes:  routes,
+		NoSigs:  true, NoLog: true, DisableJetStreamBanner: true,
+	}
+}
+
+func specs(t testing.TB, n int) []spec {
+	dir := t.TempDir()
+	out := make([]spec, n)
+	var routes []string
+	for i := range out {
+		out[i] = spec{Name: fmt.Sprintf("n%d", i+1), Port: FreePort(t), ClusterPort: FreePort(t), StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", out[i].ClusterPort))
+	}
+	for i := range out {
+		out[i].Routes = routes
+	}
+	return out
+}
+
+// Cluster is an in-process NATS cluster.
+type Cluster struct {
+	Servers []*server.Server
+}
+
+// Start starts an n-server JetStream cluster in process (n == 1: a single
+// server) and waits until it has a JetStream meta leader. It shuts down
+// when the test ends.
+func Start(t testing.TB, n int) *Cluster {
+	t.Helper()
+	c := &Cluster{}
+	for _, s := range specs(t, n) {
+		o := s.options()
+		if n == 1 {
+			o.Cluster, o.Routes = server.ClusterOpts{}, nil
+		}
+		srv, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Start()
+		if !srv.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("nats server %s not ready", s.Name)
+		}
+		c.Servers = append(c.Servers, srv)
+	}
+	t.Cleanup(c.Shutdown)
+	deadline := time.Now().Add(30 * time.Second)
+	for !c.hasLeader(n) {
+		if time.Now().After(deadline) {
+			t.Fatal("no JetStream meta leader within 30s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return c
+}
+
+func (c *Cluster) hasLeader(n int) bool {
+	for _, s := range c.Servers {
+		if s.Running() && s.JetStreamIsLeader() && (n == 1 || len(s.JetStreamClusterPeers()) == n) {
+			return true
+		}
+	}
+	return false
+}
+
+// URLs returns the client URLs of the running servers.
+func (c *Cluster) URLs() []string {
+	var out []string
+	for _, s := range c.Servers {
+		if s.Running() {
+			out = append(out, s.ClientURL())
+		}
+	}
+	return out
+}
+
+// Shutdown stops every server.
+func (c *Cluster) Shutdown() {
+	for _, s := range c.Servers {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+}
+
+// --- child processes ---
+
+const childEnv = "KEYLINE_NATSTEST_CHILD"
+
+// MaybeRunChild runs one NATS server and never returns when the test
+// binary was started as a natstest child; otherwise it returns at once.
+func MaybeRunChild() {
+	raw := os.Getenv(childEnv)
+	if raw == "" {
+		return
+	}
+	var s spec
+	if err := json.Unmarshal([]byte(raw), &s); err != nil {
+		fmt.Fprintln(os.Stderr, "natstest child:", err)
+		os.Exit(2)
+	}
+	srv, err := server.NewServer(s.options())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "natstest child:", err)
+		os.Exit(2)
+	}
+	srv.Start()
+	srv.WaitForShutdown()
+	os.Exit(0)
+}
+
+// ProcCluster is a NATS cluster of child processes.
+type ProcCluster struct {
+	specs []spec
+	procs []*exec.Cmd
+}
+
+// StartProcs starts an n-server cluster of child processes (the test
+// binary's TestMain must call MaybeRunChild) and waits until JetStream
+// answers. The children are killed when the test ends.
+func StartProcs(t testing.TB, n int) *ProcCluster {
+	t.Helper()
+	c := &ProcCluster{specs: specs(t, n), procs: make([]*exec.Cmd, n)}
+	t.Cleanup(c.KillAll)
+	for i := range c.specs {
+		c.start(t, i)
+	}
+	for i := range c.specs {
+		waitTCP(t, c.specs[i].Port)
+	}
+	nc, err := nats.Connect(strings.Join(c.URLs(), ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var info struct {
+			Error *struct{} `json:"error"`
+		}
+		m, err := nc.Request("$JS.API.INFO", nil, 2*time.Second)
+		if err == nil && json.Unmarshal(m.Data, &info) == nil && info.Error == nil {
+			return c
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("JetStream not available within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *ProcCluster) start(t testing.TB, i int) {
+	raw, _ := json.Marshal(c.specs[i])
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c.procs[i] = cmd
+}
+
+func waitTCP(t testing.TB, port int) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats server on port %d not listening", port)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// URLs returns every server's client URL (killed ones included: clients skip them).
+func (c *ProcCluster) URLs() []string {
+	out := make([]string, len(c.specs))
+	for i, s := range c.specs {
+		out[i] = fmt.Sprintf("nats://127.0.0.1:%d", s.Port)
+	}
+	return out
+}
+
+// Kill SIGKILLs server i.
+func (c *ProcCluster) Kill(i int) {
+	if p := c.procs[i]; p != nil && p.Process != nil {
+		_ = p.Process.Signal(syscall.SIGKILL)
+		_ = p.Wait()
+		c.procs[i] = nil
+	}
+}
+
+// Restart starts server i again (same name and store).
+func (c *ProcCluster) Restart(t testing.TB, i int) {
+	c.start(t, i)
+	waitTCP(t, c.specs[i].Port)
+}
+
+// KillAll SIGKILLs every server.
+func (c *ProcCluster) KillAll() {
+	for i := range c.procs {
+		c.Kill(i)
+	}
+}
