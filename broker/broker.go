@@ -22,6 +22,7 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
@@ -146,6 +147,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q
 		}
+		ln.closeClients = b.disconnectListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -390,6 +392,16 @@ func (b *Broker) shutdown() error {
 	b.bg.Wait()
 	b.log.Info("keyline stopped")
 	return err
+}
+
+// disconnectListenerClients disconnects the clients of listener id taking
+// the clients' lock once (Clients.GetAll; see listener.closeClients).
+func (b *Broker) disconnectListenerClients(id string) {
+	for _, cl := range b.server.Clients.GetAll() {
+		if cl.Net.Listener == id && !cl.Closed() {
+			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.
