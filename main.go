@@ -117,7 +117,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Var(&cfg.SessionOwnership, "session-ownership", "with auth, a CONNECT using another user's client id is refused, or gets a fresh session: refuse or fresh")
 
 	f = store.fs
-	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db)")
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db) and the group log (segments/)")
 	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
 	f.Var(&cfg.SegmentSize, "segment-size", "size of each file of the group message log under data-dir/segments (64KiB to 1GiB)")
 
@@ -130,7 +130,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
 
 	f = fanout.fs
-	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest or disconnect")
+	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest, disconnect, or conflate (keep the newest per topic)")
 	f.Var(&cfg.ConnQueueSoft, "conn-queue-soft", "outbound queue size a client may exceed for --conn-queue-grace (e.g. 512KiB)")
 	f.Var(&cfg.ConnQueueHard, "conn-queue-hard", "outbound queue size never exceeded; acks and QoS 1/2 messages past it disconnect the client")
 	f.DurationVar(&cfg.ConnQueueGrace, "conn-queue-grace", cfg.ConnQueueGrace, "how long a queue may stay above --conn-queue-soft")

@@ -38,17 +38,21 @@ func (b *Broker) ClientViews() []adminapi.ClientView {
 	return out
 }
 
-// viewOf is what the admin API shows of cl.
+// viewOf is what the admin API shows of cl. Inflight counts the session's
+// QoS 1/2 messages, queued or unacknowledged: its outbox and what mochi
+// tracks itself (retained messages sent on subscribe, Key-Shared deliveries).
 func (b *Broker) viewOf(cl *mqtt.Client) adminapi.ClientView {
+	held, _, _ := b.fanout.Outbox(cl.ID, 0)
 	v := adminapi.ClientView{
 		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
 		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
-		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len(),
+		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len() + held,
 		Node: b.NodeID(),
 	}
 	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 		v.QueuedBytes = q.Queued()
 		v.DroppedMessages, v.DroppedBytes = q.Dropped()
+		v.ConflatedMessages = q.Conflated()
 		l := q.Limits()
 		v.SlowPolicy, v.QueueSoft, v.QueueHard = l.Policy.String(), l.Soft, l.Hard
 	}
@@ -168,6 +172,21 @@ func uintParam(q url.Values, name string) (uint64, bool, error) {
 		return 0, true, fmt.Errorf("query parameter %q: %q is not a non-negative integer", name, vs[0])
 	}
 	return n, true, nil
+}
+
+// limitParam reads the "limit" query parameter: def when absent, else a
+// number from 1 to max.
+func limitParam(q url.Values, def, max uint64) (int, error) {
+	limit, given, err := uintParam(q, "limit")
+	switch {
+	case err != nil:
+		return 0, err
+	case !given:
+		return int(def), nil
+	case limit < 1 || limit > max:
+		return 0, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, max)
+	}
+	return int(limit), nil
 }
 
 func badRequest(w http.ResponseWriter, err error) {

@@ -145,18 +145,12 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
-	limit, given, err := uintParam(q, "limit")
+	limit, err := limitParam(q, adminapi.DefaultDLQLimit, adminapi.MaxDLQLimit)
 	if err != nil {
 		badRequest(w, err)
 		return
 	}
-	if !given {
-		limit = adminapi.DefaultDLQLimit
-	} else if limit < 1 || limit > adminapi.MaxDLQLimit {
-		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxDLQLimit))
-		return
-	}
-	page, err := a.deadLetterPage(name, after, int(limit))
+	page, err := a.deadLetterPage(name, after, limit)
 	if err != nil {
 		writeError(w, err)
 		return

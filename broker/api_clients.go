@@ -41,23 +41,40 @@ func (b *Broker) clientDetail(id string) (adminapi.ClientDetail, error) {
 		})
 	}
 	sort.Slice(d.SubscriptionList, func(i, j int) bool { return d.SubscriptionList[i].Filter < d.SubscriptionList[j].Filter })
-	for _, pk := range cl.State.Inflight.GetAll(false) {
-		if pk.FixedHeader.Type != packets.Publish {
-			continue // a PUBREC/PUBREL step of a QoS 2 flow
-		}
+	add := func(v adminapi.InflightView) bool {
 		if len(d.InflightMessages) == adminapi.MaxClientInflight {
 			d.InflightTruncated = true
-			break
+			return false
 		}
-		d.InflightMessages = append(d.InflightMessages, adminapi.InflightView{
-			PacketID: pk.PacketID, Topic: pk.TopicName, QoS: pk.FixedHeader.Qos,
-			PayloadSize: len(pk.Payload), Created: time.Unix(pk.Created, 0),
-		})
+		d.InflightMessages = append(d.InflightMessages, v)
+		return true
 	}
-	sort.Slice(d.InflightMessages, func(i, j int) bool {
-		a, b := d.InflightMessages[i], d.InflightMessages[j]
+	// What mochi tracks itself (retained messages sent on subscribe,
+	// Key-Shared deliveries), sorted as it cannot keep an order...
+	var mochis []adminapi.InflightView
+	for _, pk := range cl.State.Inflight.GetAll(false) {
+		if pk.FixedHeader.Type != packets.Publish {
+			continue // a PUBREC/PUBREL step of a QoS 2 flow, or a reserved id
+		}
+		mochis = append(mochis, adminapi.InflightView{PacketID: pk.PacketID, Topic: pk.TopicName, QoS: pk.FixedHeader.Qos,
+			PayloadSize: len(pk.Payload), Created: time.Unix(pk.Created, 0)})
+	}
+	sort.Slice(mochis, func(i, j int) bool {
+		a, b := mochis[i], mochis[j]
 		return a.Created.Before(b.Created) || (a.Created.Equal(b.Created) && a.PacketID < b.PacketID)
 	})
+	for _, v := range mochis {
+		if !add(v) {
+			return d, nil
+		}
+	}
+	// ...then the session's outbox, in publish order.
+	_, _, queued := b.fanout.Outbox(id, adminapi.MaxClientInflight+1)
+	for _, m := range queued {
+		if !add(adminapi.InflightView{PacketID: m.PacketID, Topic: m.Topic, QoS: m.QoS, PayloadSize: m.Size, Created: time.Unix(m.Created, 0)}) {
+			break
+		}
+	}
 	return d, nil
 }
 

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"sync/atomic"
@@ -111,18 +110,12 @@ func (a *groupAdmin) handleGroupMessages(w http.ResponseWriter, r *http.Request)
 		badRequest(w, err)
 		return
 	}
-	limit, given, err := uintParam(q, "limit")
+	limit, err := limitParam(q, adminapi.DefaultGroupMessages, adminapi.MaxGroupMessages)
 	if err != nil {
 		badRequest(w, err)
 		return
 	}
-	if !given {
-		limit = adminapi.DefaultGroupMessages
-	} else if limit < 1 || limit > adminapi.MaxGroupMessages {
-		badRequest(w, fmt.Errorf("query parameter \"limit\": %d is not between 1 and %d", limit, adminapi.MaxGroupMessages))
-		return
-	}
-	v, err := a.groupMessages(r.Context(), name, int(limit))
+	v, err := a.groupMessages(r.Context(), name, limit)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -102,5 +102,5 @@ func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 			err = errWatchClosed
 		}
 	}
-	b.log.Info("topic stream closed", "filter", filter, "sent", v.sent.Load(), "skipped", v.skipped.Load(), "remote", r.RemoteAddr, "err", err)
+	b.log.Info("topic stream closed", "filter", filter, "sent", v.sent.Load(), "skipped", v.skipped.Load(), "remote", r.RemoteAddr, "error", err)
 }

@@ -22,12 +22,14 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -144,7 +146,12 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
-		ln.queue = func(c net.Conn) *connq.Conn { return connq.New(c, limits, b.connStats, logger) }
+		ln.queue = func(c net.Conn) *connq.Conn {
+			q := connq.New(c, limits, b.connStats, logger)
+			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
+			return q
+		}
+		ln.closeClients = b.disconnectListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -249,6 +256,8 @@ func (b *Broker) addHooks() error {
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
 		Cluster:            b.groups,
+		// The fan-out's session outboxes share each client's packet ids.
+		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
 	})
 	b.clusterKS.Store(b.keyShared)
 	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
@@ -262,11 +271,16 @@ func (b *Broker) addHooks() error {
 	} else {
 		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
 	}
+	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
+	if err := b.server.AddHook(new(hooks.Protocol), nil); err != nil {
+		return fmt.Errorf("broker: protocol hook: %w", err)
+	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
-	})
+	}, hooks.NewOutboxStore(b.sessions))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
+	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
 		return fmt.Errorf("broker: fan-out hook: %w", err)
 	}
@@ -307,6 +321,10 @@ func (b *Broker) Start() error {
 		default:
 		}
 		b.started = time.Now()
+		if err := b.fanout.RestoreSessions(b.sessions); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
 		if err := b.server.Serve(); err != nil {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return
@@ -385,6 +403,16 @@ func (b *Broker) shutdown() error {
 	b.bg.Wait()
 	b.log.Info("keyline stopped")
 	return err
+}
+
+// disconnectListenerClients disconnects the clients of listener id taking
+// the clients' lock once (Clients.GetAll; see listener.closeClients).
+func (b *Broker) disconnectListenerClients(id string) {
+	for _, cl := range b.server.Clients.GetAll() {
+		if cl.Net.Listener == id && !cl.Closed() {
+			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		}
+	}
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.

@@ -57,7 +57,7 @@ type Config struct {
 	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
-	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest or disconnect, for QoS 0 frames that do not fit
+	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
 	ConnQueueSoft      ByteSize            `yaml:"conn-queue-soft"`      // may be exceeded for conn-queue-grace
 	ConnQueueHard      ByteSize            `yaml:"conn-queue-hard"`      // never exceeded; frames mochi writes past it cut the client
 	ConnQueueGrace     time.Duration       `yaml:"conn-queue-grace"`     // how long a queue may stay above the soft limit

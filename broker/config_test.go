@@ -61,7 +61,7 @@ func TestNamedValuesParseOnce(t *testing.T) {
 		{"log-format: xml", `log-format "xml" is not one of text or json`},
 		{"poison-policy: retry", `poison-policy "retry" is not one of dead-letter, drop or block`},
 		{"backlog-policy: sometimes", `backlog-policy "sometimes" is not one of reject or drop-oldest`},
-		{"slow-policy: drop-all", `slow-policy "drop-all" is not one of drop-oldest, drop-newest or disconnect`},
+		{"slow-policy: drop-all", `slow-policy "drop-all" is not one of drop-oldest, drop-newest, disconnect or conflate`},
 		{"group-overrides:\n  - share: s\n    poison-policy: later", `poison-policy "later" is not one of`},
 		{"conn-queue-overrides:\n  - client-prefix: x\n    slow-policy: slow", `slow-policy "slow" is not one of`},
 	} {

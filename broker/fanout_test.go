@@ -128,33 +128,46 @@ func rawSubscribe(t *testing.T, addr, clientID, filter string, qos byte) net.Con
 	return c
 }
 
-// readPublish reads one PUBLISH frame (QoS 0) and returns its payload.
+// readPublish reads up to the next PUBLISH frame and returns its payload.
 func readPublish(r *bufio.Reader) ([]byte, error) {
-	h, err := r.ReadByte()
-	if err != nil {
-		return nil, err
-	}
-	n, mult := 0, 1
+	p, _, err := readAnyPublish(r)
+	return p, err
+}
+
+// readAnyPublish reads frames until a PUBLISH and returns its payload and
+// QoS (packets of other types are skipped).
+func readAnyPublish(r *bufio.Reader) ([]byte, byte, error) {
 	for {
-		d, err := r.ReadByte()
+		h, err := r.ReadByte()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		n += int(d&0x7f) * mult
-		mult *= 128
-		if d&0x80 == 0 {
-			break
+		n, mult := 0, 1
+		for {
+			d, err := r.ReadByte()
+			if err != nil {
+				return nil, 0, err
+			}
+			n += int(d&0x7f) * mult
+			mult *= 128
+			if d&0x80 == 0 {
+				break
+			}
 		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, 0, err
+		}
+		if h>>4 != 3 {
+			continue
+		}
+		qos := (h >> 1) & 3
+		off := 2 + int(binary.BigEndian.Uint16(body))
+		if qos > 0 {
+			off += 2
+		}
+		return body[off:], qos, nil
 	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		return nil, err
-	}
-	if h>>4 != 3 {
-		return nil, fmt.Errorf("packet type %d, want PUBLISH", h>>4)
-	}
-	tl := int(binary.BigEndian.Uint16(body))
-	return body[2+tl:], nil
 }
 
 func clientView(t *testing.T, b *Broker, id string) adminapi.ClientView {
@@ -222,13 +235,35 @@ func TestSlowReadersFollowTheirPolicyAndHurtNobody(t *testing.T) {
 			t.Fatal("slow-cut-1 still connected")
 		}
 	})
-	t.Run("acks and QoS 1 frames past the hard limit cut the client", func(t *testing.T) {
-		if !mqtttest.IsClosed(q1) {
-			t.Fatal("slow-q1-1 still connected")
+	t.Run("QoS 1 messages wait in the session, none lost, the client stays", func(t *testing.T) {
+		if v := clientView(t, b, "slow-q1-1"); !v.Connected || v.QueuedBytes > int(small) {
+			t.Fatalf("client view %+v: want connected, its queue within the soft limit", v)
+		}
+		r := bufio.NewReader(q1)
+		_ = q1.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+		var qos1 []string
+		for {
+			p, qos, err := readAnyPublish(r)
+			if err != nil {
+				t.Fatalf("after %v: %v", qos1, err)
+			}
+			if qos == 1 {
+				qos1 = append(qos1, string(p[:min(6, len(p))]))
+			}
+			if string(p) == "end" {
+				break
+			}
+		}
+		want := []string{}
+		for i := 49; i < n; i += 50 {
+			want = append(want, fmt.Sprintf("%06d", i))
+		}
+		if fmt.Sprint(qos1) != fmt.Sprint(append(want, "end")) {
+			t.Fatalf("QoS 1 messages %v, want %v in order", qos1, append(want, "end"))
 		}
 	})
-	if got := b.connStats.SlowDisconnects.Load(); got != 2 {
-		t.Errorf("slow disconnects = %d, want 2", got)
+	if got := b.connStats.SlowDisconnects.Load(); got != 1 {
+		t.Errorf("slow disconnects = %d, want 1", got)
 	}
 
 	t.Run("drop-oldest keeps the newest and counts the rest", func(t *testing.T) {

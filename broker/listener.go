@@ -29,6 +29,12 @@ type listener struct {
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
 	queue func(c net.Conn) *connq.Conn
+	// closeClients disconnects the listener's clients on Close, in place of
+	// mochi's sweep (closeListenerClients), whose Clients.GetByListener takes
+	// the clients' read lock twice: a client leaving in between queues its
+	// write lock there and shutdown hangs for good (mochi-mqtt/server#488,
+	// open in v2.7.9). Set before Serve.
+	closeClients listeners.CloseFn
 	mu    struct {
 		sync.Mutex
 		closed bool
@@ -134,6 +140,7 @@ const connectTimeout = 10 * time.Second
 func (l *listener) handle(conn net.Conn) {
 	_ = conn.SetReadDeadline(time.Now().Add(connectTimeout))
 	q := l.queue(conn)
+	q.AwaitConnack() // a session is attached as its CONNACK is written: its messages go after it
 	if err := l.establish(l.id, q); err != nil && !errors.Is(err, io.EOF) {
 		l.log.Debug("connection ended", "remote", conn.RemoteAddr().String(), "error", err)
 	}
@@ -180,6 +187,9 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		_ = l.web.Close() // closes the listener; hijacked websocket connections are closed below
 	} else {
 		_ = l.ln.Close()
+	}
+	if l.closeClients != nil {
+		closeClients = l.closeClients
 	}
 	closeClients(l.id)
 }

@@ -42,11 +42,17 @@ var brokerMetrics = []metricDef{
 	{"keyline_fanout_deliveries_total", "QoS 0 deliveries queued by the encode-once fan-out path.", prometheus.CounterValue},
 	{"keyline_fanout_encodes_total", "PUBLISH frames encoded by the fan-out path (one per message and frame variant).", prometheus.CounterValue},
 	{"keyline_fanout_too_large_total", "Fan-out deliveries skipped because the frame exceeded the client's maximum packet size.", prometheus.CounterValue},
+	{"keyline_fanout_tracked_total", "QoS 1/2 deliveries queued in session outboxes by the encode-once fan-out path.", prometheus.CounterValue},
+	{"keyline_outbox_resent_total", "QoS 1/2 messages sent again (DUP) after a client reconnected.", prometheus.CounterValue},
+	{"keyline_outbox_expired_total", "Queued QoS 1/2 messages dropped unsent because their expiry (or max-message-expiry) passed.", prometheus.CounterValue},
 	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
 	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
 	{"keyline_conn_dropped_messages_total", "QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
 	{"keyline_conn_dropped_bytes_total", "Bytes of QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
+	{"keyline_conn_conflated_messages_total", "QoS 0 messages replaced in a slow client's queue by a newer one of their topic (slow policy conflate).", prometheus.CounterValue},
+	{"keyline_conn_drop_signals_total", "Drop signals sent: publishes that carried the number of messages their client missed.", prometheus.CounterValue},
 	{"keyline_conn_slow_disconnects_total", "Clients disconnected because their outbound queue overflowed.", prometheus.CounterValue},
+	{"keyline_conn_protocol_errors_total", "Connections closed for a protocol error found in what the client sent (duplicate properties, Receive Maximum or Maximum Packet Size 0).", prometheus.CounterValue},
 	{"keyline_conn_writes_total", "Socket writes (one writev per writer wakeup).", prometheus.CounterValue},
 	{"keyline_conn_frames_written_total", "MQTT frames written; divided by keyline_conn_writes_total, the frames per writev.", prometheus.CounterValue},
 	{"keyline_conn_queued_bytes", "Bytes waiting in connected clients' outbound queues.", prometheus.GaugeValue},
@@ -95,6 +101,9 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_fanout_deliveries_total"] = float64(f.Stats.Deliveries.Load())
 		values["keyline_fanout_encodes_total"] = float64(f.Stats.Encodes.Load())
 		values["keyline_fanout_too_large_total"] = float64(f.Stats.TooLarge.Load())
+		values["keyline_fanout_tracked_total"] = float64(f.Stats.Tracked.Load())
+		values["keyline_outbox_resent_total"] = float64(f.OutboxStats.Resent.Load())
+		values["keyline_outbox_expired_total"] = float64(f.OutboxStats.Expired.Load())
 	}
 	if a := c.b.auth; a != nil {
 		values["keyline_reserved_publishes_refused_total"] = float64(a.ReservedRefused.Load())
@@ -103,7 +112,10 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	if cs := c.b.connStats; cs != nil {
 		values["keyline_conn_dropped_messages_total"] = float64(cs.DroppedMessages.Load())
 		values["keyline_conn_dropped_bytes_total"] = float64(cs.DroppedBytes.Load())
+		values["keyline_conn_conflated_messages_total"] = float64(cs.Conflated.Load())
+		values["keyline_conn_drop_signals_total"] = float64(cs.DropSignals.Load())
 		values["keyline_conn_slow_disconnects_total"] = float64(cs.SlowDisconnects.Load())
+		values["keyline_conn_protocol_errors_total"] = float64(cs.ProtocolErrors.Load())
 		values["keyline_conn_writes_total"] = float64(cs.Writes.Load())
 		values["keyline_conn_frames_written_total"] = float64(cs.Frames.Load())
 		queued := 0

@@ -6,7 +6,9 @@
 //   - Storage (storage.go): persistent sessions and retained messages in the
 //     data file;
 //   - Fanout (fanout.go): QoS 0 deliveries encoded once and queued by
-//     reference on each connection.
+//     reference on each connection;
+//   - Protocol (protocol.go): CONNACK, SUBACK and UNSUBACK as MQTT wants
+//     them where mochi writes them otherwise.
 //
 // Logic that is not about mochi lives in persistence/ and keyshared/.
 package hooks

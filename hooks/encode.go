@@ -8,23 +8,29 @@ import (
 	"github.com/keyline-mq/keyline/keyshared"
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/frame"
 )
 
-// encodeQoS0 encodes pk as the QoS 0 PUBLISH frame that clients of protocol
-// version get (3.1 and 3.1.1 frames are identical, so version < 5 encodes as
-// 4), with the retain flag and MQTT 5 subscription identifiers given. An
+// encodeFrame encodes pk as the PUBLISH that clients of protocol version
+// get (3.1 and 3.1.1 frames are identical, so version < 5 encodes as 4), at
+// qos, with the retain flag and MQTT 5 subscription identifiers given. An
 // absolute expiry (pk.Expiry) becomes the remaining Message Expiry Interval,
-// at least 1 s [MQTT-3.3.2-6]; response topic and correlation data are kept.
-// It is the one encoder of frames that bypass mochi's WritePacket (the
-// fan-out and Key-Shared QoS 0 paths): check each client's Maximum Packet
-// Size with fits before queueing the frame.
-func encodeQoS0(pk packets.Packet, version byte, retain bool, ids []int) ([]byte, error) {
+// at least 1 s [MQTT-3.3.2-6] (each connection updates it as it writes);
+// response topic and correlation data are kept. A QoS 1/2 frame carries
+// packet id 1: each connection writes its own. It is the one encoder of
+// frames that bypass mochi's WritePacket (the fan-out and Key-Shared paths):
+// check each client's Maximum Packet Size with fits before queueing the frame.
+func encodeFrame(pk packets.Packet, version byte, retain bool, qos byte, ids []int) (*frame.Publish, error) {
 	if version < 5 {
 		version = 4
 	}
 	out := pk
-	out.FixedHeader.Qos, out.FixedHeader.Dup, out.FixedHeader.Retain = 0, false, retain
+	out.FixedHeader.Qos, out.FixedHeader.Dup, out.FixedHeader.Retain = qos, false, retain
 	out.PacketID = 0
+	if qos > 0 {
+		out.PacketID = 1
+	}
 	out.ProtocolVersion = version
 	out.Mods = packets.Mods{AllowResponseInfo: true}
 	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
@@ -33,18 +39,65 @@ func encodeQoS0(pk packets.Packet, version byte, retain bool, ids []int) ([]byte
 		out.Properties.MessageExpiryInterval = uint32(max(1, pk.Expiry-time.Now().Unix()))
 	}
 	var buf bytes.Buffer
+	buf.Grow(len(pk.Payload) + len(pk.TopicName) + 128) // one allocation, sized to the frame
 	if err := out.PublishEncode(&buf); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	b := buf.Bytes()
+	if cap(b)-len(b) > 256 {
+		// Large properties made the buffer grow by doubling: queued frames
+		// are what a slow reader's memory is made of, so keep them tight.
+		b = bytes.Clone(b)
+	}
+	return frame.Parse(b, version, max(pk.Expiry, 0))
 }
 
-// fits reports whether frame is within cl's Maximum Packet Size (MQTT 5; 0
-// means no limit). A frame that does not fit must not be sent [MQTT-3.1.2-24].
-func fits(cl *mqtt.Client, frame []byte) bool {
-	max := cl.Properties.Props.MaximumPacketSize
-	return max == 0 || uint32(len(frame)) <= max
+// reencode returns p encoded for another protocol version (a session
+// resumed by a client of another version than the one its messages were
+// queued for). The subscription identifiers are kept for MQTT 5 only.
+func reencode(p *frame.Publish, version byte) (*frame.Publish, error) {
+	pk, err := decodeFrame(p)
+	if err != nil {
+		return nil, err
+	}
+	pk.Expiry = p.ExpiresAt
+	ids := pk.Properties.SubscriptionIdentifier
+	if version < 5 {
+		ids = nil
+	}
+	return encodeFrame(pk, version, pk.FixedHeader.Retain, pk.FixedHeader.Qos, ids)
 }
+
+// decodeFrame decodes p with mochi's decoder.
+func decodeFrame(p *frame.Publish) (packets.Packet, error) {
+	var fh packets.FixedHeader
+	if err := fh.Decode(p.B[0]); err != nil {
+		return packets.Packet{}, err
+	}
+	body := p.B[1:]
+	n, used := 0, 0
+	for mult := 1; used < len(body); used++ {
+		n += int(body[used]&0x7f) * mult
+		mult <<= 7
+		if body[used]&0x80 == 0 {
+			used++
+			break
+		}
+	}
+	fh.Remaining = n
+	pk := packets.Packet{FixedHeader: fh, ProtocolVersion: p.Version}
+	err := pk.PublishDecode(bytes.Clone(body[used:])) // the packet must not share the frame's bytes
+	return pk, err
+}
+
+// fits reports whether n bytes are within cl's Maximum Packet Size (MQTT 5;
+// 0 means no limit). A frame that does not fit must not be sent [MQTT-3.1.2-24].
+func fits(maxPacket uint32, n int) bool {
+	return maxPacket == 0 || uint32(n) <= maxPacket
+}
+
+// maxPacketSize returns the client's Maximum Packet Size (0: no limit).
+func maxPacketSize(cl *mqtt.Client) uint32 { return cl.Properties.Props.MaximumPacketSize }
 
 // shortAck returns a PUBACK, PUBREC, PUBREL or PUBCOMP that mochi's MQTT 5
 // encoder would write without reason code and properties (a reason below

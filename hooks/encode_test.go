@@ -6,31 +6,29 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/frame"
 )
 
-// decodePublish reads back a frame encodeQoS0 wrote.
-func decodePublish(t *testing.T, frame []byte, version byte) packets.Packet {
+// decodePublish decodes an encoded PUBLISH for protocol version.
+func decodePublish(t *testing.T, b []byte, version byte) packets.Packet {
 	t.Helper()
-	var pk packets.Packet
-	pk.ProtocolVersion = version
-	if err := pk.FixedHeader.Decode(frame[0]); err != nil {
-		t.Fatal(err)
-	}
-	i := 1
-	for frame[i]&0x80 != 0 {
-		i++
-	}
-	i++
-	pk.FixedHeader.Remaining = len(frame) - i
-	if err := pk.PublishDecode(frame[i:]); err != nil {
+	pk, err := decodeFrame(&frame.Publish{B: b, Version: version})
+	if err != nil {
 		t.Fatal(err)
 	}
 	return pk
 }
 
-func TestEncodeQoS0KeepsExpiryAndProperties(t *testing.T) {
+// decodeEdited decodes a frame as one connection would write it.
+func decodeEdited(t *testing.T, p *frame.Publish, e frame.Edit) packets.Packet {
+	t.Helper()
+	out, tail := p.AppendEdited(nil, &e, true)
+	return decodePublish(t, append(out, tail...), p.Version)
+}
+
+func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Retain: true},
 		TopicName:   "sensors/t1", Payload: []byte("21.5"), PacketID: 9,
@@ -40,17 +38,20 @@ func TestEncodeQoS0KeepsExpiryAndProperties(t *testing.T) {
 			User: []packets.UserProperty{{Key: "key", Val: "dev-1"}}, TopicAlias: 3, TopicAliasFlag: true,
 		},
 	}
-	frame, err := encodeQoS0(pk, 5, false, []int{4})
+	f, err := encodeFrame(pk, 5, false, 0, []int{4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := decodePublish(t, frame, 5)
+	got, err := decodeFrame(f)
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := got.Properties
 	switch {
 	case got.FixedHeader.Qos != 0 || got.FixedHeader.Retain || got.PacketID != 0:
 		t.Fatalf("header %+v id %d", got.FixedHeader, got.PacketID)
-	case p.MessageExpiryInterval < 58 || p.MessageExpiryInterval > 60:
-		t.Fatalf("expiry interval %d, want the remaining ~60 s", p.MessageExpiryInterval)
+	case p.MessageExpiryInterval < 58 || p.MessageExpiryInterval > 60 || f.ExpiresAt != pk.Expiry:
+		t.Fatalf("expiry interval %d (expires at %d), want the remaining ~60 s", p.MessageExpiryInterval, f.ExpiresAt)
 	case p.ResponseTopic != "reply/x" || !bytes.Equal(p.CorrelationData, []byte{1, 2}):
 		t.Fatalf("response info dropped: %+v", p)
 	case len(p.User) != 1 || p.TopicAliasFlag || len(p.SubscriptionIdentifier) != 1 || p.SubscriptionIdentifier[0] != 4:
@@ -58,30 +59,38 @@ func TestEncodeQoS0KeepsExpiryAndProperties(t *testing.T) {
 	}
 	// An expiry already passed still gives 1 s, never 0 (which means none).
 	pk.Expiry = time.Now().Unix() - 5
-	frame, _ = encodeQoS0(pk, 5, false, nil)
-	if got := decodePublish(t, frame, 5); got.Properties.MessageExpiryInterval != 1 {
+	f, _ = encodeFrame(pk, 5, false, 0, nil)
+	if got := decodeEdited(t, f, frame.Edit{Now: time.Now().Unix()}); got.Properties.MessageExpiryInterval != 1 {
 		t.Fatalf("expired: interval %d", got.Properties.MessageExpiryInterval)
 	}
-	// 3.1.1 frames carry no properties.
-	frame, _ = encodeQoS0(pk, 3, true, nil)
-	if got := decodePublish(t, frame, 4); !got.FixedHeader.Retain || string(got.Payload) != "21.5" {
-		t.Fatalf("v3 frame %+v", got)
+	// 3.1.1 frames carry no properties; QoS 1 frames get each connection's id.
+	f, _ = encodeFrame(pk, 3, true, 1, nil)
+	if got := decodeEdited(t, f, frame.Edit{ID: 77, Dup: true}); !got.FixedHeader.Retain || string(got.Payload) != "21.5" ||
+		got.PacketID != 77 || !got.FixedHeader.Dup || got.FixedHeader.Qos != 1 || f.Version != 4 {
+		t.Fatalf("v3 frame %+v id %d", got.FixedHeader, got.PacketID)
+	}
+}
+
+func TestReencodeForAnotherVersion(t *testing.T) {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 2}, TopicName: "a/b", Payload: []byte("x"),
+		Properties: packets.Properties{ContentType: "c"}}
+	v5, err := encodeFrame(pk, 5, true, 2, []int{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4, err := reencode(v5, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := decodeEdited(t, v4, frame.Edit{ID: 3})
+	if v4.Version != 4 || got.TopicName != "a/b" || string(got.Payload) != "x" || got.FixedHeader.Qos != 2 || !got.FixedHeader.Retain || got.PacketID != 3 {
+		t.Fatalf("re-encoded %+v %q", got.FixedHeader, got.TopicName)
 	}
 }
 
 func TestFitsHonoursMaximumPacketSize(t *testing.T) {
-	cl := &mqtt.Client{}
-	frame := make([]byte, 100)
-	if !fits(cl, frame) {
-		t.Fatal("no limit set")
-	}
-	cl.Properties.Props.MaximumPacketSize = 100
-	if !fits(cl, frame) {
-		t.Fatal("exactly at the limit")
-	}
-	cl.Properties.Props.MaximumPacketSize = 99
-	if fits(cl, frame) {
-		t.Fatal("over the limit")
+	if !fits(0, 100) || !fits(100, 100) || fits(99, 100) {
+		t.Fatal("fits: 0 means no limit, and the limit itself fits")
 	}
 }
 

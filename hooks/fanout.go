@@ -1,13 +1,15 @@
 package hooks
 
 import (
-	"slices"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
 
 // The placeholder shared subscription makes mochi call OnSelectSubscribers
@@ -17,20 +19,29 @@ const (
 	placeholderFilter = "$share/keyline.fanout/#"
 )
 
+// DropSignalProperty is the MQTT 5 CONNECT user property with which a client
+// asks for the drop signal (value "1"): the first message after drops
+// carries the user property connq.DropSignalProperty with their number.
+const DropSignalProperty = "drop-signal"
+
 // FanoutStats are the fan-out hook's counters.
 type FanoutStats struct {
 	Deliveries atomic.Uint64 // QoS 0 frames queued for a connection
+	Tracked    atomic.Uint64 // QoS 1/2 messages queued in a session's outbox
 	Encodes    atomic.Uint64 // frames encoded (one per publish and variant)
 	TooLarge   atomic.Uint64 // deliveries skipped: above the client's maximum packet size
 	FastPath   atomic.Uint64 // publishes routed from the cached routes, never seen by mochi's router
 }
 
-// Fanout takes QoS 0 deliveries to ordinary subscriptions over from mochi.
-// Each publish is encoded once per frame variant (protocol version, retain
-// flag, subscription identifiers) and queued by reference on every matching
-// connection's connq.Conn; a connection whose subscriptions overlap gets one
-// copy. Deliveries at QoS 1 or 2, to inline subscriptions, and to clients not
-// behind a connq.Conn stay with mochi.
+// Fanout takes every delivery to a client session over from mochi. Each
+// publish is encoded once per frame variant (protocol version, QoS, retain
+// flag, subscription identifiers); QoS 0 frames are queued by reference on
+// every matching connection's connq.Conn, QoS 1/2 frames in each session's
+// outbox (outbox.Outbox), which owns their packet ids, the client's Receive
+// Maximum, and the resend order, and writes them to the store for persistent
+// sessions. A connection whose subscriptions overlap gets one copy. Only
+// retained messages sent on SUBSCRIBE, inline subscriptions and Key-Shared
+// groups are delivered elsewhere.
 type Fanout struct {
 	mqtt.HookBase
 	server *mqtt.Server
@@ -41,18 +52,36 @@ type Fanout struct {
 	// SharedElsewhere says another hook delivers $share subscriptions (Key-Shared),
 	// so they do not keep a publish on mochi's path.
 	SharedElsewhere bool
-	Stats           FanoutStats
+	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
+	// (cluster mode: the cluster hook ties mochi's in-flight messages to
+	// their JetStream sequences, for a session another node takes over).
+	MochiTracksQoS bool
+	Stats          FanoutStats
+	OutboxStats     outbox.Stats
 
+	sessions      *sessionRegistry
 	routes        *topicCache[*routes]
 	routesVersion atomic.Uint64 // bumped whenever mochi's topic index may have changed
+	// frozen holds the sessions whose packet ids are frozen while mochi
+	// handles a client's SUBSCRIBE (and may pick ids for retained messages).
+	frozen sync.Map // *mqtt.Client -> *fanSession
 }
 
 // NewFanout returns a fan-out hook for server. canRead (nil: allow all)
 // applies the broker's ACL to each delivery, as mochi does; limits (nil: keep
-// the listener's) sets each connection's queue limits when its session starts.
-func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) bool, limits func(cl *mqtt.Client) connq.Limits) *Fanout {
-	return &Fanout{server: server, canRead: canRead, limits: limits,
+// the listener's) sets each connection's queue limits when its session
+// starts; store (nil: none) keeps persistent sessions' outboxes.
+func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) bool, limits func(cl *mqtt.Client) connq.Limits, store outbox.Store) *Fanout {
+	h := &Fanout{server: server, canRead: canRead, limits: limits,
 		routes: newTopicCache[*routes](maxCachedRoutes, maxCachedRouteBytes)}
+	info := server.Info
+	h.OutboxStats.InfoInflight, h.OutboxStats.InfoDropped = &info.Inflight, &info.InflightDropped
+	h.sessions = newSessionRegistry(&outbox.Config{
+		Max:   int(server.Options.Capabilities.MaximumInflight),
+		Stats: &h.OutboxStats,
+		Store: store,
+	})
+	return h
 }
 
 // ID returns the hook's id.
@@ -62,17 +91,20 @@ func (h *Fanout) ID() string { return "keyline-fanout" }
 func (h *Fanout) Provides(b byte) bool { return fanoutEvents.has(b) }
 
 var fanoutEvents = eventSet(
-	mqtt.OnSelectSubscribers, mqtt.OnSessionEstablish, mqtt.OnPublish,
-	mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSessionEstablished, mqtt.OnStarted, mqtt.OnClientExpired,
+	mqtt.OnSelectSubscribers,
+	mqtt.OnConnect,
+	mqtt.OnSessionEstablish,
+	mqtt.OnPublish,
+	mqtt.OnSubscribed,
+	mqtt.OnUnsubscribed,
+	mqtt.OnSessionEstablished,
+	mqtt.OnStarted,
+	mqtt.OnClientExpired,
 	mqtt.OnPacketEncode,
+	mqtt.OnPacketRead,
+	mqtt.OnPacketProcessed,
+	mqtt.OnDisconnect,
 )
-
-// OnSessionEstablish applies the queue limits that match the client's id.
-func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
-	if q, ok := cl.Net.Conn.(*connq.Conn); ok && h.limits != nil {
-		q.SetLimits(h.limits(cl))
-	}
-}
 
 // Init registers the placeholder shared subscription.
 func (h *Fanout) Init(any) error {
@@ -80,171 +112,173 @@ func (h *Fanout) Init(any) error {
 	return nil
 }
 
-type variant struct {
-	version byte
-	retain  bool
-	ids     []int
-	frame   []byte
+// queueOf returns cl's connection queue, or nil.
+func queueOf(cl *mqtt.Client) *connq.Conn {
+	q, _ := cl.Net.Conn.(*connq.Conn)
+	return q
 }
 
-// OnSelectSubscribers delivers the QoS 0 part of a publish that mochi
-// routes itself (retained publishes, QoS 1/2 subscribers, $SYS) and leaves
-// the rest of subs to mochi.
-func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
-	delete(subs.Shared, placeholderFilter)
-	if len(subs.Shared) > 0 {
-		// Choose shared members now and merge them into Subscriptions, so that
-		// a client with both kinds of subscription gets one copy; then leave
-		// mochi a selection naming nobody so it merges nothing back.
-		subs.SelectShared()
-		subs.MergeSharedSelected()
-		subs.SharedSelected = map[string]packets.Subscription{placeholderClient: {}}
-	}
-	var variants []variant
-	for id, sub := range subs.Subscriptions {
-		if min(pk.FixedHeader.Qos, sub.Qos) > 0 {
-			continue // mochi tracks QoS 1/2 deliveries
-		}
-		cl, ok := h.server.Clients.Get(id)
-		if !ok {
-			continue
-		}
-		q, ok := cl.Net.Conn.(*connq.Conn)
-		if !ok {
-			continue
-		}
-		delete(subs.Subscriptions, id)
-		if h.canRead != nil && !h.canRead(cl, pk.TopicName) {
-			continue
-		}
-		h.deliver(&variants, pk, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
-	}
-	return subs
-}
-
-// route is one subscriber of a topic, as the fast path caches it.
-type route struct {
-	cl  *mqtt.Client
-	q   *connq.Conn // nil: not a live connection (an offline session)
-	sub packets.Subscription
-	ids []int // MQTT 5 subscription identifiers, sorted
-}
-
-func sortedIDs(cl *mqtt.Client, sub packets.Subscription) []int {
-	if cl.Properties.ProtocolVersion != 5 || len(sub.Identifiers) == 0 {
+// OnConnect tells the connection's writer about the client (protocol level,
+// Maximum Packet Size, Topic Alias Maximum, drop signal). The writer assigns
+// outbound topic aliases, so mochi is told the client takes none.
+func (h *Fanout) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
+	q := queueOf(cl)
+	if q == nil {
 		return nil
 	}
-	ids := make([]int, 0, len(sub.Identifiers))
-	for _, i := range sub.Identifiers {
-		if i > 0 {
-			ids = append(ids, i)
+	props := &cl.Properties.Props
+	s := connq.Session{Version: cl.Properties.ProtocolVersion, MaxPacketSize: props.MaximumPacketSize}
+	if s.Version == 5 {
+		s.TopicAliasMax = props.TopicAliasMaximum
+		for _, u := range pk.Properties.User {
+			s.DropSignal = s.DropSignal || (u.Key == DropSignalProperty && u.Val == "1")
 		}
 	}
-	slices.Sort(ids)
-	return ids
+	props.TopicAliasMaximum = 0
+	q.SetSession(s)
+	return nil
 }
 
-// deliver queues pk at QoS 0 for one subscriber, applying no-local,
-// retain-as-published and the client's maximum packet size.
-func (h *Fanout) deliver(variants *[]variant, pk packets.Packet, r route) {
-	cl := r.cl
-	if r.q == nil || cl.Closed() || (r.sub.NoLocal && pk.Origin == cl.ID) {
-		return // mochi drops QoS 0 for a disconnected session too
-	}
-	v := cl.Properties.ProtocolVersion
-	retain := pk.FixedHeader.Retain && v == 5 && r.sub.RetainAsPublished
-	frame := h.frame(variants, pk, v, retain, r.ids)
-	if frame == nil {
-		return
-	}
-	if !fits(cl, frame) {
-		h.Stats.TooLarge.Add(1)
-		return
-	}
-	if r.q.Enqueue(frame) {
-		h.Stats.Deliveries.Add(1)
+// OnSessionEstablish applies the queue limits that match the client's id.
+func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if q := queueOf(cl); q != nil && h.limits != nil {
+		q.SetLimits(h.limits(cl))
 	}
 }
 
-// --- the fast path: publishes mochi never has to route ---
-
-// routes is the subscribers of one topic, derived from mochi's topic index
-// and valid while the index has not changed since (version).
-type routes struct {
-	version uint64
-	// mochiOnly: something only mochi can deliver matches (an inline
-	// subscription, or a shared one nobody else takes).
-	mochiOnly bool
-	maxQoS    byte // highest granted QoS among the subscribers
-	subs      []route
+// OnPacketEncode attaches the session to its new connection when a
+// successful CONNACK is about to be written: mochi has decided by now whether
+// the session is resumed (its subscriptions were re-indexed for the new
+// connection just before), and OnSessionEstablished only runs after the
+// client has its CONNACK, which it may answer at once. What the session
+// sends from here on (first, what was in flight, in its original order)
+// waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
+// Other acks it marks for the short encoding (shortAck); the broker
+// registers this hook after every other hook that may change an ack.
+func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	if pk.FixedHeader.Type != packets.Connack {
+		return shortAck(pk)
+	}
+	q := queueOf(cl)
+	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+		return pk
+	}
+	var s *fanSession
+	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
+	if pk.SessionPresent {
+		s = h.sessions.ensure(cl)
+		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
+	} else {
+		stale = h.sessions.get(cl.ID) != nil // cached routes may hold the session replaced
+		s = h.sessions.replace(cl)           // a new session: whatever was queued for the id is gone
+	}
+	window := 0 // MQTT 3.1.1 has no Receive Maximum: the outbox's bound
+	if cl.Properties.ProtocolVersion == 5 {
+		window = int(cl.Properties.Props.ReceiveMaximum) // mochi caps it at max-inflight; 0: not sent
+	}
+	s.attach(&sessConn{q: q, version: cl.Properties.ProtocolVersion, maxPacket: maxPacketSize(cl), inflight: cl.State.Inflight},
+		window, persistent(cl))
+	if stale {
+		h.invalidate()
+	}
+	return pk
 }
 
-// Bounds of the route cache: topics, and bytes of topics and routes (a
-// wildcard subscriber appears under every topic it matches); past either the
-// cache starts over.
-const (
-	maxCachedRoutes     = 256 << 10
-	maxCachedRouteBytes = 64 << 20
-	routeCost           = 96 // one route, besides its subscription identifiers
-)
-
-// invalidate marks every cached route stale: mochi's topic index changed.
-func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
-
-// routesFor returns topic's subscribers, scanning mochi's index only when
-// it changed since the last scan of this topic.
-func (h *Fanout) routesFor(topic string) *routes {
-	v := h.routesVersion.Load()
-	if r, ok := h.routes.get(topic, v); ok {
-		return r
-	}
-	subs := h.server.Topics.Subscribers(topic)
-	delete(subs.Shared, placeholderFilter)
-	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.SharedElsewhere)}
-	for id, sub := range subs.Subscriptions {
-		cl, ok := h.server.Clients.Get(id)
-		if !ok {
-			continue
-		}
-		r.maxQoS = max(r.maxQoS, sub.Qos)
-		if h.canRead != nil && !h.canRead(cl, topic) {
-			continue // the ACL is fixed for the broker's life, and so is this client
-		}
-		q, _ := cl.Net.Conn.(*connq.Conn)
-		r.subs = append(r.subs, route{cl: cl, q: q, sub: sub, ids: sortedIDs(cl, sub)})
-	}
-	cost := int64(len(r.subs)) * routeCost
-	for _, rt := range r.subs {
-		cost += int64(8 * len(rt.ids))
-	}
-	h.routes.put(topic, v, r, cost)
-	return r
-}
-
-// OnPublish delivers a publish whose every matching subscriber takes it at
-// QoS 0 straight from the cached routes and tells mochi to skip routing it
-// (mochi's own routing rebuilds the subscriber set on every publish). Retained
-// publishes and those some subscriber takes at QoS 1/2 go mochi's way.
-func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if pk.FixedHeader.Retain || cl.Net.Inline {
+// OnPacketRead hands the client's PUBACK, PUBREC and PUBCOMP to its
+// session's outbox. One the outbox owns reaches mochi as a PUBACK for packet
+// id 0, which mochi ignores (it would answer a PUBREC it does not know with
+// a PUBREL 0x92).
+func (h *Fanout) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	switch pk.FixedHeader.Type {
+	case packets.Puback, packets.Pubrec, packets.Pubcomp:
+	default:
 		return pk, nil
 	}
-	r := h.routesFor(pk.TopicName)
-	if r.mochiOnly || (pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
+	s := h.sessions.get(cl.ID)
+	if s == nil {
 		return pk, nil
 	}
-	var variants []variant
-	for _, rt := range r.subs {
-		h.deliver(&variants, pk, rt)
+	if s.out.Ack(pk.FixedHeader.Type, pk.PacketID, pk.ReasonCode) {
+		// mochi keeps one in-flight map for both directions: a PUBACK with
+		// this id could complete a QoS 2 flow the client started.
+		pk.FixedHeader.Type, pk.PacketID = packets.Puback, 0
 	}
-	h.Stats.FastPath.Add(1)
-	return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
+	return pk, nil
 }
 
-// OnSubscribed, OnUnsubscribed, OnSessionEstablished (a resumed session's
-// subscriptions are re-indexed), OnStarted (stored subscriptions were loaded)
-// and OnClientExpired follow every change of mochi's topic index.
-func (h *Fanout) OnSubscribed(*mqtt.Client, packets.Packet, []byte) { h.invalidate() }
+// OnSubscribed invalidates the cached routes, and freezes the session's
+// packet ids while mochi sends the retained messages of the new
+// subscriptions (it picks their ids from its own in-flight map, where the
+// outbox's ids are reserved meanwhile).
+func (h *Fanout) OnSubscribed(cl *mqtt.Client, _ packets.Packet, _ []byte) {
+	h.invalidate()
+	s := h.sessions.get(cl.ID)
+	if s == nil || cl.Net.Inline {
+		return
+	}
+	now := time.Now().Unix()
+	s.out.Freeze(func(id uint16) { cl.State.Inflight.Set(packets.Packet{PacketID: id, Created: now}) })
+	h.frozen.Store(cl, s)
+}
+
+// OnPacketProcessed thaws the packet ids frozen for a SUBSCRIBE.
+func (h *Fanout) OnPacketProcessed(cl *mqtt.Client, pk packets.Packet, _ error) {
+	if pk.FixedHeader.Type != packets.Subscribe {
+		return
+	}
+	if s, ok := h.frozen.LoadAndDelete(cl); ok {
+		s.(*fanSession).out.Thaw(func(id uint16) { dropPlaceholder(cl.State.Inflight, id) })
+	}
+}
+
+// A placeholder reserves a packet id in mochi's in-flight map: a packet of
+// no type, which mochi never sends.
+func dropPlaceholder(inflight *mqtt.Inflight, id uint16) {
+	if p, ok := inflight.Get(id); ok && p.FixedHeader.Type == 0 {
+		inflight.Delete(id)
+	}
+}
+
+func dropPlaceholders(inflight *mqtt.Inflight) {
+	for _, p := range inflight.GetAll(false) {
+		if p.FixedHeader.Type == 0 {
+			inflight.Delete(p.PacketID)
+		}
+	}
+}
+
+// AllocPacketID picks a packet id for a delivery to cl that mochi's
+// in-flight map tracks (Key-Shared): set records it there while the
+// session's outbox cannot choose the same id. It reports false when no id
+// is free now (or ids are frozen): try again later.
+func (h *Fanout) AllocPacketID(cl *mqtt.Client, set func(id uint16)) (uint16, bool) {
+	if s := h.sessions.get(cl.ID); s != nil {
+		id := s.out.AllocExternal(set)
+		return id, id != 0
+	}
+	id, err := cl.NextPacketID()
+	if err != nil {
+		return 0, false
+	}
+	set(uint16(id))
+	return uint16(id), true
+}
+
+// OnDisconnect detaches the connection from its session, and discards a
+// session that ends with its connection.
+func (h *Fanout) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	s := h.sessions.get(cl.ID)
+	if s == nil {
+		return
+	}
+	if q := queueOf(cl); q != nil {
+		s.detach(q)
+	}
+	if expire && cl.StopCause() != packets.ErrSessionTakenOver {
+		h.sessions.drop(cl.ID, s)
+		h.invalidate()
+	}
+}
 
 // OnUnsubscribed invalidates the cached routes.
 func (h *Fanout) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.invalidate() }
@@ -252,41 +286,30 @@ func (h *Fanout) OnUnsubscribed(*mqtt.Client, packets.Packet) { h.invalidate() }
 // OnSessionEstablished invalidates the cached routes.
 func (h *Fanout) OnSessionEstablished(*mqtt.Client, packets.Packet) { h.invalidate() }
 
-// OnPacketEncode invalidates the cached routes when a CONNACK is about to go
-// out: a resumed session's subscriptions were re-indexed for its new
-// connection just before, and OnSessionEstablished only runs after the
-// client has its CONNACK (and may already be publishing to itself). It
-// also marks plain successful acks for the short encoding (shortAck); the
-// broker registers this hook after every other hook that may change an ack.
-func (h *Fanout) OnPacketEncode(_ *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type == packets.Connack && pk.SessionPresent {
-		h.invalidate() // only a resumed session changes the index at connect time
-	}
-	return shortAck(pk)
-}
-
-// OnStarted invalidates the cached routes.
-func (h *Fanout) OnStarted() { h.invalidate() }
-
-// OnClientExpired invalidates the cached routes.
-func (h *Fanout) OnClientExpired(*mqtt.Client) { h.invalidate() }
-
-// frame returns the encoded QoS 0 PUBLISH for one variant, encoding it on first use.
-func (h *Fanout) frame(variants *[]variant, pk packets.Packet, version byte, retain bool, ids []int) []byte {
-	if version < 5 {
-		version = 4 // 3.1 and 3.1.1 PUBLISH frames are identical
-	}
-	for _, v := range *variants {
-		if v.version == version && v.retain == retain && slices.Equal(v.ids, ids) {
-			return v.frame
+// OnStarted drops sessions restored from the store that mochi did not
+// restore (expired), and invalidates the cached routes.
+func (h *Fanout) OnStarted() {
+	for _, id := range h.sessions.ids() {
+		if _, ok := h.server.Clients.Get(id); !ok {
+			h.sessions.drop(id, nil)
 		}
 	}
-	frame, err := encodeQoS0(pk, version, retain, ids)
-	if err != nil {
-		h.Log.Error("fanout: encode publish", "topic", clip(pk.TopicName), "err", err)
-		return nil
+	h.invalidate()
+}
+
+// OnClientExpired discards the session and invalidates the cached routes.
+func (h *Fanout) OnClientExpired(cl *mqtt.Client) {
+	h.sessions.drop(cl.ID, nil)
+	h.invalidate()
+}
+
+// Outbox describes the QoS 1/2 messages held for client id: how many, how
+// many are in flight, and the first n of them.
+func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Info) {
+	s := h.sessions.get(id)
+	if s == nil {
+		return 0, 0, nil
 	}
-	h.Stats.Encodes.Add(1)
-	*variants = append(*variants, variant{version: version, retain: retain, ids: ids, frame: frame})
-	return frame
+	held, inflight = s.out.Len()
+	return held, inflight, s.out.Snapshot(n)
 }

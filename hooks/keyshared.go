@@ -45,6 +45,11 @@ type KeySharedConfig struct {
 	// Cluster, when set, makes every group one group across the cluster's
 	// nodes (the store must then be the same cluster.Groups).
 	Cluster *cluster.Groups
+	// AllocPacketID, when set, picks the packet id of a delivery and calls
+	// set with it while no other delivery to the client can pick the same
+	// (the fan-out's session outbox shares the id space); false: none free
+	// now. Nil: mochi's Client.NextPacketID.
+	AllocPacketID func(cl *mqtt.Client, set func(id uint16)) (uint16, bool)
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
@@ -81,7 +86,8 @@ type KeyShared struct {
 // Serve; its Init resumes the stored groups.
 func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeySharedConfig) *KeyShared {
 	h := &KeyShared{server: server, store: store, cfg: cfg,
-		groups: newGroupRegistry(), members: newMemberships(), inflight: newInflightTable()}
+		groups: newGroupRegistry(), inflight: newInflightTable()}
+	h.members = newMemberships(h.recordMembers)
 	h.dlq = newDLQPublisher(server, h)
 	return h
 }
@@ -201,9 +207,9 @@ func (h *KeyShared) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Pack
 		case !shared:
 			continue
 		case err != nil:
-			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", clip(f.Filter), "err", err)
+			h.Log.Info("refusing shared subscription: want $share/<share name>/<topic filter>", "client", cl.ID, "filter", clip(f.Filter), "error", err)
 		case filtersErr != nil:
-			h.Log.Info("refusing shared subscription: invalid key filter", "client", cl.ID, "filter", clip(f.Filter), "err", filtersErr)
+			h.Log.Info("refusing shared subscription: invalid key filter", "client", cl.ID, "filter", clip(f.Filter), "error", filtersErr)
 		default:
 			continue
 		}
@@ -236,7 +242,7 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			continue
 		}
 		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
-			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "err", err)
+			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
@@ -262,10 +268,10 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	g, err := h.ensureGroup(n)
 	if err != nil {
-		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "err", err)
+		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "error", err)
 		return
 	}
-	count := h.members.set(cl.ID, g.name, m)
+	h.members.set(cl.ID, g.name, m)
 	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters}
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
@@ -276,13 +282,18 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 		err = g.d.AddMember(cl.ID, opts)
 	}
 	if err != nil {
-		h.Log.Error("add member", "group", g.name, "client", cl.ID, "err", err)
+		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
 	}
 	if err := g.r.AddMember(cl.ID, opts); err != nil {
-		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "err", err)
+		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "error", err)
 	}
-	if err := h.store.MembersChanged(g.name, count, time.Now()); err != nil {
-		h.Log.Warn("record group members", "group", g.name, "err", err)
+}
+
+// recordMembers tells the store a group's member count (memberships calls
+// it after every change, in order); the idle TTL counts from the last member.
+func (h *KeyShared) recordMembers(group string, members int) {
+	if err := h.store.MembersChanged(group, members, time.Now()); err != nil && !errors.Is(err, persistence.ErrGroupNotFound) {
+		h.Log.Warn("record group members", "group", group, "error", err)
 	}
 }
 
@@ -302,18 +313,15 @@ func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 }
 
 func (h *KeyShared) leave(clientID, name string) {
-	count, was := h.members.remove(clientID, name)
+	_, was := h.members.remove(clientID, name)
 	g := h.groups.get(name)
 	if g == nil || !was {
 		return
 	}
 	if err := g.d.RemoveMember(clientID); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
-		h.Log.Warn("remove member", "group", name, "client", clientID, "err", err)
+		h.Log.Warn("remove member", "group", name, "client", clientID, "error", err)
 	}
 	_ = g.r.RemoveMember(clientID)
-	if err := h.store.MembersChanged(name, count, time.Now()); err != nil {
-		h.Log.Warn("record group members", "group", name, "err", err)
-	}
 }
 
 // OnSessionEstablished re-activates the memberships of a resumed session (or,
@@ -346,7 +354,7 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 			continue
 		}
 		if err := g.d.SetActive(cl.ID, false); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
-			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "err", err)
+			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "error", err)
 		}
 		_ = g.r.RemoveMember(cl.ID)
 	}
@@ -381,7 +389,7 @@ func (h *KeyShared) storedKeyFilters(clientID, filter string) []string {
 	}
 	var filters []string
 	if err := json.Unmarshal(data, &filters); err != nil {
-		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", clip(filter), "err", err)
+		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", clip(filter), "error", err)
 		return nil
 	}
 	return filters

@@ -42,15 +42,18 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 	if pk.FixedHeader.Qos == 0 {
 		return o.deliverQoS0(cl, pk, m)
 	}
-	id, err := cl.NextPacketID()
-	if err != nil {
+	// The id is chosen and recorded in mochi's in-flight map while the
+	// session's other deliveries cannot take it.
+	_, ok = h.allocPacketID(cl, func(id uint16) {
+		pk.PacketID = id
+		if cl.State.Inflight.Set(pk) {
+			atomic.AddInt64(&h.server.Info.Inflight, 1)
+		}
+	})
+	if !ok {
 		return false // every packet id is in use: retried on the next ack or heartbeat
 	}
-	pk.PacketID = uint16(id)
 	h.inflight.track(cl.ID, pk.PacketID, o.g, m.Offset)
-	if cl.State.Inflight.Set(pk) {
-		atomic.AddInt64(&h.server.Info.Inflight, 1)
-	}
 	if err := o.write(cl, pk, m); err != nil {
 		h.inflight.untrack(cl.ID, pk.PacketID)
 		if cl.State.Inflight.Delete(pk.PacketID) {
@@ -76,7 +79,7 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 		return cl.WritePacket(pk)
 	}
 	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
-	if !fits(cl, frame) {
+	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
 	}
 	return q.Send(frame)
@@ -91,11 +94,11 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 		if !ok {
 			return cl.WritePacket(pk) == nil
 		}
-		frame, err := encodeQoS0(pk, cl.Properties.ProtocolVersion, false, nil)
-		if err != nil || !fits(cl, frame) {
+		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, nil)
+		if err != nil || !fits(maxPacketSize(cl), len(p.B)) {
 			return false // dropped and counted by the router
 		}
-		return q.Enqueue(frame)
+		return q.Enqueue(p)
 	}
 	err := cl.WritePacket(pk)
 	switch {
@@ -120,6 +123,19 @@ func (o *groupOut) Revoke(member string, offset uint64) {
 	if cl, found := h.server.Clients.Get(member); found && cl.State.Inflight.Delete(id) {
 		atomic.AddInt64(&h.server.Info.Inflight, -1)
 	}
+}
+
+// allocPacketID picks a packet id for cl (see KeySharedConfig.AllocPacketID).
+func (h *KeyShared) allocPacketID(cl *mqtt.Client, set func(id uint16)) (uint16, bool) {
+	if h.cfg.AllocPacketID != nil {
+		return h.cfg.AllocPacketID(cl, set)
+	}
+	id, err := cl.NextPacketID()
+	if err != nil {
+		return 0, false
+	}
+	set(uint16(id))
+	return uint16(id), true
 }
 
 // publishPacket is the PUBLISH that carries m at qos.

@@ -80,6 +80,6 @@ func (p *dlqPublisher) publish(group, share string, d keyshared.DeadLetter) {
 		pk.Properties.User = append(pk.Properties.User, packets.UserProperty{Key: "dlq-topic", Val: m.Topic})
 	}
 	if err := p.server.InjectPacket(p.inline, pk); err != nil {
-		p.hook.Log.Warn("publish dead letter", "group", group, "topic", clip(pk.TopicName), "err", err)
+		p.hook.Log.Warn("publish dead letter", "group", group, "topic", clip(pk.TopicName), "error", err)
 	}
 }

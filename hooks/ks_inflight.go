@@ -1,6 +1,9 @@
 package hooks
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // inflightTable owns the Key-Shared deliveries awaiting a member's answer:
 // which group and offset each (client, packet id) stands for. It is safe for
@@ -10,6 +13,7 @@ import "sync"
 type inflightTable struct {
 	mu      sync.Mutex
 	clients map[string]map[uint16]delivery // client -> packet id -> delivery; no empty inner maps
+	n       atomic.Int64                   // deliveries tracked, read without the lock
 }
 
 // delivery is what one packet id of a member stands for.
@@ -31,11 +35,17 @@ func (t *inflightTable) track(client string, id uint16, g *ksGroup, offset uint6
 		ds = map[uint16]delivery{}
 		t.clients[client] = ds
 	}
+	if _, ok := ds[id]; !ok {
+		t.n.Add(1)
+	}
 	ds[id] = delivery{group: g, offset: offset}
 }
 
 // untrack forgets packet id of client and returns what it carried.
 func (t *inflightTable) untrack(client string, id uint16) (delivery, bool) {
+	if t.n.Load() == 0 {
+		return delivery{}, false // every client's acknowledgements pass here: no lock when idle
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ds := t.clients[client]
@@ -62,6 +72,7 @@ func (t *inflightTable) revoke(group, client string, offset uint64) (uint16, boo
 
 func (t *inflightTable) forgetLocked(client string, ds map[uint16]delivery, id uint16) {
 	delete(ds, id)
+	t.n.Add(-1)
 	if len(ds) == 0 {
 		delete(t.clients, client) // a client gone for good leaves nothing behind
 	}
@@ -69,6 +80,9 @@ func (t *inflightTable) forgetLocked(client string, ds map[uint16]delivery, id u
 
 // owns reports whether packet id of client is a Key-Shared delivery.
 func (t *inflightTable) owns(client string, id uint16) bool {
+	if t.n.Load() == 0 {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, ok := t.clients[client][id]

@@ -125,7 +125,7 @@ func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistenc
 	for _, r := range rs {
 		if r.Err != nil {
 			h.AppendErrors.Add(1)
-			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "err", r.Err)
+			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "error", r.Err)
 			if failed == nil || errors.Is(r.Err, persistence.ErrBacklogFull) {
 				failed = r.Err
 			}

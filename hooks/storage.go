@@ -96,7 +96,7 @@ func inflightKey(id string, packetID uint16) []byte {
 func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
 	data, err := v.MarshalBinary()
 	if err != nil {
-		h.Log.Error("storage: encode record", "kind", kind, "err", err)
+		h.Log.Error("storage: encode record", "kind", kind, "error", err)
 		return
 	}
 	h.store.Put(kind, key, data)
@@ -192,7 +192,7 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 			RetainAsPublished: f.RetainAsPublished,
 		}).MarshalBinary()
 		if err != nil {
-			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "err", err)
+			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
@@ -202,7 +202,7 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 	for j, err := range h.store.Write(ws...) {
 		if err != nil {
 			i := idx[j]
-			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "err", err)
+			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "error", err)
 			refuseSubscription(h.server, cl, pk.Filters[i].Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 		}
 	}
@@ -252,7 +252,7 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 		m.ID, m.T, m.Client = pk.TopicName, storage.RetainedKey, cl.ID
 		data, err := m.MarshalBinary()
 		if err != nil {
-			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "err", err)
+			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "error", err)
 			return
 		}
 		w.Val = data
@@ -261,7 +261,7 @@ func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
 	if err == nil {
 		return
 	}
-	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "err", err)
+	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "error", err)
 	if cl.Net.Inline || pk.FixedHeader.Qos == 0 {
 		return
 	}
@@ -330,7 +330,7 @@ func loadAll[T any](h *Storage, kind string) ([]T, error) {
 		var v T
 		if err := json.Unmarshal(val, &v); err != nil {
 			// One unreadable record must not cost every other session.
-			h.Log.Error("storage: skipping unreadable record", "kind", kind, "err", err)
+			h.Log.Error("storage: skipping unreadable record", "kind", kind, "error", err)
 			return nil
 		}
 		out = append(out, v)

@@ -414,7 +414,10 @@ func TestBlockedKeyKeepsTheDataDirSmall(t *testing.T) {
 		perKey = 1000
 	}
 	dataDir := t.TempDir()
-	p := startKeyline(t, dataDir, "--fsync=false")
+	// The held message must stay held for the whole run (1,000,000 messages
+	// take minutes): past the default 30 s ack timeout it would be retried
+	// and, after five attempts, dead-lettered (resolved).
+	p := startKeyline(t, dataDir, "--fsync=false", "--ack-timeout", "1h")
 	addr := p.addrs["tcp"]
 	joinHolding(t, addr, "worker-a", filter, keys[0])
 	joinHolding(t, addr, "worker-b", filter, keys[0])

@@ -359,135 +359,6 @@ func (c *core) reject(member string, offset uint64, reason byte, now time.Time) 
 	c.serviceMember(m, now)
 }
 
-// addMember adds a member, or updates one that exists (a re-subscribe: new
-// Receive Maximum and filters, and it counts as connected).
-func (c *core) addMember(id string, spec memberSpec, now time.Time) error {
-	if id == "" {
-		return ErrInvalidMember
-	}
-	recvMax, fs := spec.recvMax, spec.filters
-	limit := c.cfg.MemberMaxInflight
-	if recvMax > 0 && recvMax < limit {
-		limit = recvMax
-	}
-	if m := c.members[id]; m != nil {
-		m.recvMax, m.limit = recvMax, limit
-		m.active, m.inactiveTicks, m.paused = true, 0, false
-		c.memberChanged(m)
-		// Functions cannot be compared: any read access given may differ
-		// from the last (another user may hold the client id now).
-		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil {
-			m.filters, m.canRead = fs, spec.canRead
-			c.rebuildRing()
-			c.rerouteWaiting(nil, now)
-		} else {
-			c.serviceMember(m, now)
-		}
-		return nil
-	}
-	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, active: true, stat: &memberStat{id: id}}
-	c.members[id] = m
-	c.memberChanged(m)
-	c.rebuildRing()
-	c.rerouteWaiting(nil, now)
-	c.logger.Info("keyshared: member joined", "member", id, "limit", limit, "filters", len(fs))
-	return nil
-}
-
-// removeMember takes a member off the ring and requeues its in-flight
-// messages at the head of their keys (each counts as a failed attempt).
-func (c *core) removeMember(id string, evicted bool, now time.Time) error {
-	m := c.members[id]
-	if m == nil {
-		return ErrUnknownMember
-	}
-	delete(c.members, id)
-	m.removed = true
-	c.memberChanged(m) // leaves atLimit
-	c.rebuildRing()
-	var requeued []*keyState
-	for e := m.infl.head; e != nil; e = m.infl.head {
-		c.endInflight(e)
-		c.out.Revoke(m.id, e.msg.Offset)
-		c.st.losses++
-		e.attempts++
-		e.lastReason = 0
-		if e.attempts >= c.cfg.MaxDeliveries {
-			c.poison(e, now)
-			continue
-		}
-		c.w.markKey(e.ks)
-		requeued = append(requeued, e.ks)
-	}
-	for _, ks := range requeued {
-		c.route(ks, now)
-	}
-	c.rerouteWaiting(&m.waitq, now)
-	if evicted {
-		c.st.evictions++
-		c.logger.Warn("keyshared: member evicted after inactivity", "member", id, "requeued", len(requeued))
-	} else {
-		c.logger.Info("keyshared: member left", "member", id, "requeued", len(requeued))
-	}
-	return nil
-}
-
-// setActive marks a member connected or disconnected.
-func (c *core) setActive(id string, active bool, now time.Time) error {
-	m := c.members[id]
-	if m == nil {
-		return ErrUnknownMember
-	}
-	m.inactiveTicks = 0
-	if m.active == active {
-		return nil
-	}
-	m.active = active
-	c.memberChanged(m)
-	if active {
-		m.paused = false
-		c.serviceMember(m, now)
-	}
-	return nil
-}
-
-func (c *core) rebuildRing() {
-	rms := make([]ringMember, 0, len(c.members))
-	for _, m := range c.members {
-		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead})
-	}
-	c.ring = buildRing(rms)
-	c.byRing = make([]*member, len(c.ring.members))
-	for i, rm := range c.ring.members {
-		c.byRing[i] = c.members[rm.id]
-	}
-	c.membersChanged = true
-}
-
-// rerouteWaiting routes again every key waiting for a member, after the ring
-// changed; extra is the wait list of a member that just left.
-func (c *core) rerouteWaiting(extra *keyList, now time.Time) {
-	keys := c.scratch[:0]
-	drain := func(l *keyList) {
-		for ks := l.pop(); ks != nil; ks = l.pop() {
-			keys = append(keys, ks)
-		}
-	}
-	if extra != nil {
-		drain(extra)
-	}
-	for _, m := range c.byRing {
-		drain(&m.waitq)
-	}
-	drain(&c.noMember)
-	drain(&c.noEligible)
-	for _, ks := range keys {
-		c.route(ks, now)
-	}
-	clear(keys)
-	c.scratch = keys[:0]
-}
-
 // tick is the heartbeat: ack timeouts, poison handling, retries, eviction,
 // lag-driven reading and debounced cursor persistence.
 func (c *core) tick(now time.Time) {
@@ -548,7 +419,7 @@ func (c *core) poll(now time.Time) {
 		buf, err := c.log.ReadFrom(c.nextRead, n, c.buf[:0])
 		if err != nil {
 			c.st.storeErrors++
-			c.logger.Error("keyshared: read from log", "from", c.nextRead, "err", err)
+			c.logger.Error("keyshared: read from log", "from", c.nextRead, "error", err)
 			return
 		}
 		full := false

@@ -113,7 +113,7 @@ func (c *core) deadLetter(e *entry, now time.Time) {
 	})
 	if err != nil {
 		c.st.storeErrors++
-		c.logger.Error("keyshared: cannot record dead letter, will retry", "offset", e.msg.Offset, "key", e.msg.Key, "err", err)
+		c.logger.Error("keyshared: cannot record dead letter, will retry", "offset", e.msg.Offset, "key", e.msg.Key, "error", err)
 		if e.state != entryDLQPending {
 			e.state = entryDLQPending
 			c.w.markKey(e.ks)

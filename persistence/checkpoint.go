@@ -42,7 +42,7 @@ func (c *checkpointer) run() {
 			return
 		case <-t.C:
 			if err := c.take(false); err != nil {
-				c.s.lg.Error("persistence: checkpoint failed; retried next interval", "err", err)
+				c.s.lg.Error("persistence: checkpoint failed; retried next interval", "error", err)
 			}
 		}
 	}

@@ -190,12 +190,12 @@ func (c *committer) commit(ops []*txOp) {
 		if culprit >= 0 && len(ops) > 1 {
 			ops[culprit].skip = true
 			ops[culprit].err = fmt.Errorf("persistence: write: %w", err)
-			c.log.Error("persistence: an operation broke its transaction; committing the others again", "err", err)
+			c.log.Error("persistence: an operation broke its transaction; committing the others again", "error", err)
 			continue
 		}
 		c.failures.Add(1)
 		err = fmt.Errorf("persistence: commit: %w", err)
-		c.log.Error("persistence: commit failed", "ops", len(ops), "err", err)
+		c.log.Error("persistence: commit failed", "ops", len(ops), "error", err)
 		for _, o := range ops {
 			if !o.skip {
 				o.err = err

@@ -121,7 +121,7 @@ func Open(dir string, opts Options) (*DB, error) {
 	if db.groups, err = openGroups(db, filepath.Join(dir, SegmentsDir)); err != nil {
 		db.commit.close()
 		if cerr := b.Close(); cerr != nil {
-			logger.Error("close after failed open", "path", path, "err", cerr)
+			logger.Error("close after failed open", "path", path, "error", cerr)
 		}
 		return nil, err
 	}

@@ -178,7 +178,7 @@ const maxQuarantined = 64 << 10
 // the data file (up to maxQuarantined bytes), counted in the group's figures
 // and logged. The caller resolves its offset so the group goes on.
 func (s *Groups) quarantine(g *group, off uint64, data []byte, why error) {
-	s.lg.Error("persistence: quarantined a group log record that cannot be decoded", "group", g.name, "offset", off, "bytes", len(data), "err", why)
+	s.lg.Error("persistence: quarantined a group log record that cannot be decoded", "group", g.name, "offset", off, "bytes", len(data), "error", why)
 	raw := bytes.Clone(data[:min(len(data), maxQuarantined)])
 	s.mu.Lock()
 	g.quarantined++
@@ -194,6 +194,6 @@ func (s *Groups) quarantine(g *group, off uint64, data []byte, why error) {
 		}
 		return fatal(q.Put(be64(off), raw))
 	}, func(err error) {
-		s.lg.Error("persistence: could not keep a quarantined record", "group", g.name, "offset", off, "err", err)
+		s.lg.Error("persistence: could not keep a quarantined record", "group", g.name, "offset", off, "error", err)
 	})
 }

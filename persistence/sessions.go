@@ -20,9 +20,13 @@ const (
 	// KindKeyFilters holds the key filters of persistent sessions' Key-Shared
 	// memberships, keyed like subscriptions.
 	KindKeyFilters = "keyfilters"
+	// KindOutbox holds persistent sessions' queued and in-flight QoS 1/2
+	// messages, keyed by client and sequence number (publish order), and a
+	// record per session under sequence number 0.
+	KindOutbox = "outbox"
 )
 
-var sessionKinds = []string{KindClient, KindSubscription, KindRetained, KindInflight, KindSysInfo, KindKeyFilters}
+var sessionKinds = []string{KindClient, KindSubscription, KindRetained, KindInflight, KindSysInfo, KindKeyFilters, KindOutbox}
 
 var sessionsBucket = []byte("sessions")
 
@@ -102,7 +106,7 @@ func (w SessionWrite) apply(tx *bolt.Tx) error {
 func (s *SessionStore) queue(apply func(tx *bolt.Tx) error, kind string) {
 	ok := !s.closed.Load() && s.db.commit.queue(apply, func(err error) {
 		s.writeErrors.Add(1)
-		s.db.log.Error("persistence: session write failed", "kind", kind, "err", err)
+		s.db.log.Error("persistence: session write failed", "kind", kind, "error", err)
 	})
 	if !ok {
 		s.writeErrors.Add(1)

@@ -199,7 +199,7 @@ func (c *Console) serve(h func(w http.ResponseWriter, r *http.Request) (*view, e
 			err = t.ExecuteTemplate(&buf, "layout", layout{view: v, Version: c.version, Auth: c.token != ""})
 		}
 		if err != nil {
-			c.log.Error("rendering a console page", "path", r.URL.Path, "err", err)
+			c.log.Error("rendering a console page", "path", r.URL.Path, "error", err)
 			http.Error(w, "console: rendering failed: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
@@ -220,7 +220,7 @@ func (c *Console) errorView(err error) *view {
 	if errors.As(err, &se) {
 		status, msg = se.Status, se.Message
 	} else {
-		c.log.Error("console page", "err", err)
+		c.log.Error("console page", "error", err)
 	}
 	return &view{Template: "error", Title: http.StatusText(status), Status: status, Data: msg}
 }

@@ -17,14 +17,19 @@ type mconn struct {
 	fr      *mqttwire.Reader
 	proto   byte
 	recvMax uint16 // the broker's Receive Maximum (65535 if it sent none)
+	present bool   // the CONNACK's session present flag
 }
 
 type dialOpts struct {
-	proto     byte
-	keepalive uint16
-	rcvbuf    int // SO_RCVBUF set before connect (0: kernel default)
-	readBuf   int // bufio reader size
-	timeout   time.Duration
+	proto byte
+	// persistent asks for a session that outlives the connection (3.1.1
+	// clean session 0; MQTT 5 session expiry of an hour).
+	persistent bool
+	keepalive  uint16
+	rcvbuf     int // SO_RCVBUF set before connect (0: kernel default)
+	readRate   int // bytes/s the connection reads at most (0: no limit)
+	readBuf    int // bufio reader size
+	timeout    time.Duration
 }
 
 // dialMQTT connects, sends CONNECT and waits for a successful CONNACK.
@@ -50,41 +55,49 @@ func dialMQTT(ctx context.Context, addr, clientID string, o dialOpts) (*mconn, e
 		o.readBuf = 64 << 10
 	}
 	m := &mconn{c: c, fr: mqttwire.NewReader(c, o.readBuf), proto: o.proto, recvMax: 65535}
-	if err := m.handshake(clientID, o); err != nil {
+	if o.readRate > 0 {
+		m.fr = mqttwire.NewReader(&rateConn{Conn: c, rate: float64(o.readRate)}, o.readBuf)
+	}
+	if m.present, err = m.handshake(clientID, o); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("%s: %w", clientID, err)
 	}
 	return m, nil
 }
 
-func (m *mconn) handshake(clientID string, o dialOpts) error {
+// handshake sends CONNECT and reads a successful CONNACK; it returns the
+// CONNACK's session present flag.
+func (m *mconn) handshake(clientID string, o dialOpts) (bool, error) {
 	if o.timeout > 0 {
 		m.c.SetDeadline(time.Now().Add(o.timeout))
 		defer m.c.SetDeadline(time.Time{})
 	}
-	connect := &mqttwire.Connect{Version: o.proto, ClientID: clientID, CleanStart: true, KeepAlive: o.keepalive}
+	connect := &mqttwire.Connect{Version: o.proto, ClientID: clientID, CleanStart: !o.persistent, KeepAlive: o.keepalive}
+	if o.persistent && o.proto == mqttwire.Version5 {
+		connect.Props.SessionExpiry = 3600
+	}
 	if _, err := m.c.Write(mqttwire.AppendConnect(nil, connect)); err != nil {
-		return err
+		return false, err
 	}
 	p, err := m.fr.Next()
 	if err != nil {
-		return fmt.Errorf("reading CONNACK: %w", err)
+		return false, fmt.Errorf("reading CONNACK: %w", err)
 	}
 	ca, err := mqttwire.DecodeConnack(o.proto, p)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if ca.ReasonCode != 0 {
-		return fmt.Errorf("CONNACK refused with code 0x%02x", ca.ReasonCode)
+		return false, fmt.Errorf("CONNACK refused with code 0x%02x", ca.ReasonCode)
 	}
 	props, err := ca.Props.Parse()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if props.ReceiveMaximum > 0 {
 		m.recvMax = props.ReceiveMaximum
 	}
-	return nil
+	return ca.SessionPresent, nil
 }
 
 // subscribe sends one SUBSCRIBE and waits for its SUBACK.

@@ -5,6 +5,7 @@
 //	loadgen -scenario shared -consumers 8 -keys 64 -key-mode prop
 //	loadgen -scenario fanin -pubs 100 -subs 1
 //	loadgen -scenario slowsub -subs 10 -stalled 1 -rate 20000 -broker-pid 1234
+//	loadgen -scenario conflate -topics 1000 -rate 10000 -read-rate 100000
 //	loadgen -scenario connections -conns 10000 -broker-pid 1234
 //	loadgen ping -addr 127.0.0.1:1883 -timeout 10s   (wait until a broker answers CONNECT)
 //	loadgen freeport                                 (print a free loopback TCP port)
@@ -45,6 +46,7 @@ type config struct {
 	topics      int
 	stalled     int
 	stallRcvbuf int
+	readRate    int
 	rate        float64
 	ahead       int
 	inflight    int
@@ -127,7 +129,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	var proto, qos int
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port")
-	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub or connections")
+	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate, connections or sessions")
 	fs.StringVar(&cfg.label, "label", "", "broker name echoed in the JSON")
 	fs.StringVar(&cfg.tag, "tag", "", "case name echoed in the JSON (the benchmark script's name for this run)")
 	fs.IntVar(&cfg.round, "round", 0, "round number echoed in the JSON")
@@ -136,9 +138,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.payload, "payload", 64, fmt.Sprintf("payload bytes (at least %d: run id, publisher, timestamp, sequences, key)", payloadMin))
 	fs.IntVar(&cfg.pubs, "pubs", 1, "publishers")
 	fs.IntVar(&cfg.subs, "subs", 10, "subscribers (fanout, fanin, slowsub: the reading ones)")
-	fs.IntVar(&cfg.topics, "topics", 1, "fanout: topics; publishers rotate over them and subscriber j takes topic j%topics")
+	fs.IntVar(&cfg.topics, "topics", 1, "fanout: topics; publishers rotate over them and subscriber j takes topic j%topics (conflate: the reader takes all)")
 	fs.IntVar(&cfg.stalled, "stalled", -1, "slowsub: subscribers that never read their socket (default 1)")
-	fs.IntVar(&cfg.stallRcvbuf, "stall-rcvbuf", 4096, "SO_RCVBUF of stalled subscribers, so the backlog sits in the broker, not the kernel")
+	fs.IntVar(&cfg.stallRcvbuf, "stall-rcvbuf", 4096, "SO_RCVBUF of stalled (and rate-limited) subscribers, so the backlog sits in the broker, not the kernel")
+	fs.IntVar(&cfg.readRate, "read-rate", 100_000, "conflate: bytes/s the reader reads")
 	fs.Float64Var(&cfg.rate, "rate", 0, "messages/s published in all (0: flood, as fast as the gate allows)")
 	fs.IntVar(&cfg.ahead, "ahead", 100, "a publisher may run at most this many messages ahead of its slowest reading subscriber (or its group); 0: no limit")
 	fs.IntVar(&cfg.inflight, "inflight", 1000, "QoS 1/2: unacknowledged publishes per publisher (capped by the broker's Receive Maximum)")
@@ -154,7 +157,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.keys, "keys", 64, "shared: routing keys")
 	fs.StringVar(&cfg.keyMode, "key-mode", "prop", "shared: prop (MQTT 5 user property key=kN on topic bench/shared) or topic (bench/shared/kN)")
 	fs.BoolVar(&cfg.group, "group", false, "fanin: subscribers form one $share group")
-	fs.IntVar(&cfg.conns, "conns", 10000, "connections: idle connections to open")
+	fs.IntVar(&cfg.conns, "conns", 10000, "connections: idle connections to open; sessions: persistent sessions to create and leave")
 	fs.IntVar(&cfg.conc, "conc", 64, "connects in flight at once")
 	fs.IntVar(&cfg.brokerPID, "broker-pid", 0, "broker process id, for its CPU time and RSS from /proc")
 	fs.DurationVar(&cfg.rssEvery, "rss-every", 200*time.Millisecond, "RSS sampling interval")
@@ -172,7 +175,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg.proto = byte(proto)
 	switch cfg.scenario {
-	case "fanout", "fanin", "slowsub", "connections":
+	case "fanout", "fanin", "slowsub", "connections", "conflate", "sessions":
 		if qos < 0 {
 			qos = 0
 		}
@@ -181,7 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			qos = 1
 		}
 	default:
-		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, connections)", cfg.scenario)
+		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, conflate, connections, sessions)", cfg.scenario)
 	}
 	if qos > 2 {
 		return cfg, fmt.Errorf("-qos must be 0, 1 or 2")
@@ -205,7 +208,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.pubs < 1 || cfg.subs < 0 || cfg.conc < 1 || cfg.inflight < 1 {
 		return cfg, fmt.Errorf("-pubs, -conc and -inflight must be at least 1")
 	}
-	if cfg.scenario != "connections" && cfg.scenario != "shared" && cfg.subs < 1 {
+	if cfg.scenario != "connections" && cfg.scenario != "sessions" && cfg.scenario != "shared" && cfg.subs < 1 {
 		return cfg, fmt.Errorf("-subs must be at least 1")
 	}
 	if keepalive > 65535 {
@@ -217,6 +220,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.drain < 0 {
 		return cfg, fmt.Errorf("-duration must be positive, -warmup and -drain not negative")
+	}
+	if cfg.scenario == "conflate" && (cfg.readRate < 1 || cfg.rate <= 0) {
+		return cfg, fmt.Errorf("-scenario conflate needs -rate and -read-rate above 0")
 	}
 	if cfg.readBuf < 256 || cfg.flushBytes < 1 {
 		return cfg, fmt.Errorf("-read-buf must be at least 256")
@@ -243,8 +249,13 @@ func runScenario(cfg config, args []string) *result {
 	})
 	defer wd.Stop()
 
-	if cfg.scenario == "connections" {
-		runConnections(ctx, cfg, res)
+	switch cfg.scenario {
+	case "connections", "sessions":
+		if cfg.scenario == "connections" {
+			runConnections(ctx, cfg, res)
+		} else {
+			runSessions(ctx, cfg, res)
+		}
 		res.Subs = 0
 		res.OK = len(res.Errors) == 0
 		return res
@@ -256,6 +267,10 @@ func runScenario(cfg config, args []string) *result {
 		err = setupFanout(r)
 		res.Topics = max(cfg.topics, 1)
 		res.Stalled = cfg.stalled
+	case "conflate":
+		err = setupConflate(r)
+		res.Topics = max(cfg.topics, 1)
+		res.Subs = 1
 	case "fanin":
 		err = setupFanin(r)
 		if cfg.group {

@@ -35,6 +35,7 @@ type run struct {
 	pubs     []*publisher
 	subs     []*subscriber
 	checker  *orderChecker
+	finals   *finalTracker // conflate: the reader's newest value per topic
 	keyNames []string
 	streams  int // distinct stream ids (for per-subscriber sequence tracking)
 }
@@ -76,6 +77,7 @@ type subscriber struct {
 	m        *mconn
 	filter   string
 	stalled  bool
+	readRate int // bytes/s it reads at most (0: no limit)
 	consumer int // index inside the $share group, -1 if not a group member
 	// per publisher
 	lastLocal []uint64
@@ -193,9 +195,10 @@ func (r *run) connectAll(ctx context.Context) error {
 	for _, s := range r.subs {
 		jobs = append(jobs, func() error {
 			o := r.dialOpts()
-			if s.stalled {
+			if s.stalled || s.readRate > 0 {
 				o.rcvbuf = r.cfg.stallRcvbuf
 			}
+			o.readRate = s.readRate
 			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("s", s.idx), o)
 			if err != nil {
 				return err
@@ -592,6 +595,9 @@ func (s *subscriber) handle(m *mqttwire.PublishView) {
 	if pi.seq > s.lastLocal[pi.pub] {
 		s.lastLocal[pi.pub] = pi.seq
 	}
+	if r.finals != nil {
+		r.finals.observe(pi.key, pi.keySeq)
+	}
 	if int(pi.key) < r.streams {
 		i := int(pi.pub)*r.streams + int(pi.key)
 		n := s.nextSeq[i]
@@ -668,26 +674,28 @@ type result struct {
 	Ahead     int      `json:"ahead"`
 	Window    float64  `json:"window_s"`
 
-	Published       uint64      `json:"published"`
-	PublishedPerS   float64     `json:"published_per_s"`
-	Delivered       uint64      `json:"delivered"`
-	DeliveredPerS   float64     `json:"delivered_per_s"`
-	Expected        uint64      `json:"expected"`
-	DeliveredRatio  float64     `json:"delivered_ratio"`
-	Latency         latencyJSON `json:"latency_us"`
-	Gaps            uint64      `json:"gaps"`
-	Reorders        uint64      `json:"reorders"`
-	Foreign         uint64      `json:"foreign,omitempty"`
-	PubNacks        uint64      `json:"pub_nacks,omitempty"`
-	PublishedAll    uint64      `json:"published_all"`
-	DeliveredAll    uint64      `json:"delivered_all"`
-	Order           *orderJSON  `json:"order,omitempty"`
-	KeyPropMissing  uint64      `json:"key_prop_missing,omitempty"`
-	MsgsPerConsumer []uint64    `json:"msgs_per_consumer,omitempty"`
-	CPU             cpuJSON     `json:"cpu"`
-	RSS             *rssJSON    `json:"broker_rss,omitempty"`
-	Connections     *connJSON   `json:"connections,omitempty"`
-	ElapsedS        float64     `json:"elapsed_s"`
+	Published       uint64        `json:"published"`
+	PublishedPerS   float64       `json:"published_per_s"`
+	Delivered       uint64        `json:"delivered"`
+	DeliveredPerS   float64       `json:"delivered_per_s"`
+	Expected        uint64        `json:"expected"`
+	DeliveredRatio  float64       `json:"delivered_ratio"`
+	Latency         latencyJSON   `json:"latency_us"`
+	Gaps            uint64        `json:"gaps"`
+	Reorders        uint64        `json:"reorders"`
+	Foreign         uint64        `json:"foreign,omitempty"`
+	PubNacks        uint64        `json:"pub_nacks,omitempty"`
+	PublishedAll    uint64        `json:"published_all"`
+	DeliveredAll    uint64        `json:"delivered_all"`
+	Order           *orderJSON    `json:"order,omitempty"`
+	KeyPropMissing  uint64        `json:"key_prop_missing,omitempty"`
+	MsgsPerConsumer []uint64      `json:"msgs_per_consumer,omitempty"`
+	CPU             cpuJSON       `json:"cpu"`
+	RSS             *rssJSON      `json:"broker_rss,omitempty"`
+	Connections     *connJSON     `json:"connections,omitempty"`
+	Conflate        *conflateJSON `json:"conflate,omitempty"`
+	Sessions        *sessionsJSON `json:"sessions,omitempty"`
+	ElapsedS        float64       `json:"elapsed_s"`
 }
 
 func (r *run) execute(ctx context.Context, res *result) {
@@ -770,12 +778,26 @@ func (r *run) execute(ctx context.Context, res *result) {
 		<-p.done
 	}
 
-	// Drain: wait until every expected delivery arrived or progress stops.
+	// Drain: wait until every expected delivery arrived or progress stops
+	// (conflate: until every topic's last value arrived).
 	expAll := r.expectedAll()
+	stopped := time.Now()
+	var finalAt time.Time
+	if r.finals != nil {
+		r.finals.setFinal(r.publishedFinals())
+	}
 	deadline := time.Now().Add(cfg.drain)
 	lastN, lastChange := r.received(), time.Now()
 	for time.Now().Before(deadline) {
 		n := r.received()
+		if r.finals != nil {
+			if int(r.finals.done.Load()) == max(cfg.topics, 1) {
+				finalAt = time.Now()
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
 		if n >= expAll {
 			break
 		}
@@ -790,8 +812,11 @@ func (r *run) execute(ctx context.Context, res *result) {
 		c1 = snapCPU(cfg.brokerPID)
 		recv1 = r.received()
 	}
-	res.RSS = rss.finish(cfg.scenario == "slowsub")
+	res.RSS = rss.finish(cfg.scenario == "slowsub" || cfg.scenario == "conflate")
 	r.closeAll()
+	if r.finals != nil {
+		r.conflateResult(res, stopped, finalAt)
+	}
 
 	// Collect.
 	w := window
@@ -997,105 +1022,4 @@ func setupShared(r *run) error {
 	r.checker = newOrderChecker(cfg.keys, cfg.consumers)
 	r.gate = gateGroup
 	return nil
-}
-
-// ---------------------------------------------------------------- connections
-
-type connJSON struct {
-	Requested     int     `json:"requested"`
-	Opened        int     `json:"opened"`
-	Failed        int     `json:"failed"`
-	FirstError    string  `json:"first_error,omitempty"`
-	ConnectS      float64 `json:"connect_s"`
-	ConnectPerS   float64 `json:"connect_per_s"`
-	Alive         int     `json:"alive"`
-	RSSBeforeKB   int64   `json:"rss_before_kb"`
-	RSSAfterKB    int64   `json:"rss_after_kb"`
-	RSSPerConnKB  float64 `json:"rss_per_conn_kb"`
-	FDLimit       int     `json:"fd_limit"`
-	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
-}
-
-func runConnections(ctx context.Context, cfg config, res *result) {
-	started := time.Now()
-	cj := &connJSON{Requested: cfg.conns, FDLimit: raiseFDLimit(), BrokerFDLimit: procFDLimit(cfg.brokerPID)}
-	res.Connections = cj
-	n := cfg.conns
-	if lim := cj.FDLimit - 64; n > lim {
-		n = lim
-	}
-	if cj.BrokerFDLimit > 0 && n > cj.BrokerFDLimit-64 {
-		n = cj.BrokerFDLimit - 64
-	}
-	if n < cfg.conns {
-		res.Notes = append(res.Notes, fmt.Sprintf("file descriptor limits allow %d of the %d connections asked for", n, cfg.conns))
-	}
-	r := newRun(cfg)
-	conns := make([]*mconn, n)
-	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
-	c0 := snapCPU(cfg.brokerPID)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
-	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
-		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err.Error())
-			return nil
-		}
-		conns[i] = m
-		return nil
-	})
-	c1 := snapCPU(cfg.brokerPID)
-	el := c1.wall.Sub(c0.wall).Seconds()
-	cj.Failed = int(failed.Load())
-	cj.Opened = n - cj.Failed
-	if s, ok := firstErr.Load().(string); ok {
-		cj.FirstError = s
-	}
-	cj.ConnectS = round3(el)
-	if el > 0 {
-		cj.ConnectPerS = round3(float64(cj.Opened) / el)
-	}
-	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
-
-	// Let the broker settle, then read RSS: the stable value after the burst.
-	time.Sleep(cfg.settle)
-	cj.RSSAfterKB = rssKB(cfg.brokerPID)
-	if cj.Opened > 0 && cj.RSSAfterKB > 0 {
-		cj.RSSPerConnKB = round3(float64(cj.RSSAfterKB-cj.RSSBeforeKB) / float64(cj.Opened))
-	}
-
-	// Prove the connections are served: PINGREQ on each, count PINGRESPs.
-	var alive atomic.Int64
-	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m := conns[i]
-		if m == nil {
-			return nil
-		}
-		m.c.SetDeadline(time.Now().Add(cfg.timeout))
-		if _, err := m.c.Write(mqttwire.AppendPingreq(nil)); err != nil {
-			return nil
-		}
-		if p, err := m.fr.Next(); err == nil && p.Type == mqttwire.TypePingresp {
-			alive.Add(1)
-		}
-		return nil
-	})
-	cj.Alive = int(alive.Load())
-	for _, m := range conns {
-		if m != nil {
-			m.abort()
-		}
-	}
-	if cj.Opened == 0 {
-		res.Errors = append(res.Errors, "no connection opened")
-	} else if cj.Alive < cj.Opened {
-		res.Errors = append(res.Errors, fmt.Sprintf("%d of %d connections did not answer PINGREQ", cj.Opened-cj.Alive, cj.Opened))
-	}
-	if cj.Failed > 0 {
-		res.Errors = append(res.Errors, fmt.Sprintf("%d connections failed: %s", cj.Failed, cj.FirstError))
-	}
-	res.ElapsedS = round3(time.Since(started).Seconds())
 }

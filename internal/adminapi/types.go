@@ -237,9 +237,12 @@ type ClientView struct {
 	QueuedBytes     int    `json:"queued_bytes"`
 	DroppedMessages uint64 `json:"dropped_messages"`
 	DroppedBytes    uint64 `json:"dropped_bytes"`
-	SlowPolicy      string `json:"slow_policy,omitempty"`
-	QueueSoft       int    `json:"conn_queue_soft,omitempty"`
-	QueueHard       int    `json:"conn_queue_hard,omitempty"`
+	// ConflatedMessages counts QoS 0 messages replaced in the queue by a
+	// newer one of their topic (slow policy conflate).
+	ConflatedMessages uint64 `json:"conflated_messages"`
+	SlowPolicy        string `json:"slow_policy,omitempty"`
+	QueueSoft         int    `json:"conn_queue_soft,omitempty"`
+	QueueHard         int    `json:"conn_queue_hard,omitempty"`
 }
 
 // ClusterClientList answers GET PathClusterClients.

@@ -3,7 +3,19 @@ package connq
 import (
 	"io"
 	"testing"
+
+	"github.com/keyline-mq/keyline/internal/frame"
 )
+
+// benchPublish is a 64-byte QoS 0 PUBLISH.
+func benchPublish(b *testing.B) *frame.Publish {
+	raw := append([]byte{0x30, 62, 0, 10}, "bench/t/01"...)
+	p, err := frame.Parse(append(raw, make([]byte, 50)...), 4, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
 
 // BenchmarkEnqueueDrain pushes 64-byte shared frames through one connection
 // to a loopback TCP reader: the fan-out hot path for one subscriber.
@@ -16,8 +28,8 @@ func BenchmarkEnqueueDrain(b *testing.B) {
 	}()
 	stats := new(Stats)
 	c := New(a, Limits{Soft: 1 << 20, Hard: 8 << 20, Policy: DropNewest}, stats, nil)
-	frame := make([]byte, 64)
-	b.SetBytes(int64(len(frame)))
+	frame := benchPublish(b)
+	b.SetBytes(int64(len(frame.B)))
 	b.ReportAllocs()
 	b.ResetTimer()
 	queued := 0
@@ -30,8 +42,8 @@ func BenchmarkEnqueueDrain(b *testing.B) {
 	<-c.Done()
 	got := <-done
 	b.StopTimer()
-	if got != int64(queued*len(frame)) {
-		b.Fatalf("peer read %d bytes, want %d", got, queued*len(frame))
+	if got != int64(queued*len(frame.B)) {
+		b.Fatalf("peer read %d bytes, want %d", got, queued*len(frame.B))
 	}
 	b.ReportMetric(float64(stats.Frames.Load())/float64(max(1, stats.Writes.Load())), "frames/writev")
 	b.ReportMetric(float64(b.N-queued)/float64(b.N)*100, "%dropped")
@@ -53,7 +65,7 @@ func BenchmarkFanoutEnqueue(b *testing.B) {
 		}()
 		conns[i] = New(a, Limits{Soft: 1 << 20, Hard: 8 << 20, Policy: DropNewest}, stats, nil)
 	}
-	frame := make([]byte, 64)
+	frame := benchPublish(b)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/keyline-mq/keyline/internal/frame"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -64,6 +66,18 @@ func (g *gatedConn) calls() int {
 
 func frameN(i int) []byte { return fmt.Appendf(nil, "[%03d]", i) } // 5 bytes
 
+// pubN is a QoS 0 PUBLISH of 10 bytes on topic "t" with payload frameN(i).
+func pubN(i int) *frame.Publish { return pubOn("t", i) }
+
+func pubOn(topic string, i int) *frame.Publish {
+	b := append([]byte{0x30, byte(2 + len(topic) + 5), 0, byte(len(topic))}, topic...)
+	p, err := frame.Parse(append(b, frameN(i)...), 4, 0)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
 // parked returns a Conn whose writer has taken the first frame and is stuck
 // writing it, so that every later frame stays queued.
 func parked(t *testing.T, l Limits) (*Conn, *gatedConn) {
@@ -111,10 +125,12 @@ func TestOrderKeptAndBatched(t *testing.T) {
 			if _, err := c.Write(frameN(i)); err != nil {
 				t.Fatal(err)
 			}
-		} else if !c.Enqueue(frameN(i)) {
+			want.Write(frameN(i))
+		} else if !c.Enqueue(pubN(i)) {
 			t.Fatalf("frame %d refused", i)
+		} else {
+			want.Write(pubN(i).B)
 		}
-		want.Write(frameN(i))
 	}
 	g.open()
 	waitFor(t, func() bool { return bytes.Equal(g.written(), want.Bytes()) })
@@ -125,20 +141,20 @@ func TestOrderKeptAndBatched(t *testing.T) {
 }
 
 func TestDropOldestKeepsTheNewest(t *testing.T) {
-	c, g := parked(t, Limits{Hard: 50, Policy: DropOldest}) // room for 10 frames
+	c, g := parked(t, Limits{Hard: 100, Policy: DropOldest}) // room for 10 frames
 	for i := range 30 {
-		if !c.Enqueue(frameN(i)) {
+		if !c.Enqueue(pubN(i)) {
 			t.Fatalf("frame %d refused under drop-oldest", i)
 		}
 	}
-	if msgs, b := c.Dropped(); msgs != 20 || b != 100 {
-		t.Errorf("dropped %d frames / %d bytes, want 20 / 100", msgs, b)
+	if msgs, b := c.Dropped(); msgs != 20 || b != 200 {
+		t.Errorf("dropped %d frames / %d bytes, want 20 / 200", msgs, b)
 	}
 	g.open()
 	var want bytes.Buffer
 	want.WriteString("first")
 	for i := 20; i < 30; i++ {
-		want.Write(frameN(i))
+		want.Write(pubN(i).B)
 	}
 	waitFor(t, func() bool { return len(g.written()) >= want.Len() })
 	if got := g.written(); !bytes.Equal(got, want.Bytes()) {
@@ -148,12 +164,12 @@ func TestDropOldestKeepsTheNewest(t *testing.T) {
 }
 
 func TestDropOldestNeverDropsMochiFrames(t *testing.T) {
-	c, g := parked(t, Limits{Hard: 50, Policy: DropOldest})
+	c, g := parked(t, Limits{Hard: 100, Policy: DropOldest})
 	if _, err := c.Write([]byte("ack01")); err != nil { // unsheddable
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		c.Enqueue(frameN(i))
+		c.Enqueue(pubN(i))
 	}
 	g.open()
 	waitFor(t, func() bool { return c.Queued() == 0 && g.calls() == 2 })
@@ -164,10 +180,10 @@ func TestDropOldestNeverDropsMochiFrames(t *testing.T) {
 }
 
 func TestDropNewest(t *testing.T) {
-	c, g := parked(t, Limits{Hard: 50, Policy: DropNewest})
+	c, g := parked(t, Limits{Hard: 100, Policy: DropNewest})
 	accepted := 0
 	for i := range 30 {
-		if c.Enqueue(frameN(i)) {
+		if c.Enqueue(pubN(i)) {
 			accepted++
 		}
 	}
@@ -178,7 +194,7 @@ func TestDropNewest(t *testing.T) {
 	var want bytes.Buffer
 	want.WriteString("first")
 	for i := range 10 {
-		want.Write(frameN(i))
+		want.Write(pubN(i).B)
 	}
 	waitFor(t, func() bool { return len(g.written()) >= want.Len() })
 	if got := g.written(); !bytes.Equal(got, want.Bytes()) {
@@ -190,15 +206,15 @@ func TestDropNewest(t *testing.T) {
 func TestDisconnectPolicyCutsTheConnection(t *testing.T) {
 	stats := new(Stats)
 	g := newGated()
-	c := New(g, Limits{Hard: 50, Policy: Disconnect}, stats, nil)
+	c := New(g, Limits{Hard: 100, Policy: Disconnect}, stats, nil)
 	c.Write([]byte("first"))
 	waitFor(t, func() bool { return c.Queued() == 0 })
 	for i := range 10 {
-		if !c.Enqueue(frameN(i)) {
+		if !c.Enqueue(pubN(i)) {
 			t.Fatalf("frame %d refused below the limit", i)
 		}
 	}
-	if c.Enqueue(frameN(10)) {
+	if c.Enqueue(pubN(10)) {
 		t.Fatal("frame past the hard limit accepted under disconnect")
 	}
 	select {
@@ -232,23 +248,23 @@ func TestMochiFramePastHardLimitCutsTheConnection(t *testing.T) {
 }
 
 func TestSoftLimitGrace(t *testing.T) {
-	c, g := parked(t, Limits{Soft: 20, Hard: 1000, Grace: 10 * time.Second, Policy: DropNewest})
+	c, g := parked(t, Limits{Soft: 40, Hard: 1000, Grace: 10 * time.Second, Policy: DropNewest})
 	now := time.Unix(1000, 0)
 	c.mu.Lock()
 	c.now = func() time.Time { return now }
 	c.mu.Unlock()
-	for i := range 8 { // 40 bytes: above soft, within grace
-		if !c.Enqueue(frameN(i)) {
+	for i := range 8 { // 80 bytes: above soft, within grace
+		if !c.Enqueue(pubN(i)) {
 			t.Fatalf("frame %d refused within the grace period", i)
 		}
 	}
 	now = now.Add(11 * time.Second)
-	if c.Enqueue(frameN(8)) {
+	if c.Enqueue(pubN(8)) {
 		t.Fatal("frame accepted after the queue stayed above the soft limit past its grace")
 	}
 	g.open()
 	waitFor(t, func() bool { return c.Queued() == 0 })
-	if !c.Enqueue(frameN(9)) { // drained below soft: the clock restarts
+	if !c.Enqueue(pubN(9)) { // drained below soft: the clock restarts
 		t.Fatal("frame refused after the queue drained")
 	}
 	closeAndWait(t, c)
@@ -258,14 +274,14 @@ func TestCloseFlushesQueuedFrames(t *testing.T) {
 	a, b := tcpPair(t)
 	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
 	c.Write([]byte("CONNACK"))
-	c.Enqueue([]byte("-publish"))
+	c.Enqueue(pubN(1))
 	c.Write([]byte("-DISCONNECT"))
 	c.Close()
 	got, err := io.ReadAll(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(got) != "CONNACK-publish-DISCONNECT" {
+	if string(got) != "CONNACK"+string(pubN(1).B)+"-DISCONNECT" {
 		t.Fatalf("peer read %q", got)
 	}
 	<-c.Done()
@@ -322,7 +338,7 @@ func TestHeldAckWaitsForItsDecisionAndKeepsOrder(t *testing.T) {
 	early := c.HoldAck(4, 9, true)
 	early.Fail(0x97)                // decided before mochi writes the frame
 	c.Write([]byte{0x40, 2, 0, 7})  // PUBACK 7: held
-	c.Enqueue([]byte("after-7"))    // waits behind it
+	c.Enqueue(pubN(7))              // waits behind it
 	c.Write([]byte{0x40, 2, 0, 8})  // PUBACK 8: held
 	c.Write([]byte{0x40, 2, 0, 9})  // PUBACK 9: already failed
 	c.Write([]byte{0x40, 2, 0, 10}) // not held
@@ -335,7 +351,7 @@ func TestHeldAckWaitsForItsDecisionAndKeepsOrder(t *testing.T) {
 	}
 	ok.Release()
 	want := []byte{0x40, 2, 0, 7}
-	want = append(want, "after-7"...)
+	want = append(want, pubN(7).B...)
 	want = append(want, 0x40, 3, 0, 8, 0x97, 0x40, 3, 0, 9, 0x97, 0x40, 2, 0, 10)
 	if got := r.read(t, len(want)); !bytes.Equal(got, want) {
 		t.Fatalf("peer read % x\nwant          % x", got, want)
@@ -402,7 +418,7 @@ func TestSentFramesAreNeverDroppedAndCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		c.Enqueue(frameN(i))
+		c.Enqueue(pubN(i))
 	}
 	g.open()
 	waitFor(t, func() bool { return c.Queued() == 0 && atomic.LoadInt64(&sent) >= 2 })

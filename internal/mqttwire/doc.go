@@ -1,8 +1,10 @@
 // Package mqttwire is Keyline's one hand-written MQTT 3.1.1 / 5 codec, for the
 // tools and tests that speak MQTT without a client library: the load
 // generator (integration/loadgen) and the raw test client
-// (internal/mqtttest). The broker itself decodes with mochi; nothing here is
-// on its path.
+// (internal/mqtttest). The broker itself decodes with mochi; its one use of
+// this package is internal/conform, which reads the fixed headers and walks
+// the property blocks of what clients send (ReadVarint, RawProperties.Skip)
+// on every connection's read path: keep those small.
 //
 // # Basics
 //

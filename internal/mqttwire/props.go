@@ -2,6 +2,7 @@ package mqttwire
 
 import (
 	"encoding/binary"
+	"fmt"
 	"slices"
 )
 
@@ -62,6 +63,30 @@ var propKinds = [0x2B]uint8{
 	PropUserProperty: kindPair,
 }
 
+var propNames = [0x2B]string{
+	PropPayloadFormat: "Payload Format Indicator", PropMessageExpiry: "Message Expiry Interval",
+	PropContentType: "Content Type", PropResponseTopic: "Response Topic", PropCorrelationData: "Correlation Data",
+	PropSubscriptionID: "Subscription Identifier", PropSessionExpiry: "Session Expiry Interval",
+	PropAssignedClientID: "Assigned Client Identifier", PropServerKeepAlive: "Server Keep Alive",
+	PropAuthMethod: "Authentication Method", PropAuthData: "Authentication Data",
+	PropRequestProblemInfo: "Request Problem Information", PropWillDelay: "Will Delay Interval",
+	PropRequestResponseInfo: "Request Response Information", PropResponseInfo: "Response Information",
+	PropServerReference: "Server Reference", PropReasonString: "Reason String",
+	PropReceiveMaximum: "Receive Maximum", PropTopicAliasMaximum: "Topic Alias Maximum", PropTopicAlias: "Topic Alias",
+	PropMaximumQoS: "Maximum QoS", PropRetainAvailable: "Retain Available", PropUserProperty: "User Property",
+	PropMaximumPacketSize: "Maximum Packet Size", PropWildcardAvailable: "Wildcard Subscription Available",
+	PropSubscriptionIDAvailable: "Subscription Identifier Available", PropSharedAvailable: "Shared Subscription Available",
+}
+
+// PropName returns the specification's name of property id with its
+// identifier ("Topic Alias (0x23)"), or "unknown property (0x..)".
+func PropName(id byte) string {
+	if int(id) < len(propNames) && propNames[id] != "" {
+		return fmt.Sprintf("%s (0x%02x)", propNames[id], id)
+	}
+	return fmt.Sprintf("unknown property (0x%02x)", id)
+}
+
 func propKind(id byte) uint8 {
 	if int(id) < len(propKinds) {
 		return propKinds[id]
@@ -104,7 +129,7 @@ type RawProperties []byte
 
 // size returns the size of the property at the front of r, its identifier
 // included: 0 when the identifier is unknown or the value runs past the end.
-// Validate, UserValue and Next walk a block with it; the load generator
+// Validate, UserValue, Skip and Next walk a block with it; the load generator
 // reads every delivery's properties that way, so it stays small.
 func (r RawProperties) size() int {
 	if len(r) == 0 {
@@ -178,6 +203,18 @@ func (r RawProperties) Next() (Property, RawProperties, error) {
 		p.Value = r[1:n:n]
 	}
 	return p, r[n:], nil
+}
+
+// Skip returns the identifier of the first property of r and the
+// properties after it, without reading its value: the cheapest walk of a
+// block. ok is false for an unknown identifier or a value that runs past
+// the end (Next says which).
+func (r RawProperties) Skip() (id byte, rest RawProperties, ok bool) {
+	n := r.size()
+	if n == 0 {
+		return 0, nil, false
+	}
+	return r[0], r[n:], true
 }
 
 // Validate reports whether r is a sequence of well-formed properties.

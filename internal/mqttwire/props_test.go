@@ -105,3 +105,38 @@ func TestRawProperties(t *testing.T) {
 		}
 	}
 }
+
+func TestPropNames(t *testing.T) {
+	for id, k := range propKinds {
+		if (k == kindUnknown) != (propNames[id] == "") {
+			t.Errorf("property 0x%02x: kind %d, name %q: every known property has a name", id, k, propNames[id])
+		}
+	}
+	if got := PropName(PropTopicAlias); got != "Topic Alias (0x23)" {
+		t.Errorf("PropName(0x23) = %q", got)
+	}
+	if got := PropName(0x7f); got != "unknown property (0x7f)" {
+		t.Errorf("PropName(0x7f) = %q", got)
+	}
+}
+
+func TestRawPropertiesSkip(t *testing.T) {
+	b := AppendProperties(nil, &Properties{TopicAlias: 3, User: []UserProperty{{"k", "v"}}})
+	r := RawProperties(b[1:])
+	var ids []byte
+	for len(r) > 0 {
+		id, rest, ok := r.Skip()
+		if !ok {
+			t.Fatalf("Skip failed on % x", r)
+		}
+		ids, r = append(ids, id), rest
+	}
+	if string(ids) != string([]byte{PropTopicAlias, PropUserProperty}) {
+		t.Fatalf("ids % x", ids)
+	}
+	for _, bad := range []RawProperties{{0x7f, 0}, {PropTopicAlias, 0}} {
+		if _, _, ok := bad.Skip(); ok {
+			t.Errorf("Skip(% x) ok", bad)
+		}
+	}
+}

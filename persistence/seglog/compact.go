@@ -67,7 +67,7 @@ func (l *Log) Checkpointed(s *Snapshot) {
 			continue
 		}
 		if err := os.Remove(sg.path); err != nil {
-			l.log.Error("remove segment", "segment", id, "err", err)
+			l.log.Error("remove segment", "segment", id, "error", err)
 			continue
 		}
 		l.mu.segs = slices.Delete(l.mu.segs, i, i+1)
@@ -178,7 +178,7 @@ func (l *Log) compact(s *segment) bool {
 		if err != nil || !checkCRC(body, crc) {
 			// Damaged since it was written: its live records stay where they
 			// are (ReadFrom reports the damage); nothing garbled is copied.
-			l.log.Error("compaction stopped at a bad frame", "segment", s.id, "pos", pos, "err", err)
+			l.log.Error("compaction stopped at a bad frame", "segment", s.id, "pos", pos, "error", err)
 			break
 		}
 		end := pos + frameHeader + int64(n)

@@ -334,7 +334,7 @@ func (l *Log) copyToQuarantine(s *segment, pos int64, reason string) (string, bo
 		}
 	}
 	if err != nil {
-		l.log.Error("could not quarantine", "segment", s.id, "pos", pos, "reason", reason, "err", err)
+		l.log.Error("could not quarantine", "segment", s.id, "pos", pos, "reason", reason, "error", err)
 		return "", false
 	}
 	rep.Quarantined = append(rep.Quarantined, name)

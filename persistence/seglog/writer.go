@@ -162,7 +162,7 @@ func (l *Log) commit(ops []*op) int {
 	if err := l.write(); err != nil {
 		l.stats.commitFailures.Add(1)
 		w.fail = fmt.Errorf("%w: %s: %w", ErrFailed, w.seg.path, err)
-		l.log.Error("commit failed; the log stops writing", "err", err)
+		l.log.Error("commit failed; the log stops writing", "error", err)
 		l.mu.Lock()
 		l.mu.failed = w.fail
 		for _, g := range l.mu.pendingGroups {
@@ -225,7 +225,7 @@ func (l *Log) roll() error {
 		if err != nil {
 			l.prep.req <- id // and again in the background for the next roll
 			err = fmt.Errorf("seglog: prepare segment %d: %w", id, err)
-			l.log.Error("no segment to roll to", "err", err)
+			l.log.Error("no segment to roll to", "error", err)
 			return err
 		}
 		pr = prepared{seg: s}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -102,11 +103,29 @@ type rec struct {
 		RSSPerConnKB float64 `json:"rss_per_conn_kb"`
 		FDLimit      int     `json:"fd_limit"`
 	} `json:"connections"`
+	Conflate *struct {
+		Topics         int     `json:"topics"`
+		ReadRate       int     `json:"read_rate_bytes_per_s"`
+		TopicsReceived int     `json:"topics_received"`
+		FinalValues    int     `json:"final_values"`
+		FinalDelayMS   float64 `json:"final_delay_ms"`
+	} `json:"conflate"`
+	Sessions *struct {
+		Requested       int     `json:"requested"`
+		Stored          int     `json:"stored"`
+		CreateS         float64 `json:"create_s"`
+		Checked         int     `json:"checked"`
+		Present         int     `json:"present"`
+		RSSBeforeKB     int64   `json:"rss_before_kb"`
+		RSSAfterKB      int64   `json:"rss_after_kb"`
+		RSSPerSessionKB float64 `json:"rss_per_session_kb"`
+	} `json:"sessions"`
 }
 
 type meta struct {
 	kv        map[string]string
-	cases     [][2]string // name, args
+	cases     [][2]string       // name, args
+	caseFlags map[string]string // name -> keyline flags of that case
 	brokerCmd [][2]string
 	brokers   []string
 }
@@ -142,6 +161,9 @@ func oneLine(r *rec) string {
 	case r.Connections != nil:
 		c := r.Connections
 		return fmt.Sprintf("%d conns, %.0f/s, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.RSSPerConnKB, c.Alive)
+	case r.Sessions != nil:
+		s := r.Sessions
+		return fmt.Sprintf("%d offline sessions, %.1f KiB/session, %d of %d kept", s.Stored, s.RSSPerSessionKB, s.Present, s.Checked)
 	default:
 		s := fmt.Sprintf("%.0f delivered/s (%.3f of expected), p50 %s p99 %s, loadgen %.2f cores, broker %.2f, other %.2f",
 			r.DeliveredPerS, r.DeliveredRatio, us(r.Latency.P50), us(r.Latency.P99), r.CPU.Loadgen, r.CPU.Broker, r.CPU.Other)
@@ -149,14 +171,17 @@ func oneLine(r *rec) string {
 			s += fmt.Sprintf(", order violations %d, dups %d, missing %d", r.Order.OrderViolations, r.Order.Duplicates, r.Order.Missing)
 		}
 		if r.RSS != nil && r.Stalled > 0 {
-			s += fmt.Sprintf(", RSS max %.1f MiB", float64(r.RSS.MaxKB)/1024)
+			s += fmt.Sprintf(", RSS max %.1f MiB (+%.1f)", float64(r.RSS.MaxKB)/1024, rssGrowth(r)/1024)
+		}
+		if c := r.Conflate; c != nil {
+			s += fmt.Sprintf(", last values of %d/%d topics, after %s", c.FinalValues, c.Topics, ms(finalDelay(r)))
 		}
 		return s
 	}
 }
 
 func readMeta(path string) (*meta, error) {
-	m := &meta{kv: map[string]string{}}
+	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -168,6 +193,8 @@ func readMeta(path string) (*meta, error) {
 		switch {
 		case len(parts) == 3 && parts[0] == "case":
 			m.cases = append(m.cases, [2]string{parts[1], parts[2]})
+		case len(parts) == 3 && parts[0] == "case_flags":
+			m.caseFlags[parts[1]] = parts[2]
 		case len(parts) == 3 && parts[0] == "broker_cmd":
 			m.brokerCmd = append(m.brokerCmd, [2]string{parts[1], parts[2]})
 		case len(parts) >= 2:
@@ -287,8 +314,12 @@ func kind(c cell) string {
 	switch {
 	case r.Scenario == "connections":
 		return "connections"
+	case r.Scenario == "sessions":
+		return "sessions"
 	case r.Scenario == "shared":
 		return "shared"
+	case r.Scenario == "conflate":
+		return "conflate"
 	case r.Scenario == "slowsub" || r.Stalled > 0:
 		return "slowsub"
 	case r.Rate > 0:
@@ -347,7 +378,26 @@ func run(resultsPath, metaPath, mdPath, chartDir string) error {
 	}
 	var b strings.Builder
 	writeMarkdown(&b, m, t, recs, charts)
+	b.WriteString(manualSections(mdPath))
 	return os.WriteFile(mdPath, []byte(b.String()), 0o644)
+}
+
+// manualMarker starts the part of BENCHMARKS.md written by hand (figures
+// measured outside integration/bench/run); a new report keeps it as it is.
+const manualMarker = "<!-- Sections below are measured by hand; integration/bench/run keeps them as they are. -->"
+
+// manualSections returns the hand-written tail of the report at path, from
+// manualMarker on, or "" when there is none.
+func manualSections(path string) string {
+	old, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	i := strings.Index(string(old), manualMarker)
+	if i < 0 {
+		return ""
+	}
+	return "\n" + string(old[i:])
 }
 
 func mustAbs(p string) string {
@@ -450,11 +500,21 @@ func headlines(k string) []headline {
 		return []headline{
 			{"readers' msg/s", func(r *rec) float64 { return r.DeliveredPerS }, num, "higher", false},
 			{"broker RSS max", func(r *rec) float64 { return float64(r.RSS.MaxKB) }, mib, "lower", false},
+			{"broker RSS growth", rssGrowth, mib, "lower", false},
+		}
+	case "conflate":
+		return []headline{
+			{"age of values read, p99", func(r *rec) float64 { return r.Latency.P99 }, us, "lower", false},
+			{"last value of every topic, after stop", finalDelay, ms, "lower", false},
 		}
 	case "connections":
 		return []headline{
 			{"connects/s", func(r *rec) float64 { return r.Connections.ConnectPerS }, num, "higher", false},
 			{"RSS per connection", func(r *rec) float64 { return r.Connections.RSSPerConnKB }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v) }, "lower", false},
+		}
+	case "sessions":
+		return []headline{
+			{"RSS per offline session", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v) }, "lower", false},
 		}
 	}
 	return nil
@@ -512,7 +572,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 			for _, b := range t.brokers {
 				v := t.get(cs, b).median(h.f)
 				s := h.format(v)
-				if b != "mosquitto" && !h.counts && !math.IsNaN(base) && base != 0 {
+				if b != "mosquitto" && !h.counts && !math.IsNaN(base) && base != 0 && (h.name != "broker RSS growth" || base >= 1024) {
 					s += " (" + ratio(v, base) + ")"
 				}
 				cols = append(cols, s)
@@ -533,48 +593,34 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("arrived by the end of the drain; `gaps` are lost messages seen as sequence gaps.\n\n")
 	p("| case | broker | delivered msg/s | vs mosquitto | published msg/s | delivered/expected | gaps | p50 | p99 | rounds (delivered msg/s) |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "throughput" {
-			continue
-		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.DeliveredPerS })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(d), ratio(d, base),
-				num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
-				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Gaps) })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
-				c.all(func(r *rec) float64 { return r.DeliveredPerS }, num))
-		}
-	}
+	forKind(t, "throughput", func(r *rec) float64 { return r.DeliveredPerS }, func(cs, b string, c cell, base float64) {
+		d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(d), ratio(d, base),
+			num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
+			f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Gaps) })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
+			c.all(func(r *rec) float64 { return r.DeliveredPerS }, num))
+	})
 	p("\n")
 
 	p("## Latency at a fixed rate\n\n")
 	p("From the send time the publisher stamps into each payload just before its `write()` to the subscriber's read of it.\n\n")
 	p("| case | broker | delivered msg/s | p50 | p90 | p99 | p99.9 | max | p99 vs mosquitto | delivered/expected |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "latency" {
-			continue
-		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.Latency.P99 })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			p99 := c.median(func(r *rec) float64 { return r.Latency.P99 })
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b,
-				num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P90 })),
-				us(p99),
-				us(c.median(func(r *rec) float64 { return r.Latency.P999 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.Max })),
-				ratio(p99, base),
-				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })))
-		}
-	}
+	forKind(t, "latency", func(r *rec) float64 { return r.Latency.P99 }, func(cs, b string, c cell, base float64) {
+		p99 := c.median(func(r *rec) float64 { return r.Latency.P99 })
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b,
+			num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P90 })),
+			us(p99),
+			us(c.median(func(r *rec) float64 { return r.Latency.P999 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.Max })),
+			ratio(p99, base),
+			f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })))
+	})
 	p("\n")
 
 	p("## Shared subscriptions: per-key order\n\n")
@@ -585,29 +631,22 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("consumer (0 with Key-Shared dispatch, all keys with round-robin). QoS 1 both ways.\n\n")
 	p("| case | broker | delivered msg/s | vs mosquitto | order violations (median) | per round | keys with violations | duplicates | missing | keys on >1 consumer | p50 | p99 |\n")
 	p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, cs := range t.cases {
-		if caseKind(t, cs) != "shared" {
-			continue
+	forKind(t, "shared", func(r *rec) float64 { return r.DeliveredPerS }, func(cs, b string, c cell, base float64) {
+		d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
+		keys := 0
+		if ok := c.ok(); len(ok) > 0 && ok[0].Order != nil {
+			keys = ok[0].Order.Keys
 		}
-		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return r.DeliveredPerS })
-		for _, b := range t.brokers {
-			c := t.get(cs, b)
-			d := c.median(func(r *rec) float64 { return r.DeliveredPerS })
-			keys := 0
-			if ok := c.ok(); len(ok) > 0 && ok[0].Order != nil {
-				keys = ok[0].Order.Keys
-			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", cs, b, num(d), ratio(d, base),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.OrderViolations) })),
-				c.all(func(r *rec) float64 { return float64(r.Order.OrderViolations) }, integer),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysWithViolations) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.Duplicates) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.Missing) })),
-				integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysOnSeveralConsumers) })), keys,
-				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
-				us(c.median(func(r *rec) float64 { return r.Latency.P99 })))
-		}
-	}
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s of %d | %s | %s |\n", cs, b, num(d), ratio(d, base),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.OrderViolations) })),
+			c.all(func(r *rec) float64 { return float64(r.Order.OrderViolations) }, integer),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysWithViolations) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.Duplicates) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.Missing) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Order.KeysOnSeveralConsumers) })), keys,
+			us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
+			us(c.median(func(r *rec) float64 { return r.Latency.P99 })))
+	})
 	p("\n")
 	writeOrderFindings(w, t)
 
@@ -617,31 +656,35 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("the slowest *reading* subscriber. A broker that isolates the slow reader keeps the publisher at the target, the\n")
 	p("readers' latency low and its own memory bounded; `published < target` means the broker could not deliver the\n")
 	p("target rate to the readers while one reader was stalled (or, with high `other cores`, lacked CPU).\n\n")
-	p("| case | broker | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	p("| case | broker | QoS | target msg/s | published msg/s | readers' msg/s | delivered/expected | p50 | p99 | RSS start | RSS max | RSS max vs mosquitto | RSS growth | growth vs mosquitto |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range t.cases {
 		if caseKind(t, cs) != "slowsub" {
 			continue
 		}
 		base := t.get(cs, "mosquitto").median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
+		baseGrowth := t.get(cs, "mosquitto").median(rssGrowth)
 		for _, b := range t.brokers {
 			c := t.get(cs, b)
 			rss := c.median(func(r *rec) float64 { return float64(r.RSS.MaxKB) })
-			rate := math.NaN()
+			growth := c.median(rssGrowth)
+			rate, qos := math.NaN(), "n/a"
 			if ok := c.ok(); len(ok) > 0 {
-				rate = ok[0].Rate
+				rate, qos = ok[0].Rate, strconv.Itoa(ok[0].QoS)
 			}
-			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, num(rate),
+			p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", cs, b, qos, num(rate),
 				num(c.median(func(r *rec) float64 { return r.PublishedPerS })),
 				num(c.median(func(r *rec) float64 { return r.DeliveredPerS })),
 				f3(c.median(func(r *rec) float64 { return r.DeliveredRatio })),
 				us(c.median(func(r *rec) float64 { return r.Latency.P50 })),
 				us(c.median(func(r *rec) float64 { return r.Latency.P99 })),
 				mib(c.median(func(r *rec) float64 { return float64(r.RSS.StartKB) })),
-				mib(rss), ratio(rss, base))
+				mib(rss), ratio(rss, base), mib(growth), growthRatio(growth, baseGrowth))
 		}
 	}
-	p("\n")
+	p("\nRSS growth is RSS max minus RSS start: what the run added, the stalled reader's backlog included (no ratio\n")
+	p("where mosquitto grew by less than 1 MiB).\n\n")
+	writeConflate(w, t)
 
 	p("## Idle connections\n\n")
 	p("N connections (MQTT CONNECT, keep-alive 60 s) opened 64 at a time; RSS read from `/proc/<pid>/status` before and\n")
@@ -670,6 +713,24 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	}
 	p("\n")
 
+	p("## Offline sessions\n\n")
+	p("N clients connect with a persistent session (MQTT 3.1.1 clean session 0, or MQTT 5 session expiry 1 h), subscribe\n")
+	p("to one topic at QoS 1 and disconnect; RSS is read before and after (plus a settle time); every hundredth session\n")
+	p("is then resumed to check the broker kept it (session present).\n\n")
+	p("| case | broker | sessions | RSS before | RSS after | RSS per session | vs mosquitto | kept |\n")
+	p("|---|---|---|---|---|---|---|---|\n")
+	forKind(t, "sessions", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(cs, b string, c cell, base float64) {
+		per := c.median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
+		p("| %s | %s | %s | %s | %s | %.1f KiB | %s | %s of %s |\n", cs, b,
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Stored) })),
+			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSBeforeKB) })),
+			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSAfterKB) })),
+			per, ratio(per, base),
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Present) })),
+			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Checked) })))
+	})
+	p("\n")
+
 	// -------- CPU evidence
 	p("## Is the load generator the limit?\n\n")
 	p("loadgen measures its own CPU with `getrusage` and the broker's from `/proc/<pid>/stat` over the measured window\n")
@@ -688,7 +749,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 				maxShare, maxCase = sh, cs+" / "+b
 			}
 			lu, bu := "-", "-"
-			if caseKind(t, cs) != "connections" {
+			if k := caseKind(t, cs); k != "connections" && k != "sessions" {
 				lu = f2(c.median(func(r *rec) float64 { return r.CPU.LoadgenUsPerMsg }))
 				bu = f2(c.median(func(r *rec) float64 { return r.CPU.BrokerUsPerMsg }))
 			}
@@ -736,9 +797,19 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("mosquitto config: %s\n```\n\n", kv["mosquitto_conf"])
 	p("Load, per case (every run adds `-addr 127.0.0.1:PORT -broker-pid PID -label BROKER -tag CASE -round N %s`):\n\n```\n", kv["common"])
 	for _, c := range m.cases {
-		p("%-16s loadgen %s\n", c[0], c[1])
+		p("%-18s loadgen %s\n", c[0], c[1])
 	}
-	p("```\n\nThe full argument list of every run is in the `args` field of its line in `%s`.\n", t.resultsRel)
+	p("```\n\n")
+	if len(m.caseFlags) > 0 {
+		p("Keyline runs these cases with extra flags:\n\n```\n")
+		for _, c := range m.cases {
+			if f := m.caseFlags[c[0]]; f != "" {
+				p("%-18s keyline ... %s\n", c[0], f)
+			}
+		}
+		p("```\n\n")
+	}
+	p("The full argument list of every run is in the `args` field of its line in `%s`.\n", t.resultsRel)
 
 	var failed []string
 	for _, r := range recs {
@@ -1155,4 +1226,18 @@ func chartOrder(t *table, path string) (bool, error) {
 	p.Y.Max = math.Max(p.Y.Max*1.35, 10)
 	p.Add(plotter.NewGrid())
 	return true, p.Save(8*vg.Inch, 4*vg.Inch, path)
+}
+
+// forKind calls f for every broker's cell of every case of kind k, with the
+// median of value over mosquitto's runs of that case (the ratios' base).
+func forKind(t *table, k string, value func(*rec) float64, f func(cs, b string, c cell, base float64)) {
+	for _, cs := range t.cases {
+		if caseKind(t, cs) != k {
+			continue
+		}
+		base := t.get(cs, "mosquitto").median(value)
+		for _, b := range t.brokers {
+			f(cs, b, t.get(cs, b), base)
+		}
+	}
 }

@@ -91,3 +91,26 @@ func TestReport(t *testing.T) {
 		t.Log(out)
 	}
 }
+
+// TestManualSectionsAreKept: what follows the marker in an existing report
+// survives a new one; a report without the marker keeps nothing of it.
+func TestManualSectionsAreKept(t *testing.T) {
+	dir := t.TempDir()
+	md := filepath.Join(dir, "BENCHMARKS.md")
+	if got := manualSections(md); got != "" {
+		t.Fatalf("no file: %q", got)
+	}
+	tail := manualMarker + "\n\n## By hand\n\nfigures\n"
+	if err := os.WriteFile(md, []byte("# old generated part\n\n"+tail), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := manualSections(md); got != "\n"+tail {
+		t.Fatalf("kept %q", got)
+	}
+	if err := os.WriteFile(md, []byte("# generated only\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := manualSections(md); got != "" {
+		t.Fatalf("kept %q from a report without the marker", got)
+	}
+}

@@ -1,0 +1,89 @@
+package broker
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestListenersSweepTheirOwnClients: closing a listener never runs mochi's
+// sweep of its clients, which takes the clients' read lock twice: a client
+// leaving between the two deadlocks the shutdown (mochi-mqtt/server#488).
+// The window is too small to hit from outside in a test, so this checks
+// that the broker's single-lock sweep is the one used.
+func TestListenersSweepTheirOwnClients(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	for _, ln := range b.mqttLns {
+		if ln.closeClients == nil {
+			t.Fatalf("listener %s closes its clients with mochi's sweep", ln.id)
+		}
+	}
+	l := &listener{id: "probe", ln: mustListen(t)}
+	swept := ""
+	l.closeClients = func(id string) { swept = id }
+	l.Close(func(string) { t.Error("mochi's sweep ran") })
+	if swept != "probe" {
+		t.Fatalf("swept %q", swept)
+	}
+}
+
+func mustListen(t *testing.T) net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// TestShutdownWhileClientsLeave: clients disconnecting while the broker
+// shuts down are swept or gone, and the shutdown ends.
+func TestShutdownWhileClientsLeave(t *testing.T) {
+	for round := range 3 {
+		b, err := New(testConfig(t), slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var conns []net.Conn
+		for i := range 40 {
+			conns = append(conns, connect311(t, b.Addr("tcp"), "leaver-"+strconv.Itoa(round)+"-"+strconv.Itoa(i)))
+		}
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(func() { _ = c.Close() })
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err = b.Shutdown(ctx)
+		cancel()
+		wg.Wait()
+		if err != nil {
+			t.Fatalf("round %d: shutdown with clients leaving: %v", round, err)
+		}
+	}
+}
+
+// connect311 opens an MQTT 3.1.1 connection as client id and reads its CONNACK.
+func connect311(t *testing.T, addr, id string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := append([]byte{0, 4, 'M', 'Q', 'T', 'T', 4, 2, 0, 60, 0, byte(len(id))}, id...)
+	if _, err := c.Write(append([]byte{0x10, byte(len(body))}, body...)); err != nil {
+		t.Fatal(err)
+	}
+	ack := make([]byte, 4)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, ack); err != nil || ack[0] != 0x20 || ack[3] != 0 {
+		t.Fatalf("CONNACK %x: %v", ack, err)
+	}
+	return c
+}

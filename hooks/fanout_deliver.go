@@ -1,0 +1,89 @@
+package hooks
+
+import (
+	"slices"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/frame"
+)
+
+// pubDelivery is one publish on its way to its subscribers: the frames encoded
+// so far, one per variant.
+type pubDelivery struct {
+	h        *Fanout
+	pk       packets.Packet
+	deadline int64 // unix seconds after which a queued QoS 1/2 copy is dropped unsent; 0: never
+	variants []variant
+}
+
+type variant struct {
+	version byte
+	qos     byte
+	retain  bool
+	ids     []int
+	pub     *frame.Publish
+}
+
+func (h *Fanout) newDelivery(pk packets.Packet) *pubDelivery {
+	d := &pubDelivery{h: h, pk: pk, deadline: pk.Expiry}
+	if d.deadline <= 0 {
+		// max-message-expiry also bounds how long messages without an expiry
+		// interval wait in a session.
+		if max := h.server.Options.Capabilities.MaximumMessageExpiryInterval; max > 0 {
+			d.deadline = pk.Created + max
+		}
+	}
+	return d
+}
+
+// to delivers the publish to one subscriber, applying no-local,
+// retain-as-published, the granted QoS and the client's maximum packet
+// size: QoS 0 to the live connection (a session that is away gets none, as
+// in mochi), QoS 1/2 to the session's outbox.
+func (d *pubDelivery) to(rt route) {
+	s, pk, h := rt.s, &d.pk, d.h
+	if rt.noLocal && pk.Origin == s.id {
+		return // [MQTT-3.8.3-3]
+	}
+	qos := min(pk.FixedHeader.Qos, rt.qos)
+	c := s.cur.Load()
+	version, maxPacket := byte(s.version.Load()), uint32(0)
+	if c != nil {
+		version, maxPacket = c.version, c.maxPacket
+	}
+	if qos == 0 && c == nil {
+		return
+	}
+	version = wireVersion(version)
+	retain := pk.FixedHeader.Retain && version == 5 && rt.retainAsPublished // [MQTT-3.3.1-12]
+	p := d.frame(version, qos, retain, rt.ids)
+	switch {
+	case p == nil:
+	case !fits(maxPacket, len(p.B)):
+		h.Stats.TooLarge.Add(1)
+	case qos == 0:
+		if c.q.Enqueue(p) {
+			h.Stats.Deliveries.Add(1)
+		}
+	case s.out.Add(p, pk.Created, d.deadline):
+		h.Stats.Tracked.Add(1)
+	}
+}
+
+// frame returns the encoded PUBLISH for one variant, encoding it on first use.
+func (d *pubDelivery) frame(version, qos byte, retain bool, ids []int) *frame.Publish {
+	for _, v := range d.variants {
+		if v.version == version && v.qos == qos && v.retain == retain && slices.Equal(v.ids, ids) {
+			return v.pub
+		}
+	}
+	p, err := encodeFrame(d.pk, version, retain, qos, ids)
+	if err != nil {
+		d.h.Log.Error("fanout: encode publish", "topic", clip(d.pk.TopicName), "error", err)
+		return nil
+	}
+	d.h.Stats.Encodes.Add(1)
+	d.variants = append(d.variants, variant{version: version, qos: qos, retain: retain, ids: ids, pub: p})
+	return p
+}

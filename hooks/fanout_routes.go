@@ -1,0 +1,140 @@
+package hooks
+
+import (
+	"slices"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// route is one subscriber of a topic, as the fast path caches it: the
+// session (never a mochi Client, so that a cached route does not keep a
+// closed connection alive) and what the pubDelivery needs of its subscription.
+type route struct {
+	s                 *fanSession
+	qos               byte // granted QoS
+	noLocal           bool
+	retainAsPublished bool
+	ids               []int // MQTT 5 subscription identifiers, sorted
+}
+
+func routeOf(s *fanSession, version byte, sub packets.Subscription) route {
+	return route{s: s, qos: sub.Qos, noLocal: sub.NoLocal, retainAsPublished: sub.RetainAsPublished, ids: sortedIDs(version, sub)}
+}
+
+func sortedIDs(version byte, sub packets.Subscription) []int {
+	if version != 5 || len(sub.Identifiers) == 0 {
+		return nil
+	}
+	ids := make([]int, 0, len(sub.Identifiers))
+	for _, i := range sub.Identifiers {
+		if i > 0 {
+			ids = append(ids, i)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// routes is the subscribers of one topic, derived from mochi's topic index
+// and valid while the index has not changed since (version).
+type routes struct {
+	version uint64
+	// mochiOnly: something only mochi can deliver matches (an inline
+	// subscription, or a shared one nobody else takes).
+	mochiOnly bool
+	maxQoS    byte // the highest granted QoS among subs
+	subs      []route
+}
+
+// Bounds of the route cache: topics, and bytes of topics and routes (a
+// wildcard subscriber appears under every topic it matches); past either the
+// cache starts over. A route holds a session, which holds no connection once
+// the client is gone and nothing at all once the session ended.
+const (
+	maxCachedRoutes     = 256 << 10
+	maxCachedRouteBytes = 64 << 20
+	routeCost           = 48 // one route, besides its subscription identifiers
+)
+
+// invalidate marks every cached route stale: mochi's topic index changed.
+func (h *Fanout) invalidate() { h.routesVersion.Add(1) }
+
+// routesFor returns topic's subscribers, scanning mochi's index only when
+// it changed since the last scan of this topic.
+func (h *Fanout) routesFor(topic string) *routes {
+	v := h.routesVersion.Load()
+	if r, ok := h.routes.get(topic, v); ok {
+		return r
+	}
+	subs := h.server.Topics.Subscribers(topic)
+	delete(subs.Shared, placeholderFilter)
+	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.SharedElsewhere)}
+	for id, sub := range subs.Subscriptions {
+		cl, ok := h.server.Clients.Get(id)
+		if !ok || cl.Net.Inline {
+			continue
+		}
+		if h.canRead != nil && !h.canRead(cl, topic) {
+			continue // the ACL is fixed for the broker's life, and so is this client
+		}
+		r.subs = append(r.subs, routeOf(h.sessions.ensure(cl), cl.Properties.ProtocolVersion, sub))
+		r.maxQoS = max(r.maxQoS, sub.Qos)
+	}
+	cost := int64(len(r.subs)) * routeCost
+	for _, rt := range r.subs {
+		cost += int64(8 * len(rt.ids))
+	}
+	h.routes.put(topic, v, r, cost)
+	return r
+}
+
+// OnPublish delivers a publish from the cached routes and tells mochi to
+// skip routing it (mochi's own routing rebuilds the subscriber set on every
+// publish). Retained publishes go mochi's way (it stores them), and so do
+// those an inline or unclaimed shared subscription matches; their client
+// deliveries come back through OnSelectSubscribers.
+func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Retain || cl.Net.Inline {
+		return pk, nil
+	}
+	r := h.routesFor(pk.TopicName)
+	if r.mochiOnly || (h.MochiTracksQoS && pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
+		return pk, nil
+	}
+	d := h.newDelivery(pk)
+	for _, rt := range r.subs {
+		d.to(rt)
+	}
+	h.Stats.FastPath.Add(1)
+	return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
+}
+
+// OnSelectSubscribers delivers what mochi routes itself (retained
+// publishes, wills, $SYS, publishes an inline subscription matches) to
+// client sessions, and leaves mochi only the inline subscriptions (and,
+// with MochiTracksQoS, the QoS 1/2 deliveries).
+func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
+	delete(subs.Shared, placeholderFilter)
+	if len(subs.Shared) > 0 {
+		// Choose shared members now and merge them into Subscriptions, so that
+		// a client with both kinds of subscription gets one copy; then leave
+		// mochi a selection naming nobody so it merges nothing back.
+		subs.SelectShared()
+		subs.MergeSharedSelected()
+		subs.SharedSelected = map[string]packets.Subscription{placeholderClient: {}}
+	}
+	d := h.newDelivery(pk)
+	for id, sub := range subs.Subscriptions {
+		cl, ok := h.server.Clients.Get(id)
+		if (ok && cl.Net.Inline) || (h.MochiTracksQoS && min(pk.FixedHeader.Qos, sub.Qos) > 0) {
+			continue
+		}
+		delete(subs.Subscriptions, id)
+		if !ok || (h.canRead != nil && !h.canRead(cl, pk.TopicName)) {
+			continue
+		}
+		d.to(routeOf(h.sessions.ensure(cl), cl.Properties.ProtocolVersion, sub))
+	}
+	return subs
+}

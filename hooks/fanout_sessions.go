@@ -1,0 +1,184 @@
+package hooks
+
+import (
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/frame"
+	"github.com/keyline-mq/keyline/internal/outbox"
+)
+
+// fanSession is the fan-out's view of one MQTT session: its QoS 1/2 outbox
+// and its live connection, if any. It holds no mochi Client, so nothing that
+// keeps a session (the route cache) keeps a closed connection alive.
+type fanSession struct {
+	id  string
+	out *outbox.Outbox
+	// cur is the live connection; nil while the client is away (or before
+	// its CONNACK is queued: nothing may reach it before that).
+	cur atomic.Pointer[sessConn]
+	// version is the protocol level messages are encoded for while no
+	// connection is live: the last client's.
+	version atomic.Uint32
+}
+
+// sessConn is one connection of a session; it sends for the session's outbox.
+type sessConn struct {
+	q         *connq.Conn
+	version   byte
+	maxPacket uint32
+	// inflight is mochi's in-flight map of this connection's client: the
+	// packet ids it uses (retained messages, Key-Shared deliveries).
+	inflight *mqtt.Inflight
+	// frozen is set while mochi may pick packet ids (a SUBSCRIBE's retained
+	// messages); only the client's read goroutine touches it.
+	frozen bool
+}
+
+var _ outbox.Conn = (*sessConn)(nil)
+
+// Send implements outbox.Conn.
+func (c *sessConn) Send(p *frame.Publish, id uint16, dup bool, wake func()) error {
+	if p.Version != wireVersion(c.version) {
+		// Queued for another protocol version than the client's now.
+		np, err := reencode(p, c.version)
+		if err != nil {
+			return err
+		}
+		p = np
+	}
+	err := c.q.EnqueueTracked(p, id, dup, wake)
+	if errors.Is(err, connq.ErrNoRoom) {
+		return outbox.NoRoom
+	}
+	return err
+}
+
+// Release implements outbox.Conn: a PUBREL, success, no properties (valid in
+// MQTT 3.1.1 and 5).
+func (c *sessConn) Release(id uint16) error {
+	_, err := c.q.Write([]byte{packets.Pubrel<<4 | 2, 2, byte(id >> 8), byte(id)})
+	return err
+}
+
+// Missed implements outbox.Conn.
+func (c *sessConn) Missed(n uint64) { c.q.AddMissed(n) }
+
+// wireVersion is the encoding of protocol level v: MQTT 3.1 and 3.1.1
+// frames are alike.
+func wireVersion(v byte) byte {
+	if v < 5 {
+		return 4
+	}
+	return v
+}
+
+// inUse reports whether mochi's in-flight map holds id.
+func inUse(inflight *mqtt.Inflight) func(id uint16) bool {
+	return func(id uint16) bool {
+		_, ok := inflight.Get(id)
+		return ok
+	}
+}
+
+// sessionRegistry owns the fan-out sessions, by client id. It is read on
+// every acknowledgement and written when sessions begin and end, hence a
+// sync.Map.
+type sessionRegistry struct {
+	cfg *outbox.Config
+	m   sync.Map // client id -> *fanSession
+}
+
+func newSessionRegistry(cfg *outbox.Config) *sessionRegistry {
+	return &sessionRegistry{cfg: cfg}
+}
+
+// get returns the session of client id, or nil.
+func (r *sessionRegistry) get(id string) *fanSession {
+	if s, ok := r.m.Load(id); ok {
+		return s.(*fanSession)
+	}
+	return nil
+}
+
+// ensure returns the session of cl, creating it for a client mochi knows
+// (connected, or an offline persistent session).
+func (r *sessionRegistry) ensure(cl *mqtt.Client) *fanSession {
+	s := r.get(cl.ID)
+	if s == nil {
+		fresh := &fanSession{id: cl.ID, out: outbox.New(cl.ID, r.cfg)}
+		v, loaded := r.m.LoadOrStore(cl.ID, fresh)
+		if s = v.(*fanSession); !loaded {
+			s.out.SetPersistent(persistent(cl))
+		}
+	}
+	if s.version.Load() == 0 {
+		// New, or restored from the store: now mochi's client is known.
+		s.out.SetExternal(inUse(cl.State.Inflight))
+		s.version.CompareAndSwap(0, uint32(max(cl.Properties.ProtocolVersion, 3)))
+	}
+	return s
+}
+
+// restore adds a session loaded from the store (before any client connects).
+func (r *sessionRegistry) restore(id string, out *outbox.Outbox) {
+	r.m.Store(id, &fanSession{id: id, out: out})
+}
+
+// replace discards the session of cl's id, if any, and returns a fresh one.
+func (r *sessionRegistry) replace(cl *mqtt.Client) *fanSession {
+	if old, ok := r.m.LoadAndDelete(cl.ID); ok {
+		old.(*fanSession).discard()
+	}
+	return r.ensure(cl)
+}
+
+// drop discards the session of id if it is s (nil: whatever it is).
+func (r *sessionRegistry) drop(id string, s *fanSession) {
+	cur := r.get(id)
+	if cur == nil || (s != nil && cur != s) || !r.m.CompareAndDelete(id, cur) {
+		return
+	}
+	cur.discard()
+}
+
+// ids returns the client ids of every session.
+func (r *sessionRegistry) ids() []string {
+	var out []string
+	r.m.Range(func(k, _ any) bool {
+		out = append(out, k.(string))
+		return true
+	})
+	return out
+}
+
+func (s *fanSession) discard() {
+	s.cur.Store(nil)
+	s.out.Discard()
+}
+
+// attach makes c the session's live connection and resends what was in
+// flight, in order. window is the client's Receive Maximum (0: no limit but
+// the outbox's).
+func (s *fanSession) attach(c *sessConn, window int, persist bool) {
+	s.version.Store(uint32(c.version))
+	s.out.SetExternal(inUse(c.inflight))
+	s.out.SetPersistent(persist)
+	s.cur.Store(c)
+	s.out.Attach(c, window)
+}
+
+// detach ends q's connection of the session, if it is the live one.
+func (s *fanSession) detach(q *connq.Conn) {
+	c := s.cur.Load()
+	if c == nil || c.q != q {
+		return
+	}
+	s.cur.CompareAndSwap(c, nil)
+	s.out.Detach(c)
+}

@@ -1,0 +1,104 @@
+package connq
+
+import "errors"
+
+// Hold keeps one acknowledgement frame (a PUBACK or PUBREC that mochi is
+// about to write) from leaving until a durable write it depends on has
+// finished, without blocking mochi: frames queued after it wait behind it, so
+// the connection's order is kept. Release lets it go; Fail turns it into a
+// failure acknowledgement (MQTT 5) or cuts the connection (MQTT 3.1.1).
+type Hold struct {
+	c        *Conn
+	typ      byte   // MQTT packet type of the frame: 4 PUBACK, 5 PUBREC
+	id       uint16 // its packet id
+	v5       bool
+	replace  []byte // the failure acknowledgement sent instead, once Fail decided it
+	attached bool
+	decided  bool
+	failed   bool
+	code     byte
+}
+
+// HoldAck holds the next acknowledgement of type typ (4 PUBACK, 5 PUBREC)
+// for packet id that is written to c. v5 says whether a failure can be told
+// with a reason code.
+func (c *Conn) HoldAck(typ byte, id uint16, v5 bool) *Hold {
+	h := &Hold{c: c, typ: typ, id: id, v5: v5}
+	c.mu.Lock()
+	c.mu.holds = append(c.mu.holds, h)
+	c.mu.Unlock()
+	return h
+}
+
+// attachLocked gives e to the pending hold it acknowledges, if any.
+func (c *Conn) attachLocked(e *entry) {
+	b := e.b
+	if len(b) < 4 {
+		return
+	}
+	typ, id := b[0]>>4, uint16(b[2])<<8|uint16(b[3])
+	for i, h := range c.mu.holds {
+		if h.typ != typ || h.id != id {
+			continue
+		}
+		c.mu.holds = append(c.mu.holds[:i], c.mu.holds[i+1:]...)
+		h.attached = true
+		if !h.decided {
+			e.hold = h
+			return
+		}
+		if h.failed {
+			c.failFrameLocked(h)
+			if h.replace != nil {
+				e.b = h.replace
+			}
+		}
+		return
+	}
+}
+
+// Release lets the held frame go as mochi wrote it.
+func (h *Hold) Release() { h.decide(false, 0) }
+
+// Fail answers the held acknowledgement with reason code instead (MQTT 5),
+// or cuts the connection (MQTT 3.1.1, which cannot refuse a publish).
+func (h *Hold) Fail(code byte) { h.decide(true, code) }
+
+func (h *Hold) decide(failed bool, code byte) {
+	c := h.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.decided {
+		return
+	}
+	h.decided, h.failed, h.code = true, failed, code
+	if !h.attached {
+		if failed && !h.v5 {
+			c.failLocked(errors.New("connq: message not stored; MQTT 3.1.1 cannot refuse it"))
+		}
+		return // mochi has not written the frame yet: Write applies the decision
+	}
+	if failed {
+		c.failFrameLocked(h)
+	}
+	c.scheduleLocked()
+}
+
+// failFrameLocked prepares the failure acknowledgement that replaces a held
+// frame (MQTT 5), or cuts the connection (MQTT 3.1.1).
+func (c *Conn) failFrameLocked(h *Hold) {
+	if !h.v5 {
+		c.failLocked(errors.New("connq: message not stored; MQTT 3.1.1 cannot refuse it"))
+		return
+	}
+	h.replace = []byte{h.typ << 4, 3, byte(h.id >> 8), byte(h.id), h.code}
+}
+
+// heldLocked reports whether the next frame waits for a hold's decision.
+func (c *Conn) heldLocked() bool {
+	if c.mu.head == len(c.mu.q) {
+		return false
+	}
+	h := c.mu.q[c.mu.head].hold
+	return h != nil && !h.decided
+}

@@ -1,0 +1,66 @@
+package connq
+
+// Inspector sees every byte a client sends, in order, before the reader
+// (mochi) does: it finds what must end the connection in what the reader
+// would accept. It is called from the reading goroutine only.
+type Inspector interface {
+	// Inspect is given the bytes of each read. Without an error it passes
+	// them all (returns len(b)). With one, it returns how many bytes of b
+	// to pass before the connection ends, and the frame that tells the
+	// client why (nil: none).
+	Inspect(b []byte) (pass int, reply []byte, err error)
+}
+
+// inspection is the read side of a Conn that has an Inspector.
+type inspection struct {
+	inspector Inspector
+	reply     []byte // sent once the bytes before the offending frame have been read
+	err       error  // set once the inspector has refused the stream
+	closed    bool   // the reply is queued and the connection closing
+}
+
+// Inspect makes i see every byte read from c from now on (before the first
+// Read; nil: none). When i refuses the stream, Read passes the bytes before
+// the offending frame, then queues i's reply, closes the connection once the
+// reply is flushed, and returns i's error from then on: by then the reader
+// has handled every frame before the offending one and queued its answers,
+// which go out before the reply.
+func (c *Conn) Inspect(i Inspector) { c.in.inspector = i }
+
+// Read reads from the connection, through the Inspector if there is one.
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.in.inspector == nil {
+		return c.Conn.Read(p)
+	}
+	if c.in.err != nil {
+		return 0, c.refuse()
+	}
+	n, err := c.Conn.Read(p)
+	if n == 0 {
+		return n, err
+	}
+	pass, reply, ierr := c.in.inspector.Inspect(p[:n])
+	if ierr == nil {
+		return n, err
+	}
+	c.in.reply, c.in.err = reply, ierr
+	c.stats.ProtocolErrors.Add(1)
+	c.log.Info("closing a connection for a protocol error", "remote", c.RemoteAddr().String(), "error", ierr)
+	if pass > 0 {
+		return pass, nil // the error comes with the next Read, once these bytes are handled
+	}
+	return 0, c.refuse()
+}
+
+// refuse sends the Inspector's reply (once) and closes the connection after
+// it; it returns the Inspector's error.
+func (c *Conn) refuse() error {
+	if !c.in.closed {
+		c.in.closed = true
+		if c.in.reply != nil {
+			_, _ = c.Write(c.in.reply) // never dropped; fails only if the connection is gone already
+		}
+		_ = c.Close()
+	}
+	return c.in.err
+}

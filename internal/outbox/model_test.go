@@ -1,0 +1,383 @@
+package outbox
+
+import (
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/keyline-mq/keyline/internal/frame"
+)
+
+var (
+	seedFlag  = flag.Uint64("outbox.seed", 0, "seed of the randomized model test (0: random)")
+	traceFlag = flag.Bool("outbox.trace", false, "log every step of the model test")
+)
+
+// publish returns a QoS qos PUBLISH (MQTT 3.1.1) whose payload is n.
+func publish(t testing.TB, qos byte, n int) *frame.Publish {
+	payload := strconv.Itoa(n)
+	b := []byte{0x30 | qos<<1, byte(3 + 2 + len(payload)), 0, 1, 't', 0, 1}
+	p, err := frame.Parse(append(b, payload...), 4, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func msgNo(p *frame.Publish) int {
+	n, _ := strconv.Atoi(string(p.Payload()))
+	return n
+}
+
+// memStore is a Store that applies every write at once.
+type memStore struct {
+	recs map[uint64][]byte
+	meta []byte
+}
+
+func (s *memStore) Put(_ string, seq uint64, rec []byte) { s.recs[seq] = slices.Clone(rec) }
+func (s *memStore) Delete(_ string, seq uint64)          { delete(s.recs, seq) }
+func (s *memStore) PutMeta(_ string, meta []byte)        { s.meta = slices.Clone(meta) }
+func (s *memStore) DeleteSession(string)                 { clear(s.recs); s.meta = nil }
+
+func (s *memStore) records() []Record {
+	var out []Record
+	for _, seq := range slices.Sorted(maps.Keys(s.recs)) {
+		out = append(out, Record{Seq: seq, Val: s.recs[seq]})
+	}
+	return out
+}
+
+// send is what a connection saw.
+type send struct {
+	n       int // message number
+	id      uint16
+	dup     bool
+	release bool // a PUBREL
+}
+
+// fakeConn is a connection with a room switch.
+type fakeConn struct {
+	sends  []send
+	full   bool
+	wake   func()
+	closed bool
+	missed uint64
+}
+
+func (c *fakeConn) Send(p *frame.Publish, id uint16, dup bool, wake func()) error {
+	if c.closed {
+		return fmt.Errorf("closed")
+	}
+	if c.full {
+		c.wake = wake
+		return NoRoom
+	}
+	c.sends = append(c.sends, send{n: msgNo(p), id: id, dup: dup})
+	return nil
+}
+
+func (c *fakeConn) Release(id uint16) error {
+	if c.closed {
+		return fmt.Errorf("closed")
+	}
+	c.sends = append(c.sends, send{id: id, release: true})
+	return nil
+}
+
+func (c *fakeConn) Missed(n uint64) { c.missed += n }
+
+// model is the client's and the test's view of one session.
+type model struct {
+	t        *testing.T
+	o        *Outbox
+	cfg      *Config
+	store    *memStore
+	conn     *fakeConn
+	window   int
+	read     int // sends of conn already checked
+	external map[uint16]bool
+	frozen   bool
+	reserved map[uint16]bool
+
+	qos      map[int]byte   // message number -> QoS, for every message added
+	sentOnce map[int]bool   // sent at least once
+	wire     map[uint16]int // id -> message number, PUBLISHes awaiting an answer on conn
+	released map[uint16]int // id -> message number, PUBRELs awaiting PUBCOMP on conn
+	relOf    map[uint16]int // id -> message number, QoS 2 messages the client sent PUBREC for
+	acked    map[int]bool
+	dropped  int
+	lastN    int          // last message number sent on conn (order)
+	maybeDup map[int]bool // may carry DUP without having been sent (restored after a crash while attached)
+}
+
+func (m *model) checkSends() {
+	t := m.t
+	if m.conn == nil {
+		return
+	}
+	for _, s := range m.conn.sends[m.read:] {
+		if s.release {
+			n, ok := m.relOf[s.id]
+			if !ok || m.acked[n] {
+				t.Fatalf("PUBREL %d for no released message", s.id)
+			}
+			m.released[s.id] = n
+			continue
+		}
+		if s.id == 0 || m.external[s.id] {
+			t.Fatalf("message %d sent with packet id %d (external in use: %v)", s.n, s.id, m.external[s.id])
+		}
+		if other, busy := m.wire[s.id]; busy {
+			t.Fatalf("message %d sent with id %d, still in use by message %d", s.n, s.id, other)
+		}
+		if s.n <= m.lastN {
+			t.Fatalf("message %d sent after message %d on one connection: out of order", s.n, m.lastN)
+		}
+		if s.dup != m.sentOnce[s.n] && !(s.dup && m.maybeDup[s.n]) {
+			t.Fatalf("message %d sent with DUP=%v; sent before: %v", s.n, s.dup, m.sentOnce[s.n])
+		}
+		if m.acked[s.n] {
+			t.Fatalf("message %d sent after its acknowledgement", s.n)
+		}
+		m.lastN = s.n
+		m.sentOnce[s.n] = true
+		m.wire[s.id] = s.n
+	}
+	m.read = len(m.conn.sends)
+	if n := len(m.wire) + len(m.released); n > m.window {
+		t.Fatalf("%d messages unacknowledged on the connection, window %d", n, m.window)
+	} else if _, inflight := m.o.Len(); inflight != n {
+		t.Fatalf("the outbox counts %d messages in flight, the client %d", inflight, n)
+	}
+}
+
+// checkStore compares the stored records with the messages held.
+func (m *model) checkStore(run, step int) {
+	m.o.mu.Lock()
+	defer m.o.mu.Unlock()
+	held := map[uint64]bool{}
+	for i := m.o.mu.head; i < len(m.o.mu.q); i++ {
+		if m.o.mu.q[i].pub != nil {
+			held[m.o.mu.base+uint64(i)] = true
+		}
+	}
+	for seq := range m.store.recs {
+		if !held[seq] {
+			m.t.Fatalf("run %d step %d: record %d stored but not held", run, step, seq)
+		}
+	}
+	for seq := range held {
+		if _, ok := m.store.recs[seq]; !ok {
+			m.t.Fatalf("run %d step %d: message %d held but not stored", run, step, seq)
+		}
+	}
+}
+
+func (m *model) attach(window int) {
+	m.conn = &fakeConn{}
+	m.read, m.lastN, m.window = 0, -1, window
+	m.wire, m.released = map[uint16]int{}, map[uint16]int{}
+	m.o.Attach(m.conn, window)
+}
+
+func (m *model) detach() {
+	m.conn.closed = true
+	m.o.Detach(m.conn)
+	m.conn = nil
+	m.wire, m.released = map[uint16]int{}, map[uint16]int{}
+}
+
+// ack answers one message on the wire as a client would.
+func (m *model) ack(r *rand.Rand) {
+	if len(m.wire)+len(m.released) == 0 {
+		return
+	}
+	if len(m.released) > 0 && (len(m.wire) == 0 || r.IntN(2) == 0) {
+		id := slices.Sorted(maps.Keys(m.released))[r.IntN(len(m.released))]
+		n := m.released[id]
+		delete(m.released, id)
+		m.o.Ack(7, id, 0)
+		m.acked[n] = true
+		delete(m.relOf, id)
+		return
+	}
+	ids := slices.Sorted(maps.Keys(m.wire))
+	id := ids[0]
+	if r.IntN(4) == 0 {
+		id = ids[r.IntN(len(ids))] // out of order
+	}
+	n := m.wire[id]
+	delete(m.wire, id)
+	switch {
+	case m.qos[n] == 1:
+		m.o.Ack(4, id, 0)
+		m.acked[n] = true
+	case r.IntN(10) == 0:
+		m.o.Ack(5, id, 0x80) // refused: the flow ends
+		m.acked[n] = true
+	default:
+		m.relOf[id] = n
+		if !m.o.Ack(5, id, 0) {
+			m.t.Fatalf("PUBREC %d not taken", id)
+		}
+	}
+}
+
+// TestOutboxModel drives an outbox with random adds, acknowledgements,
+// reconnects, full connections, frozen ids, crashes and restarts, checking
+// the invariants after every step and that nothing is lost at the end.
+func TestOutboxModel(t *testing.T) {
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -outbox.seed=%d)", seed, seed)
+	for run := range 40 {
+		r := rand.New(rand.NewPCG(seed, uint64(run)))
+		store := &memStore{recs: map[uint64][]byte{}}
+		steps, maxHeld := 600, 1+r.IntN(60)
+		if run < 2 { // long enough for the queue to compact (1,024 finished slots)
+			steps, maxHeld = 8000, 1500
+		}
+		cfg := &Config{Max: maxHeld, Store: store, Now: func() int64 { return 1000 }}
+		m := &model{t: t, cfg: cfg, store: store, external: map[uint16]bool{}, reserved: map[uint16]bool{},
+			qos: map[int]byte{}, relOf: map[uint16]int{}, sentOnce: map[int]bool{}, acked: map[int]bool{}, maybeDup: map[int]bool{}}
+		m.o = New("c", cfg)
+		m.o.SetPersistent(true)
+		m.o.SetExternal(func(id uint16) bool { return m.external[id] || m.reserved[id] })
+		next := 0
+		for step := range steps {
+			op := r.IntN(100)
+			switch {
+			case op < 35:
+				q := byte(1 + r.IntN(2))
+				m.qos[next] = q
+				if !m.o.Add(publish(t, q, next), 1000, 0) {
+					m.dropped++
+					m.acked[next] = true // never to be delivered
+				}
+				next++
+			case op < 65 && m.conn != nil:
+				m.ack(r)
+			case op < 72 && m.conn != nil:
+				m.detach()
+			case op < 80 && m.conn == nil:
+				m.attach(1 + r.IntN(20))
+			case op < 85 && m.conn != nil:
+				m.conn.full = !m.conn.full
+				if !m.conn.full && m.conn.wake != nil {
+					w := m.conn.wake
+					m.conn.wake = nil
+					w()
+				}
+			case op < 90 && !m.frozen:
+				m.frozen = true
+				m.o.Freeze(func(id uint16) { m.reserved[id] = true })
+				for range r.IntN(3) { // mochi picks ids meanwhile
+					id := uint16(1 + r.IntN(40))
+					if !m.reserved[id] && !m.external[id] {
+						m.external[id] = true
+					}
+				}
+			case op < 94 && m.frozen:
+				m.frozen = false
+				m.o.Thaw(func(id uint16) { delete(m.reserved, id) })
+				if len(m.reserved) > 0 {
+					t.Fatalf("run %d step %d: reservations %v left after Thaw", run, step, m.reserved)
+				}
+			case op < 96 && len(m.external) > 0:
+				for id := range m.external { // mochi's message acknowledged
+					delete(m.external, id)
+					break
+				}
+			case op < 98 && !m.frozen:
+				// Crash and restart: a new outbox from the store.
+				wasAttached := m.conn != nil
+				if m.conn != nil {
+					m.conn.closed = true
+					m.conn = nil
+				}
+				for n := range m.qos {
+					if wasAttached && !m.acked[n] {
+						m.maybeDup[n] = true
+					}
+				}
+				m.o = New("c", cfg)
+				if errs := m.o.Restore(store.meta, store.records()); len(errs) > 0 {
+					t.Fatalf("run %d step %d: restore: %v", run, step, errs)
+				}
+				m.o.SetExternal(func(id uint16) bool { return m.external[id] || m.reserved[id] })
+				m.wire, m.released = map[uint16]int{}, map[uint16]int{}
+			}
+			m.checkSends()
+			if step%8 == 0 || op >= 90 {
+				m.checkStore(run, step)
+			}
+			if *traceFlag {
+				held, infl := m.o.Len()
+				t.Logf("run %d step %d op %d: held %d inflight %d conn %v sends %v meta %v ids %v", run, step, op, held, infl, m.conn != nil, func() any {
+					if m.conn != nil {
+						return m.conn.sends
+					}
+					return nil
+				}(), m.store.meta, m.o.mu.ids.len())
+			}
+		}
+		// Drain: attach without limits and acknowledge everything.
+		if m.frozen {
+			m.o.Thaw(func(id uint16) { delete(m.reserved, id) })
+			m.checkSends()
+		}
+		clear(m.external)
+		if m.conn != nil {
+			m.detach()
+		}
+		m.attach(cfg.Max)
+		if *traceFlag {
+			t.Logf("drain: meta %v held %v", m.store.meta, fmt.Sprint(m.o.Len()))
+		}
+		for range 10 * next {
+			m.checkSends()
+			if len(m.wire)+len(m.released) == 0 {
+				break
+			}
+			m.ack(r)
+		}
+		m.checkSends()
+		for n := range next {
+			if !m.acked[n] {
+				t.Fatalf("run %d: message %d (qos %d) never acknowledged; held %v", run, n, m.qos[n], fmt.Sprint(m.o.Len()))
+			}
+		}
+		if held, _ := m.o.Len(); held != 0 || len(store.recs) != 0 {
+			t.Fatalf("run %d: %d held, %d stored after draining", run, held, len(store.recs))
+		}
+	}
+}
+
+func TestRecordsRoundTrip(t *testing.T) {
+	p := publish(t, 2, 42)
+	e := entry{pub: p, created: 77, deadline: 99, id: 513, state: stReleased, sent: true}
+	got, err := decodeRecord(appendRecord(nil, &e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.id != 513 || got.state != stReleased || !got.sent || got.created != 77 || got.deadline != 99 || msgNo(got.pub) != 42 {
+		t.Fatalf("decoded %+v", got)
+	}
+	for _, bad := range [][]byte{nil, {2, 0, 0, 1}, {1, 9, 0, 1, 0, 0, 0, 4}, append(appendRecord(nil, &e)[:8], 4, 0x30)} {
+		if _, err := decodeRecord(bad); err == nil {
+			t.Errorf("decodeRecord(% x) accepted", bad)
+		}
+	}
+	a, s, n, err := decodeMeta(appendMeta(nil, true, 1<<40, 7))
+	if err != nil || !a || s != 1<<40 || n != 7 {
+		t.Fatalf("meta %v %d %d %v", a, s, n, err)
+	}
+}
