@@ -35,7 +35,7 @@ type listener struct {
 	// write lock there and shutdown hangs for good (mochi-mqtt/server#488,
 	// open in v2.7.9). Set before Serve.
 	closeClients listeners.CloseFn
-	mu    struct {
+	mu           struct {
 		sync.Mutex
 		closed bool
 		open   map[net.Conn]struct{} // connections being served, closed on Close

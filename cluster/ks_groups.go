@@ -81,7 +81,7 @@ type GroupsConfig struct {
 	// OnGroup, when set, is told of a group another node created, so that
 	// this node's publishes reach it too.
 	OnGroup func(name string)
-	Logger       *slog.Logger
+	Logger  *slog.Logger
 }
 
 func (c *GroupsConfig) withDefaults() GroupsConfig {

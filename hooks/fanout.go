@@ -57,7 +57,7 @@ type Fanout struct {
 	// their JetStream sequences, for a session another node takes over).
 	MochiTracksQoS bool
 	Stats          FanoutStats
-	OutboxStats     outbox.Stats
+	OutboxStats    outbox.Stats
 
 	sessions      *sessionRegistry
 	routes        *topicCache[*routes]
