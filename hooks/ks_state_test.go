@@ -138,6 +138,31 @@ func TestTopicCacheIsBounded(t *testing.T) {
 	}
 }
 
+// TestTopicCacheSweepsStaleEntries: entries of topics nobody asks for again
+// go once the index has changed and the cache has grown: what they hold
+// (sessions, groups) does not stay until the bound is reached.
+func TestTopicCacheSweepsStaleEntries(t *testing.T) {
+	c := newTopicCache[*int](1<<20, 1<<30)
+	version := uint64(0)
+	for i := range 100 * sweepSlack {
+		if i%10 == 0 {
+			version++ // the index changes while topics come and go
+		}
+		c.put(fmt.Sprint("t/", i), version, new(int), 0)
+	}
+	if n := c.entries.Load(); n > 3*sweepSlack {
+		t.Fatalf("%d entries after %d topics used once; stale ones were not swept", n, 100*sweepSlack)
+	}
+	if _, ok := c.get(fmt.Sprint("t/", 100*sweepSlack-1), version); !ok {
+		t.Fatal("the freshest entry was swept")
+	}
+	var n, bytes int64
+	c.m.Range(func(_, e any) bool { n++; bytes += e.(*cached[*int]).cost; return true })
+	if n != c.entries.Load() || bytes != c.bytes.Load() {
+		t.Fatalf("counts %d entries %d bytes, map holds %d and %d", c.entries.Load(), c.bytes.Load(), n, bytes)
+	}
+}
+
 func TestMembershipsCountBothWays(t *testing.T) {
 	ms := newMemberships(nil)
 	if n := ms.set("c1", "g/a", &membership{qos: 1}); n != 1 {

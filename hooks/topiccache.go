@@ -11,12 +11,24 @@ import (
 // computed at is current. It keeps a copy of each topic, never the string
 // mochi decoded (a view into the whole packet, payload included), and it is
 // bounded in entries and in bytes: past either bound it starts over, so a
-// flood of distinct topics costs a rebuild, never unbounded memory.
+// flood of distinct topics costs a rebuild, never unbounded memory. Entries
+// gone stale are swept out as the cache grows (sweepLocked), so that what a
+// stale entry holds (sessions, groups: gone since) does not stay for as long
+// as nobody publishes to its topic again. Versions only grow.
 type topicCache[V any] struct {
 	m                    sync.Map // string -> *cached[V]
 	entries, bytes       atomic.Int64
 	maxEntries, maxBytes int64
+
+	// sweepNext is the entry count past which the next sweep runs: twice
+	// what the last one left plus sweepSlack, so sweeping costs O(1) per put.
+	sweepNext atomic.Int64
+	sweeping  sync.Mutex // one sweep at a time; puts do not wait for it
 }
+
+// sweepSlack is how many entries may be added past twice the count the last
+// sweep left before the next sweep.
+const sweepSlack = 1024
 
 type cached[V any] struct {
 	version uint64
@@ -57,6 +69,23 @@ func (c *topicCache[V]) put(topic string, version uint64, v V, cost int64) {
 		c.entries.Add(-1) // a stale entry replaced
 		c.bytes.Add(-old.(*cached[V]).cost)
 	}
+	if c.entries.Load() > max(c.sweepNext.Load(), sweepSlack) && c.sweeping.TryLock() {
+		c.sweepStale(version)
+		c.sweeping.Unlock()
+	}
+}
+
+// sweepStale deletes the entries computed before version (stale: the index
+// changed since), and sets when the next sweep runs.
+func (c *topicCache[V]) sweepStale(version uint64) {
+	c.m.Range(func(k, e any) bool {
+		if old := e.(*cached[V]); old.version < version && c.m.CompareAndDelete(k, e) {
+			c.entries.Add(-1)
+			c.bytes.Add(-old.cost)
+		}
+		return true
+	})
+	c.sweepNext.Store(2*c.entries.Load() + sweepSlack)
 }
 
 // clear empties the cache.

@@ -465,6 +465,7 @@ func (o *Outbox) Discard() {
 	o.mu.gone = true
 	addInfo(o.cfg.Stats.InfoInflight, -int64(o.mu.live))
 	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
+	o.mu.external = nil // it reads the last client's in-flight map: let that go
 	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
 	if o.cfg.Store != nil {
 		o.cfg.Store.DeleteSession(o.client)
