@@ -114,7 +114,9 @@ func waitAll(t *testing.T, wg *sync.WaitGroup, what string) {
 // and sessions gone, the broker must be back within a small margin of where
 // it stood after the first rounds: nothing it keeps grows with the number of
 // clients, groups or topics that came and went. KEYLINE_SOAK sets how long
-// the churn runs (default 10s; BENCHMARKS.md reports a longer run).
+// the churn runs (default 10s; BENCHMARKS.md reports a 10-minute run),
+// KEYLINE_SOAK_OUT a CSV file for the samples, KEYLINE_SOAK_HEAP a file for
+// a heap profile taken after the churn.
 func TestSoakStaysFlat(t *testing.T) {
 	dur := 10 * time.Second
 	if v := os.Getenv("KEYLINE_SOAK"); v != "" {
@@ -155,6 +157,16 @@ func TestSoakStaysFlat(t *testing.T) {
 	end := sampleBroker(t, p, start)
 	if path := os.Getenv("KEYLINE_SOAK_HEAP"); path != "" { // a heap profile of the broker after the churn, for pprof
 		if err := os.WriteFile(path, []byte(httpText(t, "http://"+p.addrs["http"]+"/debug/pprof/heap?gc=1")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if path := os.Getenv("KEYLINE_SOAK_OUT"); path != "" { // the samples as CSV, for integration/bench/report -soak
+		var b strings.Builder
+		b.WriteString("seconds,heap_mib,rss_mib,goroutines\n")
+		for _, s := range append(samples, end) {
+			fmt.Fprintf(&b, "%.3f,%.2f,%.2f,%d\n", s.at.Seconds(), mib(s.heap), float64(s.rssKB)/1024, s.goroutines)
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -238,6 +238,29 @@ func TestPagesShowWhatTheBackendHolds(t *testing.T) {
 	}
 }
 
+// TestClusterNodesAreShown: in cluster mode the group page names the node
+// dispatching the group and each member's node, the clients list each
+// client's node; on one node neither column is there.
+func TestClusterNodesAreShown(t *testing.T) {
+	f := newFake()
+	s := serve(t, f, "")
+	_, body := get(t, s.URL+"/clients")
+	if strings.Contains(body, "<th>node</th>") {
+		t.Error("single node: the clients list has a node column")
+	}
+	f.groups = append(f.groups, adminapi.GroupView{Name: "spread/t/#", Running: true, Holder: "node-b",
+		Members: []string{"w1"}, PerMember: []adminapi.MemberView{{ID: "w1", Connected: true, Node: "node-c"}}})
+	f.clients[1].Node = "node-a"
+	_, body = get(t, s.URL+"/groups/view?group="+url.QueryEscape("spread/t/#"))
+	if !strings.Contains(body, `id="group-holder">node-b<`) || !strings.Contains(body, `<td class="mono">node-c</td>`) {
+		t.Errorf("group page lacks the holder node-b or the member's node-c:\n%s", body)
+	}
+	_, body = get(t, s.URL+"/clients")
+	if !strings.Contains(body, "<th>node</th>") || !strings.Contains(body, `<td class="mono">node-a</td>`) {
+		t.Error("cluster mode: the clients list lacks the node column")
+	}
+}
+
 func TestActionsPostAndReport(t *testing.T) {
 	f := newFake()
 	s := serve(t, f, "")

@@ -34,6 +34,7 @@ type clientsData struct {
 	Slow    bool // only clients that are slow or dropped messages
 	Pager   pager
 	All     int
+	Cluster bool // cluster mode: the node column is shown
 }
 
 func (c *Console) clients(_ http.ResponseWriter, r *http.Request) (*view, error) {
@@ -42,6 +43,7 @@ func (c *Console) clients(_ http.ResponseWriter, r *http.Request) (*view, error)
 	q := strings.ToLower(d.Q)
 	var rows []clientRow
 	for _, v := range all {
+		d.Cluster = d.Cluster || v.Node != ""
 		if q != "" && !strings.Contains(strings.ToLower(v.ID), q) && !strings.Contains(strings.ToLower(v.Remote), q) &&
 			!strings.Contains(strings.ToLower(v.Listener), q) {
 			continue

@@ -136,7 +136,16 @@ func main() {
 	md := flag.String("md", "BENCHMARKS.md", "markdown file to write")
 	charts := flag.String("charts", "integration/bench/charts", "directory for the PNG charts")
 	summary := flag.Bool("summary", false, "print a one-line summary of the loadgen JSON on stdin")
+	soak := flag.String("soak", "", "label=file.csv[,label=file.csv...]: draw the soak test's samples (KEYLINE_SOAK_OUT) into -soak-chart")
+	soakOut := flag.String("soak-chart", "integration/bench/charts/soak.png", "PNG the -soak chart is written to")
 	flag.Parse()
+	if *soak != "" {
+		if err := soakChart(strings.Split(*soak, ","), *soakOut); err != nil {
+			fmt.Fprintln(os.Stderr, "report:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *summary {
 		b, _ := io.ReadAll(os.Stdin)
 		var r rec
