@@ -235,7 +235,13 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) (*view, error) {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return nil, nil
 	}
+	if wait := c.logins.blocked(r.RemoteAddr); wait > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
+		return &view{Template: "login", Title: "Log in", Status: http.StatusTooManyRequests,
+			Data: loginData{Next: next, Error: fmt.Sprintf("Too many wrong tokens from your address: try again in %d s.", int(wait.Seconds())+1)}}, nil
+	}
 	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.token)) != 1 {
+		c.logins.failed(r.RemoteAddr)
 		c.log.Warn("console login refused: wrong token", "remote", r.RemoteAddr)
 		return &view{Template: "login", Title: "Log in", Status: http.StatusUnauthorized,
 			Data: loginData{Next: next, Error: "That is not the broker's --http-token."}}, nil

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/share"
@@ -80,12 +81,14 @@ type Console struct {
 	log     *slog.Logger
 	pages   map[string]*template.Template
 	version string // of the static assets, for cache-busting URLs
+	logins  loginLimiter
 }
 
 // New returns a console over be. It panics if the embedded templates do not
 // parse (a build defect, caught by the package tests).
 func New(be Backend, opts Options) *Console {
 	c := &Console{be: be, token: opts.Token, log: opts.Logger, pages: map[string]*template.Template{}}
+	c.logins.now = time.Now
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}

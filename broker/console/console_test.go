@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 )
@@ -393,5 +394,50 @@ func TestStaticAssets(t *testing.T) {
 		if Public(p) {
 			t.Errorf("%s is public", p)
 		}
+	}
+}
+
+// TestLoginIsRateLimited: after loginFailures wrong tokens an address is
+// refused (429, Retry-After), the right token included, until the window
+// has passed; another address is not affected.
+func TestLoginIsRateLimited(t *testing.T) {
+	c := New(newFake(), Options{Token: "s3cret"})
+	now := time.Unix(1_800_000_000, 0)
+	c.logins.now = func() time.Time { return now }
+	mux := http.NewServeMux()
+	c.Register(mux)
+	login := func(remote, token string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.RemoteAddr = remote
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		return w
+	}
+	for i := range loginFailures {
+		if w := login("192.0.2.1:1000", "guess"); w.Code != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d", i, w.Code)
+		}
+	}
+	w := login("192.0.2.1:2000", "s3cret")
+	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
+		t.Fatalf("after %d wrong tokens: %d, Retry-After %q", loginFailures, w.Code, w.Header().Get("Retry-After"))
+	}
+	if w := login("198.51.100.7:1000", "s3cret"); w.Code != http.StatusSeeOther {
+		t.Fatalf("another address: %d", w.Code)
+	}
+	now = now.Add(loginWindow + time.Second)
+	if w := login("192.0.2.1:3000", "s3cret"); w.Code != http.StatusSeeOther {
+		t.Fatalf("after the window: %d", w.Code)
+	}
+}
+
+func TestLoginLimiterIsBounded(t *testing.T) {
+	l := loginLimiter{now: time.Now}
+	for i := range 3 * loginAddresses {
+		l.failed(fmt.Sprintf("10.%d.%d.%d:1", i>>16&255, i>>8&255, i&255))
+	}
+	if n := len(l.m); n > loginAddresses {
+		t.Fatalf("%d addresses tracked, bound %d", n, loginAddresses)
 	}
 }
