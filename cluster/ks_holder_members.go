@@ -1,0 +1,183 @@
+package cluster
+
+import (
+	"errors"
+	"time"
+
+	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
+)
+
+// A holder's members: joins, leaves and activity from every node, the pipes down to
+// their nodes, and the deliverers the dispatcher writes through.
+
+func (h *holder) join(node string, it *upItem) {
+	h.mu.Lock()
+	prev := h.mu.members[it.member]
+	h.mu.members[it.member] = &heldMember{node: node, qos: it.qos, filters: it.filters, active: true}
+	h.mu.lastSeen = time.Now()
+	h.mu.Unlock()
+	if prev != nil && prev.node != node {
+		// The client moved to another node: what it held there is gone.
+		_ = h.d.RemoveMember(it.member)
+		_ = h.r.RemoveMember(it.member)
+	}
+	opts := keyshared.MemberOptions{ReceiveMaximum: int(it.recvMax), KeyFilters: it.filters}
+	if node == h.g.node.cfg.NodeID {
+		if ng := h.g.nodeGroupOf(h.gh); ng != nil {
+			opts.CanRead = ng.canRead(it.member)
+		}
+	}
+	if err := h.d.AddMember(it.member, opts); err != nil {
+		h.g.log.Warn("key-shared: add member", "group", h.name, "member", it.member, "error", err)
+	}
+	_ = h.r.AddMember(it.member, opts)
+}
+
+func (h *holder) leave(member string) {
+	h.mu.Lock()
+	delete(h.mu.members, member)
+	h.mu.Unlock()
+	if err := h.d.RemoveMember(member); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
+		h.g.log.Warn("key-shared: remove member", "group", h.name, "member", member, "error", err)
+	}
+	_ = h.r.RemoveMember(member)
+}
+
+func (h *holder) setActive(member string, active bool) {
+	h.mu.Lock()
+	m := h.mu.members[member]
+	if m != nil {
+		m.active = active
+	}
+	h.mu.Unlock()
+	if err := h.d.SetActive(member, active); errors.Is(err, keyshared.ErrUnknownMember) {
+		h.mu.Lock()
+		delete(h.mu.members, member) // evicted meanwhile
+		h.mu.Unlock()
+	}
+	if !active {
+		_ = h.r.RemoveMember(member)
+	}
+}
+
+// memberNode returns the node of a member ("" if unknown).
+func (h *holder) memberNode(member string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m := h.mu.members[member]; m != nil {
+		return m.node
+	}
+	return ""
+}
+
+// link returns the down pipe to node, making it when needed.
+func (h *holder) link(node string) *pipe[downItem] {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.mu.stopping {
+		return nil
+	}
+	p := h.mu.links[node]
+	if p == nil {
+		p = newPipe(func(seq uint64, items []downItem) ([]byte, error) {
+			b := downBatch{group: h.gh, node: h.g.node.cfg.NodeID, epoch: h.lease.epoch, seq: seq, items: items}
+			m, err := h.g.node.nc.Request(subjDeliver+NodeHash(node), b.encode(), h.g.node.cfg.RequestTimeout)
+			if err != nil {
+				return nil, err
+			}
+			return m.Data, nil
+		}, func(items []downItem, reply []byte) { h.delivered(items, reply) })
+		p.abandon = func() bool { return h.g.presence.isGone(node) || h.stoppingNow() }
+		h.mu.links[node] = p
+	}
+	return p
+}
+
+// delivered applies a node's answer to a down batch: a delivery the member
+// could not take goes back to its key (counted as a failed attempt).
+func (h *holder) delivered(items []downItem, reply []byte) {
+	if len(reply) == 0 {
+		return
+	}
+	if reply[0] == replyWrongEpoch {
+		if d := (wdec{b: reply[1:]}); d.uvarint() > h.lease.epoch {
+			h.g.log.Warn("key-shared: a node knows a newer holder; this one stops", "group", h.name)
+			h.lease.lost.Store(true)
+		}
+		return
+	}
+	outcomes := reply[1:]
+	k := 0
+	for _, it := range items {
+		if it.kind != downDeliver {
+			continue
+		}
+		if k < len(outcomes) && outcomes[k] == deliveryRefused {
+			_ = h.d.Nack(it.member, it.offset, 0)
+		}
+		k++
+	}
+}
+
+// holderOut delivers the group's messages: to members on this node
+// directly, to others through their node.
+type holderOut struct{ h *holder }
+
+func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) bool {
+	h := o.h
+	if !h.lease.valid() || h.stoppingNow() {
+		return false
+	}
+	if adopted, ack := h.adopt.intercept(member, m.Offset); adopted {
+		if ack {
+			_ = h.d.Ack(member, m.Offset)
+		}
+		return true
+	}
+	node := h.memberNode(member)
+	switch node {
+	case "":
+		return false
+	case h.g.node.cfg.NodeID:
+		ng := h.g.nodeGroupOf(h.gh)
+		return ng != nil && ng.deliverLocal(member, m, attempt)
+	}
+	p := h.link(node)
+	return p != nil && p.push(downItem{kind: downDeliver, member: member, offset: m.Offset, attempt: uint32(attempt), msg: persistence.EncodeMessage(m)})
+}
+
+func (o holderOut) Revoke(member string, offset uint64) {
+	h := o.h
+	h.adopt.revoked(offset)
+	switch node := h.memberNode(member); node {
+	case "":
+	case h.g.node.cfg.NodeID:
+		if ng := h.g.nodeGroupOf(h.gh); ng != nil {
+			ng.revokeLocal(member, offset)
+		}
+	default:
+		if p := h.link(node); p != nil {
+			p.push(downItem{kind: downRevoke, member: member, offset: offset})
+		}
+	}
+}
+
+// routerOut delivers QoS 0 messages routed on the group's ring.
+type routerOut struct{ h *holder }
+
+func (o routerOut) Deliver(member string, m *keyshared.Message, _ int) bool {
+	h := o.h
+	switch node := h.memberNode(member); node {
+	case "":
+		return false
+	case h.g.node.cfg.NodeID:
+		ng := h.g.nodeGroupOf(h.gh)
+		return ng != nil && ng.deliverLocal(member, m, 0)
+	default:
+		p := h.link(node)
+		return p != nil && p.push(downItem{kind: downQoS0, member: member, offset: m.Offset, msg: persistence.EncodeMessage(m)})
+	}
+}
+
+func (routerOut) Revoke(string, uint64) {}
