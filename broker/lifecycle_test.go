@@ -7,8 +7,11 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
 // TestListenersSweepTheirOwnClients: closing a listener never runs mochi's
@@ -86,4 +89,33 @@ func connect311(t *testing.T, addr, id string) net.Conn {
 		t.Fatalf("CONNACK %x: %v", ack, err)
 	}
 	return c
+}
+
+// TestExpiredSessionsLeaveTheTopicIndex: a persistent session that expires
+// takes its subscriptions out of mochi's topic index (mochi deletes the
+// client only), so expired sessions leave nothing behind.
+func TestExpiredSessionsLeaveTheTopicIndex(t *testing.T) {
+	b := startBroker(t, testConfig(t))
+	w, err := mqtttest.DialWorker(b.Addr("tcp"), "short-lived", mqtttest.WorkerOptions{CleanStart: true, SessionExpiry: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"p/x", "p/+/y/#"} {
+		if rc, err := w.Subscribe(f, 1); err != nil || rc != 1 {
+			t.Fatalf("subscribe %s: %#x %v", f, rc, err)
+		}
+	}
+	w.Close()
+	waitFor(t, mqtttest.Timeout, "the session to expire", func() bool {
+		_, ok := b.server.Clients.Get("short-lived")
+		return !ok
+	})
+	for _, topic := range []string{"p/x", "p/a/y/z"} {
+		if subs := b.server.Topics.Subscribers(topic); len(subs.Subscriptions) != 0 {
+			t.Errorf("%s: the expired session is still indexed: %v", topic, subs.Subscriptions)
+		}
+	}
+	if n := atomic.LoadInt64(&b.server.Info.Subscriptions); n != 0 {
+		t.Errorf("$SYS counts %d subscriptions after the only session expired", n)
+	}
 }
