@@ -292,6 +292,12 @@ func (b *Broker) addHooks() error {
 		}
 		b.fanout.OnClientExpired(cl)
 	}
+	// The hooks' reactions to packets read, as one hook: Auth renames $SYS
+	// publishes for the ACL check, Key-Shared takes its members' acks before
+	// the fan-out turns an outbox's ack into one mochi ignores.
+	if err := b.server.AddHook(hooks.NewPacketReader(b.auth.ReadPacket, b.keyShared.ReadPacket, b.fanout.ReadPacket), nil); err != nil {
+		return fmt.Errorf("broker: packet-read hook: %w", err)
+	}
 	b.obs = newObserver(b)
 	if err := b.server.AddHook(b.obs, nil); err != nil {
 		return fmt.Errorf("broker: observer hook: %w", err)

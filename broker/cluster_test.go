@@ -321,7 +321,15 @@ func TestClusterSessionResumeAndTakeover(t *testing.T) {
 		t.Fatal("first connection not disconnected")
 	}
 	pub.Publish(t, &paho.Publish{Topic: "cmd/dev-1/after", QoS: 1, Payload: []byte("after")})
-	if m := dev2.Next(t); string(m.Payload) != "after" {
+	// "live" may come once more first: its PUBACK can still be on its way to
+	// node c, or in the ~200 ms before c writes it to the session record,
+	// when node b takes the session over (at least once; the README's
+	// failure costs). Nothing else may.
+	m := dev2.Next(t)
+	if string(m.Payload) == "live" {
+		m = dev2.Next(t)
+	}
+	if string(m.Payload) != "after" {
 		t.Fatalf("after takeover: got %q", m.Payload)
 	}
 	expectNone(t, dev2.V5, "dev-1 on node b")

@@ -64,7 +64,7 @@ func (h *Auth) Provides(b byte) bool {
 }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnPacketRead,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode,
 )
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,
@@ -121,17 +121,16 @@ func reserved(topic string) bool {
 	return strings.EqualFold(first, "$dlq") || strings.EqualFold(first, "$share") || strings.EqualFold(first, "$SYS")
 }
 
-// OnPacketRead makes a client's publish to $SYS/... meet the ACL check like
-// any other reserved topic: mochi drops it before that check without an
-// answer, so a QoS 1 publisher would wait for a PUBACK forever. The topic is
-// renamed into $dlq/, which OnACLCheck refuses: 0x87 for MQTT 5, a
-// disconnect for 3.1.1, dropped and counted at QoS 0.
-func (h *Auth) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+// ReadPacket (a PacketReader step) makes a client's publish to $SYS/...
+// meet the ACL check like any other reserved topic: mochi drops it before
+// that check without an answer, so a QoS 1 publisher would wait for a PUBACK
+// forever. The topic is renamed into $dlq/, which OnACLCheck refuses: 0x87
+// for MQTT 5, a disconnect for 3.1.1, dropped and counted at QoS 0.
+func (h *Auth) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type == packets.Publish && !cl.Net.Inline && len(pk.TopicName) >= 4 && strings.EqualFold(pk.TopicName[:4], "$SYS") {
 		h.Log.Info("refusing a publish into $SYS", "client", clip(cl.ID), "topic", clip(pk.TopicName))
 		pk.TopicName = "$dlq" + pk.TopicName[4:]
 	}
-	return pk, nil
 }
 
 // OnACLCheck reports whether the client may publish to (write) or subscribe

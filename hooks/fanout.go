@@ -101,7 +101,6 @@ var fanoutEvents = eventSet(
 	mqtt.OnStarted,
 	mqtt.OnClientExpired,
 	mqtt.OnPacketEncode,
-	mqtt.OnPacketRead,
 	mqtt.OnPacketProcessed,
 	mqtt.OnDisconnect,
 )
@@ -184,26 +183,25 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 	return pk
 }
 
-// OnPacketRead hands the client's PUBACK, PUBREC and PUBCOMP to its
-// session's outbox. One the outbox owns reaches mochi as a PUBACK for packet
-// id 0, which mochi ignores (it would answer a PUBREC it does not know with
-// a PUBREL 0x92).
-func (h *Fanout) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+// ReadPacket (a PacketReader step) hands the client's PUBACK, PUBREC and
+// PUBCOMP to its session's outbox. One the outbox owns reaches mochi as a
+// PUBACK for packet id 0, which mochi ignores (it would answer a PUBREC it
+// does not know with a PUBREL 0x92).
+func (h *Fanout) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Puback, packets.Pubrec, packets.Pubcomp:
 	default:
-		return pk, nil
+		return
 	}
 	s := h.sessions.get(cl.ID)
 	if s == nil {
-		return pk, nil
+		return
 	}
 	if s.out.Ack(pk.FixedHeader.Type, pk.PacketID, pk.ReasonCode) {
 		// mochi keeps one in-flight map for both directions: a PUBACK with
 		// this id could complete a QoS 2 flow the client started.
 		pk.FixedHeader.Type, pk.PacketID = packets.Puback, 0
 	}
-	return pk, nil
 }
 
 // OnSubscribed invalidates the cached routes, and freezes the session's

@@ -101,7 +101,7 @@ func (h *KeyShared) Provides(b byte) bool { return keySharedEvents.has(b) }
 var keySharedEvents = eventSet(
 	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed,
 	mqtt.OnSessionEstablished, mqtt.OnDisconnect,
-	mqtt.OnPublish, mqtt.OnSelectSubscribers, mqtt.OnPacketRead,
+	mqtt.OnPublish, mqtt.OnSelectSubscribers,
 )
 
 // Init notifies dispatchers of new log entries and resumes every stored group,
@@ -422,21 +422,21 @@ func (h *KeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packe
 // (the storage hook leaves those out: the group log is their durable copy).
 func (h *KeyShared) Owns(client string, id uint16) bool { return h.inflight.owns(client, id) }
 
-// OnPacketRead reads members' acknowledgements: PUBACK and PUBCOMP ack,
-// an MQTT 5 PUBACK or PUBREC with a reason code >= 0x80 nacks (0x87 and 0x99
-// reject without retry).
-func (h *KeyShared) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+// ReadPacket (a PacketReader step) reads members' acknowledgements: PUBACK
+// and PUBCOMP ack, an MQTT 5 PUBACK or PUBREC with a reason code >= 0x80
+// nacks (0x87 and 0x99 reject without retry).
+func (h *KeyShared) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	t := pk.FixedHeader.Type
 	if t != packets.Puback && t != packets.Pubrec && t != packets.Pubcomp {
-		return pk, nil
+		return
 	}
 	failed := cl.Properties.ProtocolVersion == 5 && pk.ReasonCode >= packets.ErrUnspecifiedError.Code
 	if t == packets.Pubrec && !failed {
-		return pk, nil // QoS 2 goes on to PUBREL/PUBCOMP
+		return // QoS 2 goes on to PUBREL/PUBCOMP
 	}
 	d, ok := h.inflight.untrack(cl.ID, pk.PacketID)
 	if !ok {
-		return pk, nil
+		return
 	}
 	switch {
 	case !failed:
@@ -446,5 +446,4 @@ func (h *KeyShared) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Pa
 	default:
 		_ = d.group.d.Nack(cl.ID, d.offset, pk.ReasonCode)
 	}
-	return pk, nil
 }
