@@ -15,22 +15,29 @@ import (
 	"github.com/keyline-mq/keyline/persistence"
 )
 
+// keyLog records the deliveries of every node's members, per key, in the
+// order they happened: a key moves between members (and nodes) when members
+// join, so per-member lists cannot tell its order.
+type keyLog struct {
+	mu  sync.Mutex
+	got map[string][]int // key -> seqs in delivery order
+}
+
 // fakeMembers is a node's members: each delivery is recorded and acked
 // from another goroutine, as a client's PUBACK arrives.
 type fakeMembers struct {
 	t     *testing.T
 	grp   func() *Group
 	acks  chan delivery
+	log   *keyLog
 	mu    sync.Mutex
-	got   map[string][]int // key -> seqs in delivery order
-	who   map[string]string
 	total int
 	wg    sync.WaitGroup
 	stop  chan struct{}
 }
 
-func newFakeMembers(t *testing.T) *fakeMembers {
-	f := &fakeMembers{t: t, acks: make(chan delivery, 1<<16), got: map[string][]int{}, who: map[string]string{}, stop: make(chan struct{})}
+func newFakeMembers(t *testing.T, log *keyLog) *fakeMembers {
+	f := &fakeMembers{t: t, acks: make(chan delivery, 1<<16), log: log, stop: make(chan struct{})}
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -50,9 +57,10 @@ func newFakeMembers(t *testing.T) *fakeMembers {
 func (f *fakeMembers) Deliver(member string, m *keyshared.Message, _ int) bool {
 	key, seq, _ := strings.Cut(string(m.Payload), ":")
 	n, _ := strconv.Atoi(seq)
+	f.log.mu.Lock()
+	f.log.got[key] = append(f.log.got[key], n)
+	f.log.mu.Unlock()
 	f.mu.Lock()
-	f.got[key] = append(f.got[key], n)
-	f.who[key] = member
 	f.total++
 	f.mu.Unlock()
 	f.acks <- delivery{member, m.Offset}
@@ -82,6 +90,7 @@ func TestGroupsAcrossNodes(t *testing.T) {
 	var gs []*Groups
 	var fms []*fakeMembers
 	var grps []*Group
+	log := &keyLog{got: map[string][]int{}}
 	for i := range 3 {
 		_, g := startGroupsNode(t, urls[i:i+1], fmt.Sprintf("node-%c", 'a'+i))
 		gs = append(gs, g)
@@ -90,7 +99,7 @@ func TestGroupsAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, g := range gs {
-		fm := newFakeMembers(t)
+		fm := newFakeMembers(t, log)
 		eventually(t, 10*time.Second, "the group to be known", func() bool { _, err := g.known(name); return err == nil })
 		grp, err := g.Open(name, fm)
 		if err != nil {
@@ -129,13 +138,11 @@ func TestGroupsAcrossNodes(t *testing.T) {
 		return n >= keys*perKey
 	})
 	per := map[string][]int{}
-	for _, fm := range fms {
-		fm.mu.Lock()
-		for k, s := range fm.got {
-			per[k] = append(per[k], s...)
-		}
-		fm.mu.Unlock()
+	log.mu.Lock()
+	for k, s := range log.got {
+		per[k] = append([]int(nil), s...)
 	}
+	log.mu.Unlock()
 	for k := range keys {
 		key := fmt.Sprintf("k%03d", k)
 		s := per[key]
