@@ -295,7 +295,7 @@ func (b *Broker) addHooks() error {
 	// The hooks' reactions to packets read, as one hook: Auth renames $SYS
 	// publishes for the ACL check, Key-Shared takes its members' acks before
 	// the fan-out turns an outbox's ack into one mochi ignores.
-	if err := b.server.AddHook(hooks.NewPacketReader(b.auth.ReadPacket, b.keyShared.ReadPacket, b.fanout.ReadPacket), nil); err != nil {
+	if err := b.server.AddHook(&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
 		return fmt.Errorf("broker: packet-read hook: %w", err)
 	}
 	b.obs = newObserver(b)

@@ -6,20 +6,18 @@ import (
 )
 
 // PacketReader is the one hook that provides OnPacketRead: it runs the
-// other hooks' reactions to a packet a client sent (Auth, KeyShared, Fanout:
-// their ReadPacket methods), in order, on the packet in place. mochi copies
-// the packet (several hundred bytes) into and out of every hook that
+// other hooks' reactions to a packet a client sent (their ReadPacket
+// methods: Auth, then KeyShared, then Fanout), on the packet in place. mochi
+// copies the packet (several hundred bytes) into and out of every hook that
 // provides OnPacketRead, for every packet of every client: with three such
 // hooks that was 13% of the broker's CPU in a profile of QoS 1 fan-out to
-// 100 subscribers, most of it copying.
+// 100 subscribers. The calls are direct (not through func values), so the
+// packet stays on the stack.
 type PacketReader struct {
 	mqtt.HookBase
-	steps []func(*mqtt.Client, *packets.Packet)
-}
-
-// NewPacketReader returns a hook that runs steps, in order, for every packet read.
-func NewPacketReader(steps ...func(*mqtt.Client, *packets.Packet)) *PacketReader {
-	return &PacketReader{steps: steps}
+	Auth      *Auth      // nil: skipped
+	KeyShared *KeyShared // nil: skipped
+	Fanout    *Fanout    // nil: skipped
 }
 
 // ID returns the hook's id.
@@ -28,10 +26,16 @@ func (h *PacketReader) ID() string { return "keyline-packet-read" }
 // Provides reports that PacketReader implements OnPacketRead only.
 func (h *PacketReader) Provides(b byte) bool { return b == mqtt.OnPacketRead }
 
-// OnPacketRead runs the steps on pk.
+// OnPacketRead runs the hooks' ReadPacket on pk, in order.
 func (h *PacketReader) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	for _, step := range h.steps {
-		step(cl, &pk)
+	if h.Auth != nil {
+		h.Auth.ReadPacket(cl, &pk)
+	}
+	if h.KeyShared != nil {
+		h.KeyShared.ReadPacket(cl, &pk)
+	}
+	if h.Fanout != nil {
+		h.Fanout.ReadPacket(cl, &pk)
 	}
 	return pk, nil
 }
