@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/notify"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -22,7 +23,7 @@ type MemGroups struct {
 		closed bool
 	}
 	onAppend atomic.Pointer[func(group string, head uint64)]
-	notify   *notifier
+	notify   *notify.Notifier
 }
 
 type memGroup struct {
@@ -50,7 +51,7 @@ var _ GroupStore = (*MemGroups)(nil)
 
 // NewMemGroups returns an empty in-memory store. Close stops its callback goroutine.
 func NewMemGroups() *MemGroups {
-	s := &MemGroups{notify: newNotifier()}
+	s := &MemGroups{notify: notify.New()}
 	s.mu.groups = make(map[string]*memGroup)
 	return s
 }
@@ -62,7 +63,7 @@ func (s *MemGroups) Close() error {
 	s.mu.closed = true
 	s.mu.Unlock()
 	if !already {
-		s.notify.close()
+		s.notify.Close(true)
 	}
 	return nil
 }
@@ -243,10 +244,10 @@ func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult
 		}
 	}
 	if done != nil {
-		s.notify.push(func() { done(res) })
+		s.notify.Push(func() { done(res) })
 	}
 	if fn := s.onAppend.Load(); fn != nil && *fn != nil && len(heads) > 0 {
-		s.notify.push(func() {
+		s.notify.Push(func() {
 			for _, h := range heads {
 				(*fn)(h.group, h.head)
 			}
@@ -502,7 +503,7 @@ func (s *MemGroups) Flush() error {
 	}
 	s.mu.Unlock()
 	ch := make(chan struct{})
-	s.notify.push(func() { close(ch) })
+	s.notify.Push(func() { close(ch) })
 	<-ch
 	return nil
 }

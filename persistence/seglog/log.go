@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/notify"
 )
 
 // Log is a segment log shared by all groups. All methods are safe for
@@ -19,7 +21,7 @@ type Log struct {
 	log    *slog.Logger
 	lock   *os.File // Dir/LOCK, flocked while open
 	q      *queue
-	notify *notifier
+	notify *notify.Notifier
 	prep   *preparer
 	wg     sync.WaitGroup // writer and compactor
 	stop   chan struct{}  // closed by Close: the compactor stops
@@ -108,7 +110,7 @@ func Open(opts Options, groups map[uint64]GroupState) (*Log, error) {
 	} else {
 		l.prep.req <- l.active().id + 1
 	}
-	l.notify = newNotifier()
+	l.notify = notify.New()
 	l.wg.Add(2)
 	go l.runWriter()
 	go l.runCompactor()
@@ -265,7 +267,7 @@ func (l *Log) Append(groups []uint64, msg []byte, done func([]Result)) {
 // once everything before it is durable. It returns ErrClosed after Close, and
 // the writer's error (ErrFailed) if a commit failed.
 func (l *Log) Sync() error {
-	o := &op{kind: opSync, ch: make(chan struct{}), durableOnly: l.notify.onNotifier()}
+	o := &op{kind: opSync, ch: make(chan struct{}), durableOnly: l.notify.OnNotifier()}
 	if err := l.q.push(o); err != nil {
 		return err
 	}
@@ -281,7 +283,7 @@ func (l *Log) Sync() error {
 // goroutine (which waits for that callback) gets ErrClosed at once. Later
 // calls return the first call's result (ErrClosed, from a callback).
 func (l *Log) Close() error {
-	if !l.closing.CompareAndSwap(false, true) && l.notify.onNotifier() {
+	if !l.closing.CompareAndSwap(false, true) && l.notify.OnNotifier() {
 		return ErrClosed
 	}
 	l.closeOnce.Do(func() {
@@ -289,7 +291,7 @@ func (l *Log) Close() error {
 		l.q.close()
 		l.wg.Wait()
 		l.prep.close()
-		l.notify.close(!l.notify.onNotifier())
+		l.notify.Close(!l.notify.OnNotifier())
 		l.mu.Lock()
 		l.mu.closed = true
 		var errs []error

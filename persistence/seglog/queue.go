@@ -3,7 +3,6 @@ package seglog
 import (
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -202,103 +201,4 @@ func (q *queue) linger(released int, deadline time.Time) {
 		}
 		runtime.Gosched()
 	}
-}
-
-// notifier runs callbacks on one goroutine, in the order they were queued,
-// so that the writer never runs user code. Its queue is unbounded: the
-// writer never waits for a callback.
-type notifier struct {
-	mu struct {
-		sync.Mutex
-		queue  []func()
-		closed bool
-	}
-	wake chan struct{} // capacity 1
-	done chan struct{} // closed when run returns
-	gid  atomic.Uint64 // the goroutine's id, to recognise calls from callbacks
-}
-
-func newNotifier() *notifier {
-	n := &notifier{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	ready := make(chan struct{})
-	go n.run(ready)
-	<-ready
-	return n
-}
-
-// push queues fn; it reports false once the notifier is closed.
-func (n *notifier) push(fn func()) bool {
-	n.mu.Lock()
-	if n.mu.closed {
-		n.mu.Unlock()
-		return false
-	}
-	n.mu.queue = append(n.mu.queue, fn)
-	n.mu.Unlock()
-	select {
-	case n.wake <- struct{}{}:
-	default:
-	}
-	return true
-}
-
-func (n *notifier) run(ready chan struct{}) {
-	defer close(n.done)
-	n.gid.Store(goid())
-	close(ready)
-	var batch []func()
-	for {
-		n.mu.Lock()
-		batch, n.mu.queue = n.mu.queue, batch[:0]
-		closed := n.mu.closed
-		n.mu.Unlock()
-		for i, fn := range batch {
-			fn()
-			batch[i] = nil
-		}
-		if len(batch) == 0 {
-			if closed {
-				return
-			}
-			<-n.wake
-		}
-	}
-}
-
-// onNotifier reports whether the caller runs on the notifier goroutine (in a callback).
-func (n *notifier) onNotifier() bool { return goid() == n.gid.Load() }
-
-// close runs what is queued, then stops the goroutine; wait says whether to
-// wait for it (not from a callback).
-func (n *notifier) close(wait bool) {
-	n.mu.Lock()
-	n.mu.closed = true
-	n.mu.Unlock()
-	select {
-	case n.wake <- struct{}{}:
-	default:
-	}
-	if wait {
-		<-n.done
-	}
-}
-
-// goid returns the calling goroutine's id, parsed from its stack header
-// ("goroutine 123 [running]:"). Only Sync and Close use it, to tell a call
-// from a callback.
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	const prefix = "goroutine "
-	if len(s) < len(prefix) {
-		return 0
-	}
-	var id uint64
-	for _, c := range s[len(prefix):] {
-		if c < '0' || c > '9' {
-			break
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	return id
 }

@@ -482,7 +482,7 @@ func (l *Log) finish(ops []*op, heads []groupHead) int {
 		return 0
 	}
 	onAppend := l.opts.OnAppend
-	l.notify.push(func() {
+	l.notify.Push(func() {
 		for _, o := range done {
 			if o.done != nil {
 				o.done(o.res)

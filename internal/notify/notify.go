@@ -1,0 +1,109 @@
+// Package notify runs callbacks in order on a goroutine of their own, away
+// from the state of whoever queues them (the segment log's writer, the
+// in-memory group store's committer).
+package notify
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+)
+
+// Notifier runs callbacks on one goroutine, in the order they were queued,
+// so that a committer or writer never runs user code while it holds its
+// state. Its queue is unbounded: the producer never waits for a callback.
+type Notifier struct {
+	mu struct {
+		sync.Mutex
+		queue  []func()
+		closed bool
+	}
+	wake chan struct{} // capacity 1
+	done chan struct{} // closed when run returns
+	gid  atomic.Uint64 // the goroutine's id, to recognise calls from callbacks
+}
+
+// New starts a notifier's goroutine.
+func New() *Notifier {
+	n := &Notifier{wake: make(chan struct{}, 1), done: make(chan struct{})}
+	ready := make(chan struct{})
+	go n.run(ready)
+	<-ready
+	return n
+}
+
+// Push queues fn; it reports false once the notifier is closed.
+func (n *Notifier) Push(fn func()) bool {
+	n.mu.Lock()
+	if n.mu.closed {
+		n.mu.Unlock()
+		return false
+	}
+	n.mu.queue = append(n.mu.queue, fn)
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (n *Notifier) run(ready chan struct{}) {
+	defer close(n.done)
+	n.gid.Store(goid())
+	close(ready)
+	var batch []func()
+	for {
+		n.mu.Lock()
+		batch, n.mu.queue = n.mu.queue, batch[:0]
+		closed := n.mu.closed
+		n.mu.Unlock()
+		for i, fn := range batch {
+			fn()
+			batch[i] = nil
+		}
+		if len(batch) == 0 {
+			if closed {
+				return
+			}
+			<-n.wake
+		}
+	}
+}
+
+// OnNotifier reports whether the caller runs on the notifier's goroutine (in a callback).
+func (n *Notifier) OnNotifier() bool { return goid() == n.gid.Load() }
+
+// Close runs what is queued, then stops the goroutine; wait says whether to
+// wait for it (not from a callback).
+func (n *Notifier) Close(wait bool) {
+	n.mu.Lock()
+	n.mu.closed = true
+	n.mu.Unlock()
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+	if wait {
+		<-n.done
+	}
+}
+
+// goid returns the calling goroutine's id, parsed from its stack header
+// ("goroutine 123 [running]:"), to tell a call from a callback.
+func goid() uint64 {
+	var b [64]byte
+	s := b[:runtime.Stack(b[:], false)]
+	const prefix = "goroutine "
+	if len(s) < len(prefix) {
+		return 0
+	}
+	var id uint64
+	for _, c := range s[len(prefix):] {
+		if c < '0' || c > '9' {
+			break
+		}
+		id = id*10 + uint64(c-'0')
+	}
+	return id
+}
