@@ -168,8 +168,9 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 		s = h.sessions.ensure(cl)
 		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
 	} else {
-		stale = h.sessions.get(cl.ID) != nil // cached routes may hold the session replaced
-		s = h.sessions.replace(cl)           // a new session: whatever was queued for the id is gone
+		// A new session: whatever was queued for the id is gone, and cached
+		// routes may hold the session replaced.
+		s, stale = h.sessions.replace(cl)
 	}
 	window := 0 // MQTT 3.1.1 has no Receive Maximum: the outbox's bound
 	if cl.Properties.ProtocolVersion == 5 {

@@ -130,12 +130,14 @@ func (r *sessionRegistry) restore(id string, out *outbox.Outbox) {
 	r.m.Store(id, &fanSession{id: id, out: out})
 }
 
-// replace discards the session of cl's id, if any, and returns a fresh one.
-func (r *sessionRegistry) replace(cl *mqtt.Client) *fanSession {
-	if old, ok := r.m.LoadAndDelete(cl.ID); ok {
+// replace discards the session of cl's id, if any, and returns a fresh one
+// and whether there was one to discard.
+func (r *sessionRegistry) replace(cl *mqtt.Client) (s *fanSession, replaced bool) {
+	old, replaced := r.m.LoadAndDelete(cl.ID)
+	if replaced {
 		old.(*fanSession).discard()
 	}
-	return r.ensure(cl)
+	return r.ensure(cl), replaced
 }
 
 // drop discards the session of id if it is s (nil: whatever it is).

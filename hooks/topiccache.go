@@ -64,6 +64,7 @@ func (c *topicCache[V]) put(topic string, version uint64, v V, cost int64) {
 		c.m.Clear()
 		c.entries.Store(1)
 		c.bytes.Store(cost)
+		c.sweepNext.Store(0)
 	}
 	if old, loaded := c.m.Swap(strings.Clone(topic), &cached[V]{version: version, v: v, cost: cost}); loaded {
 		c.entries.Add(-1) // a stale entry replaced
@@ -93,4 +94,5 @@ func (c *topicCache[V]) clear() {
 	c.m.Clear()
 	c.entries.Store(0)
 	c.bytes.Store(0)
+	c.sweepNext.Store(0)
 }

@@ -283,8 +283,19 @@ func seqRange(from, to int) []int {
 	return out
 }
 
-// lastSegment returns the path of the segment file holding the newest data.
-func lastSegment(t *testing.T, dataDir string) string {
+// killAndReadLastSegment SIGKILLs p and returns the path and the contents
+// of the segment file holding the newest data.
+func killAndReadLastSegment(t *testing.T, p *proc, dataDir string) (string, []byte) {
+	t.Helper()
+	if code := p.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit %d, want killed", code)
+	}
+	return lastSegment(t, dataDir)
+}
+
+// lastSegment returns the path and the contents of the segment file holding
+// the newest data.
+func lastSegment(t *testing.T, dataDir string) (string, []byte) {
 	t.Helper()
 	files, err := filepath.Glob(filepath.Join(dataDir, "segments", "*.seg"))
 	if err != nil || len(files) == 0 {
@@ -297,11 +308,11 @@ func lastSegment(t *testing.T, dataDir string) string {
 			t.Fatal(err)
 		}
 		if len(data) >= 4 && binary.LittleEndian.Uint32(data) != 0 {
-			return files[i]
+			return files[i], data
 		}
 	}
 	t.Fatal("every segment is empty")
-	return ""
+	return "", nil
 }
 
 // dataEnd returns the offset where the data of a segment file ends (the
@@ -333,14 +344,7 @@ func TestTornSegmentTailIsTruncated(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishKeys(t, addr, "t/x", keys, 0, 10, 5)
-	if code := p.signal(t, syscall.SIGKILL); code != -1 {
-		t.Fatalf("exit %d, want killed", code)
-	}
-	seg := lastSegment(t, dataDir)
-	data, err := os.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	seg, data := killAndReadLastSegment(t, p, dataDir)
 	end := dataEnd(data)
 	// A frame header announcing 200 bytes, a wrong checksum and 37 bytes of
 	// body: what a write cut by a power loss leaves.
@@ -478,16 +482,9 @@ func TestUndecodableRecordIsQuarantined(t *testing.T) {
 	}
 	keys := keyNames(30)
 	publishKeys(t, addr, "b/x", keys, 0, 10, 3)
-	if code := p.signal(t, syscall.SIGKILL); code != -1 {
-		t.Fatalf("exit %d, want killed", code)
-	}
 	// Spoil offset 150's message (its codec version byte) and seal the frame
 	// again with a valid checksum: only the decoder can tell.
-	seg := lastSegment(t, dataDir)
-	data, err := os.ReadFile(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	seg, data := killAndReadLastSegment(t, p, dataDir)
 	spoiled := false
 	for pos := 0; pos+8 <= len(data); {
 		n := int(binary.LittleEndian.Uint32(data[pos:]))

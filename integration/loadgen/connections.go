@@ -29,6 +29,25 @@ type connJSON struct {
 	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
 }
 
+// failures counts the clients of a scenario that failed, keeping the first error.
+type failures struct {
+	n     atomic.Int64
+	first atomic.Value // string
+}
+
+// add counts err; it returns nil, so that parallel goes on with the others.
+func (f *failures) add(err error) error {
+	f.n.Add(1)
+	f.first.CompareAndSwap(nil, err.Error())
+	return nil
+}
+
+// count returns how many failed and the first error ("" if none).
+func (f *failures) count() (int, string) {
+	s, _ := f.first.Load().(string)
+	return int(f.n.Load()), s
+}
+
 func runConnections(ctx context.Context, cfg config, res *result) {
 	started := time.Now()
 	cj := &connJSON{Requested: cfg.conns, FDLimit: raiseFDLimit(), BrokerFDLimit: procFDLimit(cfg.brokerPID)}
@@ -47,26 +66,20 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 	conns := make([]*mconn, n)
 	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
 	c0 := snapCPU(cfg.brokerPID)
-	var failed atomic.Int64
-	var firstErr atomic.Value
+	var failed failures
 	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
 	_ = parallel(ctx, cfg.conc, n, func(i int) error {
 		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
 		if err != nil {
-			failed.Add(1)
-			firstErr.CompareAndSwap(nil, err.Error())
-			return nil
+			return failed.add(err)
 		}
 		conns[i] = m
 		return nil
 	})
 	c1 := snapCPU(cfg.brokerPID)
 	el := c1.wall.Sub(c0.wall).Seconds()
-	cj.Failed = int(failed.Load())
+	cj.Failed, cj.FirstError = failed.count()
 	cj.Opened = n - cj.Failed
-	if s, ok := firstErr.Load().(string); ok {
-		cj.FirstError = s
-	}
 	cj.ConnectS = round3(el)
 	if el > 0 {
 		cj.ConnectPerS = round3(float64(cj.Opened) / el)
@@ -141,31 +154,22 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive, persistent: true}
 	sj.RSSBeforeKB = rssKB(cfg.brokerPID)
 	c0 := snapCPU(cfg.brokerPID)
-	var failed atomic.Int64
-	var firstErr atomic.Value
-	fail := func(err error) error {
-		failed.Add(1)
-		firstErr.CompareAndSwap(nil, err.Error())
-		return nil
-	}
+	var failed failures
 	_ = parallel(ctx, cfg.conc, cfg.conns, func(i int) error {
 		m, err := dialMQTT(ctx, cfg.addr, r.clientID("s", i), o)
 		if err != nil {
-			return fail(err)
+			return failed.add(err)
 		}
 		defer m.close()
 		if err := m.subscribe(fmt.Sprintf("lg%08x/sess/%d", r.runID, i), 1, cfg.timeout); err != nil {
-			return fail(err)
+			return failed.add(err)
 		}
 		return nil
 	})
 	c1 := snapCPU(cfg.brokerPID)
 	sj.CreateS = round3(c1.wall.Sub(c0.wall).Seconds())
-	sj.Failed = int(failed.Load())
+	sj.Failed, sj.FirstError = failed.count()
 	sj.Stored = cfg.conns - sj.Failed
-	if s, ok := firstErr.Load().(string); ok {
-		sj.FirstError = s
-	}
 	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
 	time.Sleep(cfg.settle) // let the broker settle before reading its RSS
 	sj.RSSAfterKB = rssKB(cfg.brokerPID)
