@@ -10,11 +10,13 @@ package natstest
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,15 +26,42 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago.
+// FreePort returns a loopback TCP port that was free a moment ago. The
+// servers bind their ports only later (a child process first has to
+// start), so the port is taken below the kernel's ephemeral range: there
+// no outgoing connection of another test (thousands of them run beside
+// these) and no listener on port 0 can take it in between.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := ephemeralLow()
+	for range 1000 {
+		port := portFloor + rand.IntN(low-portFloor)
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use: another one
+		}
+		l.Close()
+		return port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatalf("no free port in %d-%d", portFloor, low-1)
+	return 0
+}
+
+// portFloor is the lowest port FreePort hands out.
+const portFloor = 10000
+
+// ephemeralLow returns the first port of the kernel's ephemeral range
+// (Linux: /proc/sys/net/ipv4/ip_local_port_range; 32768 when unknown).
+func ephemeralLow() int {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > portFloor+1000 {
+				low = v
+			}
+		}
+	}
+	return low
 }
 
 // spec is one server of a cluster, as a child process receives it.
@@ -199,7 +228,13 @@ func StartProcs(t testing.TB, n int) *ProcCluster {
 			return c
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("JetStream not available within 30s")
+			last := ""
+			if err != nil {
+				last = err.Error()
+			} else {
+				last = string(m.Data)
+			}
+			t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
