@@ -40,6 +40,10 @@ func (h *KeyShared) openClusterGroup(name string, n share.Name) (*ksGroup, error
 	return g, nil
 }
 
+// IsOpen reports whether this node has its side of group name open: its
+// publishes matching the group's filter go to the group.
+func (h *KeyShared) IsOpen(name string) bool { return h.groups.get(name) != nil }
+
 // OpenGroup opens this node's side of a group another node created, so
 // that publishes here reach its log.
 func (h *KeyShared) OpenGroup(name string) error {
