@@ -42,3 +42,5 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.8 // indirect
 )
+
+replace github.com/mochi-mqtt/server/v2 => ./third_party/mochi
