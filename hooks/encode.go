@@ -118,19 +118,21 @@ func shortAck(pk packets.Packet) packets.Packet {
 }
 
 // encodeDelivery encodes a Key-Shared delivery of m at qos with packet id
-// (QoS 1 and 2) as the PUBLISH frame a client of protocol version gets, as
+// (QoS 1 and 2) and the member's subscription identifiers ids (MQTT 5 only)
+// as the PUBLISH frame a client of protocol version gets, as
 // mochi's WritePacket would (an absolute expiry becomes the remaining
 // interval, at least 1 s [MQTT-3.3.2-6]) but without its encoder, which asks
 // two maps per property whether each of some 28 properties belongs in a
 // PUBLISH. The frame is the session's, queued by reference: check it with
 // fits before sending.
-func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, now time.Time) []byte {
+func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, ids []int, now time.Time) []byte {
 	p := mqttwire.Publish{Topic: m.Topic, QoS: qos, PacketID: id, Payload: m.Payload}
 	if version < 5 {
 		return mqttwire.AppendPublish(make([]byte, 0, mqttwire.PublishLen(mqttwire.Version311, &p)), mqttwire.Version311, &p)
 	}
 	p.Props = mqttwire.Properties{
 		ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic, CorrelationData: m.Props.CorrelationData,
+		SubscriptionIDs: ids,
 	}
 	if m.Props.PayloadFormatSet {
 		p.Props.PayloadFormat = m.Props.PayloadFormat

@@ -246,7 +246,7 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
-		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters})
+		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier})
 	}
 }
 
@@ -335,7 +335,7 @@ func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		}
 		m := known[n.String()]
 		if m == nil { // not known in memory: the broker restarted since
-			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter)}
+			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter), subID: sub.Identifier}
 		}
 		h.join(cl, n, m)
 	}

@@ -39,6 +39,11 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return false
 	}
 	pk := publishPacket(m, min(m.QoS, ms.qos))
+	if ms.subID > 0 && cl.Properties.ProtocolVersion == 5 {
+		// [MQTT-3.3.4-3] holds for shared subscriptions too; it is also in
+		// the packet mochi keeps in flight, so a resend carries it.
+		pk.Properties.SubscriptionIdentifier = []int{ms.subID}
+	}
 	if pk.FixedHeader.Qos == 0 {
 		return o.deliverQoS0(cl, pk, m)
 	}
@@ -78,7 +83,7 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 	if !ok {
 		return cl.WritePacket(pk)
 	}
-	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
+	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, pk.Properties.SubscriptionIdentifier, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
 	}
@@ -94,7 +99,7 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 		if !ok {
 			return cl.WritePacket(pk) == nil
 		}
-		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, nil)
+		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, pk.Properties.SubscriptionIdentifier)
 		if err != nil || !fits(maxPacketSize(cl), len(p.B)) {
 			return false // dropped and counted by the router
 		}
