@@ -272,7 +272,7 @@ func (b *Broker) addHooks() error {
 		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
 	}
 	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
-	if err := b.server.AddHook(new(hooks.Protocol), nil); err != nil {
+	if err := b.server.AddHook(&hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil); err != nil {
 		return fmt.Errorf("broker: protocol hook: %w", err)
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
