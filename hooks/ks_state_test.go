@@ -266,3 +266,10 @@ func TestDLQTopicFitsMQTT(t *testing.T) {
 		t.Fatalf("a topic past 65,535 bytes under the prefix: %d bytes", len(got))
 	}
 }
+
+// clientCount returns how many clients have deliveries tracked (tests).
+func (t *inflightTable) clientCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.clients)
+}

@@ -26,8 +26,6 @@ const (
 	// maxResolveRanges bounds the ranges of one resolve record, so that a
 	// resolve record stays small; a larger set is written as several records.
 	maxResolveRanges = 4096
-	// maxResolveBody bounds the body of a resolve record.
-	maxResolveBody = 1 + 2*binary.MaxVarintLen64 + maxResolveRanges*2*binary.MaxVarintLen64
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
