@@ -38,6 +38,7 @@ type groupsCollector struct {
 	appendErrors *prometheus.Desc
 	keysTooLong  *prometheus.Desc
 	refused      *prometheus.Desc
+	dropped      *prometheus.Desc
 }
 
 type groupMetric struct {
@@ -52,7 +53,9 @@ func newGroupsCollector(a *groupAdmin) *groupsCollector {
 		keysTooLong: prometheus.NewDesc("keyline_keyshared_keys_too_long_total",
 			"Publishes refused because their routing key exceeded max-key-size.", nil, nil),
 		refused: prometheus.NewDesc("keyline_keyshared_subscriptions_refused_total",
-			"Shared subscriptions refused at max-groups or max-groups-per-client.", nil, nil)}
+			"Shared subscriptions refused at max-groups or max-groups-per-client.", nil, nil),
+		dropped: prometheus.NewDesc("keyline_keyshared_results_dropped_total",
+			"Member acks, nacks and rejects that reached a closed group (broker stopping, group deleted); those messages are delivered again.", nil, nil)}
 	gauge := func(name, help string, f func(*adminapi.GroupView) float64) {
 		c.metrics = append(c.metrics, groupMetric{prometheus.NewDesc(name, help, []string{"group"}, nil), prometheus.GaugeValue, f})
 	}
@@ -97,6 +100,7 @@ func (c *groupsCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.appendErrors
 	ch <- c.keysTooLong
 	ch <- c.refused
+	ch <- c.dropped
 	for _, m := range c.metrics {
 		ch <- m.desc
 	}
@@ -110,6 +114,7 @@ func (c *groupsCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.appendErrors, prometheus.CounterValue, float64(ks.AppendErrors.Load()))
 	ch <- prometheus.MustNewConstMetric(c.keysTooLong, prometheus.CounterValue, float64(ks.KeysTooLong.Load()))
 	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(ks.GroupsRefused.Load()))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(ks.ResultsDropped.Load()))
 	views, err := c.a.groupViews()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.metrics[0].desc, err)

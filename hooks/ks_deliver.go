@@ -67,7 +67,7 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		if err == packets.ErrPacketTooLarge {
 			// The member will never take it; another may: dead-letter it
 			// with the reason, rather than retry it here forever.
-			_ = o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge)
+			h.resultDropped(o.g, member, m.Offset, o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge))
 			return true
 		}
 		return false
@@ -108,12 +108,13 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 	err := cl.WritePacket(pk)
 	switch {
 	case err == packets.ErrPacketTooLarge:
-		_ = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
+		err = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
 	case err != nil:
 		return false
 	default:
-		_ = o.g.d.Ack(cl.ID, m.Offset)
+		err = o.g.d.Ack(cl.ID, m.Offset)
 	}
+	o.h.resultDropped(o.g, cl.ID, m.Offset, err)
 	return true
 }
 
