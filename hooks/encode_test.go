@@ -35,7 +35,7 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		TopicName:   "sensors/t1", Payload: []byte("21.5"), PacketID: 9,
 		Expiry: time.Now().Unix() + 60,
 		Properties: packets.Properties{
-			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2},
+			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2}, ContentType: "text/plain", PayloadFormat: 1, PayloadFormatFlag: true,
 			User: []packets.UserProperty{{Key: "key", Val: "dev-1"}}, TopicAlias: 3, TopicAliasFlag: true,
 		},
 	}
@@ -55,6 +55,8 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		t.Fatalf("expiry interval %d (expires at %d), want the remaining ~60 s", p.MessageExpiryInterval, f.ExpiresAt)
 	case p.ResponseTopic != "reply/x" || !bytes.Equal(p.CorrelationData, []byte{1, 2}):
 		t.Fatalf("response info dropped: %+v", p)
+	case p.ContentType != "text/plain" || p.PayloadFormat != 1 || !p.PayloadFormatFlag:
+		t.Fatalf("content type or payload format dropped: %+v", p)
 	case len(p.User) != 1 || p.TopicAliasFlag || len(p.SubscriptionIdentifier) != 1 || p.SubscriptionIdentifier[0] != 4:
 		t.Fatalf("properties %+v", p)
 	}
