@@ -158,11 +158,18 @@ func decodeMessage(buf []byte, own bool) (keyshared.Message, error) {
 	}
 	m.PublishedAt = timeFromNanos(d.varint())
 	m.ExpiresAt = timeFromNanos(d.varint())
-	m.Topic = d.string()
+	// Topic and key are copied out of buf: a Key-Shared window keeps a key
+	// (and its map entry) for a while after its last message resolved, and
+	// a view would keep the whole record, payload included, alive with it.
+	// One allocation holds both.
+	topic := d.bytes()
 	if flags&flagKeyIsTopic != 0 {
+		m.Topic = string(topic)
 		m.Key = m.Topic
 	} else {
-		m.Key = d.string()
+		key := d.bytes()
+		both := string(topic) + string(key)
+		m.Topic, m.Key = both[:len(topic)], both[len(topic):]
 	}
 	if flags&flagProps != 0 {
 		m.Props.ContentType = d.string()
@@ -455,8 +462,12 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// string returns a length-prefixed field as a string that shares the buffer's
-// memory: decodeMessage's callers never write the buffer after decoding.
+// string returns a length-prefixed field as a string that shares the
+// buffer's memory: decodeMessage's callers never write the buffer after
+// decoding. It is used for the fields a message needs only as long as its
+// payload (content type, response topic, user properties), so the view keeps
+// nothing alive that the message does not keep anyway; topic and key, which
+// outlive the message in a Key-Shared window, are copied.
 func (d *decoder) string() string {
 	b := d.bytes()
 	if len(b) == 0 {

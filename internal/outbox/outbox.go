@@ -490,7 +490,7 @@ func (o *Outbox) Len() (held, inflight int) {
 // Info describes one held message, for operators.
 type Info struct {
 	PacketID uint16
-	Topic    string
+	Topic    string // a view into the held frame: copy it to keep it
 	QoS      byte
 	Size     int
 	Created  int64 // unix seconds
