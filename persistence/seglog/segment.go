@@ -1,6 +1,7 @@
 package seglog
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -44,7 +45,12 @@ func segName(id uint64) string { return fmt.Sprintf("%020d%s", id, segSuffix) }
 
 // listSegments returns the ids of the segment files in dir, ascending, and
 // removes leftover temporary files.
-func listSegments(dir string) ([]uint64, error) {
+func listSegments(dir string) ([]uint64, error) { return segmentIDs(dir, true) }
+
+// listSegmentsReadOnly is listSegments without removing anything.
+func listSegmentsReadOnly(dir string) ([]uint64, error) { return segmentIDs(dir, false) }
+
+func segmentIDs(dir string, removeTmp bool) ([]uint64, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -53,6 +59,9 @@ func listSegments(dir string) ([]uint64, error) {
 	for _, e := range ents {
 		name := e.Name()
 		if strings.HasSuffix(name, tmpSuffix) {
+			if !removeTmp {
+				continue
+			}
 			if err := os.Remove(filepath.Join(dir, name)); err != nil {
 				return nil, err
 			}
@@ -208,4 +217,29 @@ func (p *preparer) close() {
 		}
 	default:
 	}
+}
+
+// HasRecords reports whether any segment file in dir holds a committed
+// frame. A missing dir holds none.
+func HasRecords(dir string) (bool, error) {
+	ids, err := listSegmentsReadOnly(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, id := range ids {
+		f, err := os.Open(filepath.Join(dir, segName(id)))
+		if err != nil {
+			return false, err
+		}
+		var h [4]byte
+		n, _ := f.ReadAt(h[:], 0)
+		f.Close()
+		if n == 4 && binary.LittleEndian.Uint32(h[:]) != 0 {
+			return true, nil
+		}
+	}
+	return false, nil
 }
