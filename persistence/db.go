@@ -118,6 +118,12 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
 	}
+	if err := checkFormat(b, path); err != nil {
+		if cerr := b.Close(); cerr != nil {
+			logger.Error("close after failed open", "path", path, "error", cerr)
+		}
+		return nil, err
+	}
 	db := &DB{bolt: b, path: path, opts: opts, log: logger}
 	db.commit = newCommitter(b, logger)
 	if db.groups, err = openGroups(db, filepath.Join(dir, SegmentsDir)); err != nil {
