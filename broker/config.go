@@ -177,10 +177,20 @@ func DefaultConfig() Config {
 			MemberMaxInflight: 1000,
 			Window:            10000,
 			WindowBytes:       8 << 20,
-			BacklogPolicy:     persistence.PolicyReject,
+			// A group keeps every matching message until a member resolves
+			// it, also while it has none: bound what one can hold.
+			BacklogMaxMessages: DefaultBacklogMaxMessages,
+			BacklogMaxBytes:    DefaultBacklogMaxBytes,
+			BacklogPolicy:      persistence.PolicyReject,
 		},
 	}
 }
+
+// Default backlog limits of a group (backlog-max-messages, backlog-max-bytes).
+const (
+	DefaultBacklogMaxMessages = 1_000_000
+	DefaultBacklogMaxBytes    = 1 << 30
+)
 
 func checkAddr(name, addr string) error {
 	if addr == "" {
