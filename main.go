@@ -42,6 +42,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
 		return runCLI(args, stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "check" {
+		return runCheck(args[1:], stdout, stderr)
+	}
 	cfg, action, err := parseArgs(args)
 	if err != nil {
 		if errors.As(err, new(usageError)) || errors.Is(err, broker.ErrInvalidConfig) {
@@ -229,6 +232,8 @@ Usage:
   keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
   keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
+  keyline check [--data-dir DIR] [--json]
+      (offline check of a stopped broker's data dir; exit code 1 names the damage it found)
 
 `)
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {

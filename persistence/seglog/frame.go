@@ -143,7 +143,7 @@ func (st frameState) String() string {
 	case frameEnd:
 		return "data after the end marker"
 	case frameShort:
-		return "frame runs past the end of the segment"
+		return "the file ends inside a frame (truncated?)"
 	}
 	return "bad frame (length, checksum or body)"
 }
