@@ -206,3 +206,56 @@ func TestDamagedSegmentWhileRunning(t *testing.T) {
 		t.Fatalf("after restart: %+v", v)
 	}
 }
+
+// TestOpensDataFormat1 starts the binary on the data dir the keyline of
+// data format 1 wrote (persistence/testdata/v1.tar.gz, see its genv1): the
+// offline session gets what was queued for it, in order, the retained
+// message is there, and a group's whole backlog is delivered.
+func TestOpensDataFormat1(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("tar", "-xzf", filepath.Join("..", "persistence", "testdata", "v1.tar.gz"), "-C", dir).CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v\n%s", err, out)
+	}
+	p := startKeyline(t, dir, "--segment-size", "64KiB")
+	off, err := mqtttest.DialWorker(p.addrs["tcp"], "offline-1", mqtttest.WorkerOptions{SessionExpiry: 86400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	for i := 1; i <= 5; i++ {
+		m := off.Next(mqtttest.Timeout)
+		if m == nil || string(m.Payload) != fmt.Sprintf("queued %d", i) {
+			t.Fatalf("queued message %d: %+v", i, m)
+		}
+		if err := off.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := mqtttest.DialWorker(p.addrs["tcp"], "reader", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if code, err := r.Subscribe("config/site", 1); err != nil || code > 1 {
+		t.Fatalf("subscribe: 0x%02x %v", code, err)
+	}
+	if m := r.Next(mqtttest.Timeout); m == nil || !m.Retain || string(m.Payload) != "v1" {
+		t.Fatalf("retained: %+v", m)
+	}
+	if code, err := r.Subscribe("$share/audit/orders/#", 1); err != nil || code > 1 {
+		t.Fatalf("subscribe: 0x%02x %v", code, err)
+	}
+	got := map[string]bool{}
+	for len(got) < 400 {
+		m := r.Next(mqtttest.Timeout)
+		if m == nil {
+			t.Fatalf("got %d of the group's 400 messages", len(got))
+		}
+		got[string(m.Payload)] = true
+		if err := r.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := waitGroup(t, p, "audit/orders/#", "everything acknowledged", func(v adminapi.GroupView) bool { return v.Cursor == 400 })
+	t.Logf("format 1 data dir: 5 queued messages, the retained one and %d group messages delivered; cursor %d", len(got), v.Cursor)
+}
