@@ -31,6 +31,9 @@ type FanoutStats struct {
 	Encodes    atomic.Uint64 // frames encoded (one per publish and variant)
 	TooLarge   atomic.Uint64 // deliveries skipped: above the client's maximum packet size
 	FastPath   atomic.Uint64 // publishes routed from the cached routes, never seen by mochi's router
+	// StoreRefused counts QoS 1/2 publishes refused because a persistent
+	// session's record of the message could not be stored (a full disk).
+	StoreRefused atomic.Uint64
 }
 
 // Fanout takes every delivery to a client session over from mochi. Each

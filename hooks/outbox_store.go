@@ -31,6 +31,12 @@ func (s outboxStore) Put(client string, seq uint64, rec []byte) {
 	s.store.Put(persistence.KindOutbox, outboxKey(client, seq), rec)
 }
 
+// PutDurable implements outbox.DurableStore: the write commits with the
+// store's next commit, and done hears its outcome.
+func (s outboxStore) PutDurable(client string, seq uint64, rec []byte, done func(error)) {
+	s.store.PutNotify(persistence.KindOutbox, outboxKey(client, seq), rec, done)
+}
+
 func (s outboxStore) Delete(client string, seq uint64) {
 	s.store.Delete(persistence.KindOutbox, outboxKey(client, seq))
 }

@@ -119,6 +119,25 @@ func (s *SessionStore) Put(kind string, key, val []byte) {
 	s.queue(SessionWrite{Kind: kind, Key: key, Val: val}.apply, kind)
 }
 
+// PutNotify queues a write of val under key in kind, like Put, and calls
+// done with its outcome once it is committed (nil) or failed: the caller
+// can hold back what it tells a client until then without waiting. done
+// runs on the committer's goroutine and must be short.
+func (s *SessionStore) PutNotify(kind string, key, val []byte, done func(error)) {
+	w := SessionWrite{Kind: kind, Key: key, Val: val}
+	o := &txOp{apply: w.apply, after: func(err error) {
+		if err != nil {
+			s.writeErrors.Add(1)
+			s.db.log.Error("persistence: session write failed", "kind", kind, "error", err)
+		}
+		done(err)
+	}}
+	if s.closed.Load() || !s.db.commit.submit(o) {
+		s.writeErrors.Add(1)
+		done(ErrClosed)
+	}
+}
+
 // Delete queues the removal of key from kind.
 func (s *SessionStore) Delete(kind string, key []byte) {
 	s.queue(SessionWrite{Kind: kind, Key: key, Delete: true}.apply, kind)

@@ -51,6 +51,16 @@ type Store interface {
 	DeleteSession(client string)
 }
 
+// DurableStore is a Store that can tell when a record is durable, so that
+// the publisher of a message for a persistent session is acknowledged only
+// once the message is stored (or is refused).
+type DurableStore interface {
+	Store
+	// PutDurable is Put, calling done with the outcome once the record is
+	// durable (nil) or its write failed; done must be short.
+	PutDurable(client string, seq uint64, rec []byte, done func(error))
+}
+
 // Stats are totals across outboxes, updated with atomics. Info pointers,
 // when set, mirror figures kept elsewhere (mochi's $SYS inflight counters).
 type Stats struct {
@@ -156,10 +166,20 @@ func (o *Outbox) SetExternal(inUse func(id uint16) bool) {
 // never). It reports false when the outbox is full (the message is dropped
 // and counted) or discarded.
 func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
+	added, _ := o.AddDurable(p, created, deadline, nil)
+	return added
+}
+
+// AddDurable is Add for a message whose publisher waits to hear that it is
+// stored: when the session is persistent and its Store a DurableStore, the
+// message's record is written with PutDurable, stored hears the outcome,
+// and pending is true; otherwise stored is never called. (A message whose
+// record failed stays held in memory; its publisher is refused.)
+func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored func(error)) (added, pending bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.mu.gone {
-		return false
+		return false, false
 	}
 	if o.mu.live >= o.cfg.Max {
 		o.cfg.Stats.Dropped.Add(1)
@@ -169,7 +189,7 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 		} else {
 			o.mu.missed++
 		}
-		return false
+		return false, false
 	}
 	e := entry{pub: p, created: created, deadline: deadline}
 	if !o.mu.frozen {
@@ -184,9 +204,14 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 	}
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
-	o.persistLocked(seq)
+	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
+		ds.PutDurable(o.client, seq, appendRecord(nil, &o.mu.q[len(o.mu.q)-1]), stored)
+		pending = true
+	} else {
+		o.persistLocked(seq)
+	}
 	o.pumpLocked()
-	return true
+	return true, pending
 }
 
 // allocLocked returns a packet id used neither by a live message nor
