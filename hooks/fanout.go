@@ -87,6 +87,14 @@ func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) 
 	return h
 }
 
+// SetQueueBytes bounds the QoS 1/2 messages held for sessions in bytes:
+// per session and for all of them (0: no bound); past either a new message
+// is dropped for that session, counted and signalled, as past max-inflight.
+// Call it before clients connect.
+func (h *Fanout) SetQueueBytes(perSession, total int64) {
+	h.sessions.cfg.MaxBytes, h.sessions.cfg.MaxTotalBytes = perSession, total
+}
+
 // ID returns the hook's id.
 func (h *Fanout) ID() string { return "keyline-fanout" }
 

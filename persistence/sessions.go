@@ -232,6 +232,25 @@ func (s *SessionStore) Get(kind string, key []byte) ([]byte, error) {
 	return out, err
 }
 
+// ForEachPrefix calls fn for every record of kind whose key starts with
+// prefix, in key order, reading committed state only. The slices passed to
+// fn are valid only during the call.
+func (s *SessionStore) ForEachPrefix(kind string, prefix []byte, fn func(key, val []byte) error) error {
+	return s.db.bolt.View(func(tx *bolt.Tx) error {
+		b, err := sessionBucket(tx, kind)
+		if err != nil {
+			return err
+		}
+		c := b.Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if err := fn(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // ForEach calls fn for every record of kind in key order, reading committed
 // state only. The slices passed to fn are valid only during the call.
 func (s *SessionStore) ForEach(kind string, fn func(key, val []byte) error) error {
