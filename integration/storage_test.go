@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -117,11 +116,7 @@ func flipInFrame(t *testing.T, path string, k int) {
 	if string(b[:4]) != "KLSG" {
 		t.Fatalf("%s has no segment header", path)
 	}
-	pos := 32 // segment header; frames: uint32 length, CRC, header CRC, body
-	for range k {
-		pos += 12 + int(binary.LittleEndian.Uint32(b[pos:]))
-	}
-	at := int64(pos + 12 + 30)
+	at := int64(segFrames(b)[k] + frameHeader + 30)
 	if _, err := f.WriteAt([]byte{b[at] ^ 0x08}, at); err != nil {
 		t.Fatal(err)
 	}
