@@ -44,21 +44,29 @@ func appendRecord(dst []byte, e *entry) []byte {
 	return append(dst, e.pub.B...)
 }
 
-func decodeRecord(b []byte) (entry, error) {
-	var e entry
+// recordHeader reads what a message record holds before its frame: state,
+// id, created, deadline and the expiry the frame stands for; rest is the
+// frame version byte and the frame.
+func recordHeader(b []byte) (state uint8, id uint16, vals [3]uint64, rest []byte, err error) {
 	if len(b) < 4 || b[0] != recordVersion || b[1] > stReleased {
-		return e, ErrBadRecord
+		return 0, 0, vals, nil, ErrBadRecord
 	}
-	e.state = b[1]
-	e.id = binary.BigEndian.Uint16(b[2:])
-	b = b[4:]
-	var vals [3]uint64
+	state, id, b = b[1], binary.BigEndian.Uint16(b[2:]), b[4:]
 	for i := range vals {
 		v, n := binary.Uvarint(b)
 		if n <= 0 {
-			return e, ErrBadRecord
+			return 0, 0, vals, nil, ErrBadRecord
 		}
 		vals[i], b = v, b[n:]
+	}
+	return state, id, vals, b, nil
+}
+
+func decodeRecord(b []byte) (entry, error) {
+	var e entry
+	state, id, vals, b, err := recordHeader(b)
+	if err != nil {
+		return e, err
 	}
 	if len(b) < 1 {
 		return e, ErrBadRecord
@@ -70,7 +78,7 @@ func decodeRecord(b []byte) (entry, error) {
 	if p.QoS == 0 {
 		return e, fmt.Errorf("%w: QoS 0 message", ErrBadRecord)
 	}
-	e.pub, e.created, e.deadline = p, int64(vals[0]), int64(vals[1])
+	e.pub, e.created, e.deadline, e.state, e.id = p, int64(vals[0]), int64(vals[1]), state, id
 	e.sent = e.state != stQueued
 	return e, nil
 }
@@ -242,18 +250,9 @@ type Cold struct {
 // wrote it under seq) without keeping any of its bytes.
 func PeekRecord(seq uint64, b []byte) (Cold, error) {
 	c := Cold{Seq: seq}
-	if len(b) < 4 || b[0] != recordVersion || b[1] > stReleased {
-		return c, ErrBadRecord
-	}
-	c.state, c.id = b[1], binary.BigEndian.Uint16(b[2:])
-	b = b[4:]
-	var vals [3]uint64
-	for i := range vals {
-		v, n := binary.Uvarint(b)
-		if n <= 0 {
-			return c, ErrBadRecord
-		}
-		vals[i], b = v, b[n:]
+	state, id, vals, b, err := recordHeader(b)
+	if err != nil {
+		return c, err
 	}
 	// The frame: its version byte, then the PUBLISH (QoS in the fixed header).
 	if len(b) < 3 || b[1]>>4 != 3 {
@@ -262,6 +261,7 @@ func PeekRecord(seq uint64, b []byte) (Cold, error) {
 	if c.qos = (b[1] >> 1) & 3; c.qos == 0 || c.qos == 3 {
 		return c, fmt.Errorf("%w: QoS %d message", ErrBadRecord, c.qos)
 	}
+	c.state, c.id = state, id
 	c.created, c.deadline, c.size = int64(vals[0]), int64(vals[1]), int32(min(len(b)-1, 1<<31-1))
 	return c, nil
 }

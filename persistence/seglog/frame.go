@@ -207,15 +207,11 @@ func decodeBody(b []byte) (record, error) {
 	b = b[1:]
 	switch r.typ {
 	case recMessage, recMoved:
-		g, n := binary.Uvarint(b)
+		x, n := parseRef(b)
 		if n <= 0 {
 			return r, errFrame
 		}
-		off, m := binary.Uvarint(b[n:])
-		if m <= 0 || off == 0 {
-			return r, errFrame
-		}
-		r.n, r.group, r.offset, r.msg = 1, g, off, b[n+m:]
+		r.n, r.group, r.offset, r.msg = 1, x.group, x.offset, b[n:]
 	case recShared, recSharedMoved:
 		c, n := binary.Uvarint(b)
 		if n <= 0 || c == 0 || c > uint64(len(b)) {
@@ -224,15 +220,11 @@ func decodeBody(b []byte) (record, error) {
 		raw := b[n:]
 		p := raw
 		for range c {
-			_, n := binary.Uvarint(p)
+			_, n := parseRef(p)
 			if n <= 0 {
 				return r, errFrame
 			}
-			off, m := binary.Uvarint(p[n:])
-			if m <= 0 || off == 0 {
-				return r, errFrame
-			}
-			p = p[n+m:]
+			p = p[n:]
 		}
 		r.n, r.refsRaw, r.msg = int(c), raw[:len(raw)-len(p)], p
 	case recResolve:
@@ -257,6 +249,20 @@ func decodeBody(b []byte) (record, error) {
 	return r, nil
 }
 
+// parseRef reads one reference (uvarint group, uvarint offset > 0) and
+// returns it and the bytes it took, 0 if b does not start with one.
+func parseRef(b []byte) (ref, int) {
+	g, n := binary.Uvarint(b)
+	if n <= 0 {
+		return ref{}, 0
+	}
+	off, m := binary.Uvarint(b[n:])
+	if m <= 0 || off == 0 {
+		return ref{}, 0
+	}
+	return ref{g, off}, n + m
+}
+
 // refIter walks the references of a message record.
 type refIter struct {
 	r    *record
@@ -276,10 +282,9 @@ func (it *refIter) next() (ref, bool) {
 	if it.r.refsRaw == nil {
 		return ref{it.r.group, it.r.offset}, true
 	}
-	g, n := binary.Uvarint(it.rest)
-	off, m := binary.Uvarint(it.rest[n:])
-	it.rest = it.rest[n+m:]
-	return ref{g, off}, true
+	x, n := parseRef(it.rest)
+	it.rest = it.rest[n:]
+	return x, true
 }
 
 // offsetOf returns the offset the record holds for group, if any.
