@@ -302,3 +302,33 @@ func TestSharedRecordsAreNotCopiedForNothing(t *testing.T) {
 		t.Fatalf("group 5 holds %d", len(got))
 	}
 }
+
+// TestDamagedSegmentHeader: a segment header damaged (a flipped byte, or
+// zeroed as a bad sector leaves it) is reported, and the frames after it
+// are read as they are.
+func TestDamagedSegmentHeader(t *testing.T) {
+	for _, mode := range []string{"flipped", "zeroed"} {
+		t.Run(mode, func(t *testing.T) {
+			dir := t.TempDir()
+			const n = 2000
+			buildLog(t, dir, n)
+			segs, _ := segFiles(t, dir)
+			b := readFile(t, segs[0])
+			switch mode {
+			case "flipped":
+				b[10] ^= 0x01 // the segment id
+			case "zeroed":
+				clear(b[:segHeaderSize])
+			}
+			if err := os.WriteFile(segs[0], b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+			rep := l.Recovery()
+			if rep.Corrupt != 1 || len(rep.Damage) != 1 || rep.Damage[0].Reason != "damaged segment header" || rep.Lost != 0 {
+				t.Fatalf("report %+v", rep)
+			}
+			checkGroup(t, l, 2, 1, n)
+		})
+	}
+}

@@ -144,7 +144,7 @@ func (l *Log) clearUnused(s *segment) error {
 		l.report.TornBytes += junk
 		l.log.Warn("cleared a segment without a first frame", "segment", s.id, "bytes", junk)
 	}
-	if s.version < FormatVersion && !l.opts.ReadOnly {
+	if (s.version < FormatVersion || s.hdrState != headerOK) && !l.opts.ReadOnly {
 		if err := s.writeHeader(l.opts.NoSync); err != nil {
 			return fmt.Errorf("%w: write the header of segment %d: %w", ErrUnusable, s.id, err)
 		}

@@ -117,6 +117,11 @@ func openSegmentMode(dir string, id uint64, mode int) (*segment, error) {
 		f.Close()
 		return nil, err
 	}
+	if st == headerNone && v2FrameAt(f, segHeaderSize) {
+		// A header gone to zeros (a bad sector) before frames of the
+		// current format: damaged, not a format 1 segment.
+		h, st = segHeader{version: FormatVersion, id: id, size: s.size}, headerDamaged
+	}
 	s.version, s.hdr, s.hdrState = 1, h, st
 	if st == headerOK || st == headerDamaged {
 		s.version, s.base = h.version, segHeaderSize
@@ -302,4 +307,15 @@ func (s *segment) holdsData() bool {
 	var h [4]byte
 	n, _ := s.f.ReadAt(h[:], s.base)
 	return n == 4 && binary.LittleEndian.Uint32(h[:]) != 0
+}
+
+// v2FrameAt reports whether a frame header of the current format (its own
+// checksum matching) is at pos of f.
+func v2FrameAt(f *os.File, pos int64) bool {
+	var h [frameHeaderV2]byte
+	if n, _ := f.ReadAt(h[:], pos); n < len(h) {
+		return false
+	}
+	_, _, st := parseHeader(h[:], FormatVersion, 1<<40)
+	return st == frameOK
 }
