@@ -8,15 +8,20 @@ import (
 	"testing"
 )
 
-// dirContents returns every file under dir with its contents.
+// dirContents returns every file under dir with its contents, but for the
+// spare segment an open log prepares in the background (a .seg.tmp file,
+// renamed when ready: it may go between the listing and the read).
 func dirContents(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	out := map[string]string{}
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+		if err != nil || d.IsDir() || strings.HasSuffix(p, ".seg.tmp") {
 			return err
 		}
 		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // renamed meanwhile
+		}
 		out[strings.TrimPrefix(p, dir)] = string(b)
 		return err
 	})
