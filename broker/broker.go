@@ -279,6 +279,7 @@ func (b *Broker) addHooks() error {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	}, hooks.NewOutboxStore(b.sessions))
+	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {

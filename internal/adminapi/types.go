@@ -61,6 +61,8 @@ type GroupView struct {
 	UnsyncedResolutions uint64 `json:"unsynced_resolutions"`
 	// Quarantined counts log records that could not be decoded: kept raw and skipped.
 	Quarantined uint64 `json:"quarantined"`
+	// Lost counts messages whose records were damaged on disk: skipped, so the group goes on.
+	Lost        uint64 `json:"lost"`
 	Backlog     uint64 `json:"backlog"` // head - cursor: messages not resolved yet
 	Lag         uint64 `json:"lag"`     // messages not yet read into the window
 	InFlight    int    `json:"in_flight"`
