@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"crypto/subtle"
@@ -7,57 +7,18 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
-
-	mqtt "github.com/mochi-mqtt/server/v2"
 
 	"github.com/keyline-mq/keyline/broker/console"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
-// ClientViews lists the clients the broker knows, connected or holding a
-// persistent session, sorted by id.
-func (b *Broker) ClientViews() []adminapi.ClientView {
-	if b.server == nil {
-		return nil
-	}
-	var out []adminapi.ClientView
-	for _, cl := range b.server.Clients.GetAll() {
-		if cl.Net.Inline {
-			continue
-		}
-		out = append(out, b.viewOf(cl))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// viewOf is what the admin API shows of cl. Inflight counts the session's
-// QoS 1/2 messages, queued or unacknowledged: its outbox and what mochi
-// tracks itself (retained messages sent on subscribe, Key-Shared deliveries).
-func (b *Broker) viewOf(cl *mqtt.Client) adminapi.ClientView {
-	held, _, _ := b.fanout.Outbox(cl.ID, 0)
-	v := adminapi.ClientView{
-		ID: cl.ID, Listener: cl.Net.Listener, Remote: cl.Net.Remote,
-		ProtocolVersion: cl.Properties.ProtocolVersion, Connected: !cl.Closed(),
-		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len() + held,
-		Node: b.NodeID(),
-	}
-	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
-		v.QueuedBytes = q.Queued()
-		v.DroppedMessages, v.DroppedBytes = q.Dropped()
-		v.ConflatedMessages = q.Conflated()
-		l := q.Limits()
-		v.SlowPolicy, v.QueueSoft, v.QueueHard = l.Policy.String(), l.Soft, l.Hard
-	}
-	return v
-}
+// WriteJSON answers with v as indented JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -67,16 +28,16 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-func (b *Broker) handleClients(w http.ResponseWriter, _ *http.Request) {
-	views := b.ClientViews()
+func (b *Service) handleClients(w http.ResponseWriter, _ *http.Request) {
+	views := b.b.Clients()
 	if views == nil {
 		views = []adminapi.ClientView{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"clients": views})
 }
 
-func (b *Broker) handleClient(w http.ResponseWriter, r *http.Request) {
-	v, err := b.clientDetail(r.PathValue("id"))
+func (b *Service) handleClient(w http.ResponseWriter, r *http.Request) {
+	v, err := b.b.Client(r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -91,17 +52,17 @@ var openPaths = map[string]bool{"/metrics": true, "/healthz": true, "/readyz": t
 // the console's login page and assets needs the bearer token when one is
 // configured (or the console's session cookie, which carries a value derived
 // from it), and state-changing cross-origin browser requests are refused (CSRF).
-func (b *Broker) adminHandler(next http.Handler) http.Handler {
+func (b *Service) adminHandler(next http.Handler) http.Handler {
 	csrf := http.NewCrossOriginProtection()
 	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: "cross-origin request refused"})
 	}))
 	next = csrf.Handler(next)
-	token := []byte(b.cfg.HTTPToken)
+	token := []byte(b.cfg.Token)
 	if len(token) == 0 {
 		return next
 	}
-	session := []byte(adminapi.SessionValue(b.cfg.HTTPToken))
+	session := []byte(adminapi.SessionValue(b.cfg.Token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if openPaths[r.URL.Path] || console.Public(r.URL.Path) || sessionOK(r, session) {
 			next.ServeHTTP(w, r)
@@ -223,6 +184,6 @@ func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, strin
 	case errors.Is(err, persistence.ErrClosed):
 		return http.StatusServiceUnavailable, "the broker is shutting down"
 	}
-	a.b.log.Error("admin API", "group", group, "error", err)
+	a.s.log.Error("admin API", "group", group, "error", err)
 	return http.StatusInternalServerError, err.Error()
 }

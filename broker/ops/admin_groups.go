@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -17,31 +16,13 @@ import (
 // Groups are named by the query parameter group=<share>/<filter> (URL-encoded:
 // '#' as %23, '+' as %2B) because names contain '/', '#' and '+'.
 
-// groupService is what the admin API needs of Key-Shared groups (the hook
-// implements it).
-type groupService interface {
-	Groups() ([]hooks.GroupStatus, error)
-	Group(name string) (hooks.GroupStatus, error)
-	DeleteGroup(ctx context.Context, name string) error
-	Members(group string) []string
-	MemberInfos(group string) []hooks.MemberInfo
-	DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error)
-	DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error)
-	ReplayDeadLetter(group string, id uint64) (uint64, error)
-	DeleteDeadLetter(group string, id uint64) error
-	PurgeDeadLetters(group string) (int, error)
-	Pending(ctx context.Context, group string, limit int) (hooks.GroupStatus, []hooks.PendingMessage, bool, error)
-}
-
 // groupAdmin serves the group and dead-letter routes and feeds the group
 // metrics; both share its rate samples.
 type groupAdmin struct {
-	b      *Broker // its config, logger and settings
-	groups groupService
+	s      *Service // its config and logger
+	groups Groups
 	rates  rateTracker
 }
-
-func newGroupAdmin(b *Broker) *groupAdmin { return &groupAdmin{b: b, groups: b.keyShared} }
 
 // register adds the group and dead-letter routes to mux, and a JSON 404/405
 // for any other /api/v1 path.
@@ -125,7 +106,7 @@ func (a *groupAdmin) deleteGroup(ctx context.Context, name, remote string) (admi
 	if err := a.groups.DeleteGroup(ctx, name); err != nil {
 		return adminapi.DeleteGroupResult{}, a.statusError(err, name, 0)
 	}
-	a.b.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", remote)
+	a.s.log.Info("deleted group through the admin API", "group", name, "backlog", st.Info.Backlog, "dead_letters", st.Info.DeadLetters, "remote", remote)
 	return adminapi.DeleteGroupResult{Deleted: name, Backlog: st.Info.Backlog, DeadLetters: st.Info.DeadLetters}, nil
 }
 
@@ -250,7 +231,7 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 	res := adminapi.ReplayResult{Group: name, Replayed: []adminapi.ReplayedLetter{}}
 	defer func() {
 		if res.Count > 0 {
-			a.b.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", remote)
+			a.s.log.Info("replayed dead letters through the admin API", "group", name, "count", res.Count, "remote", remote)
 		}
 	}()
 	for _, rl := range todo {
@@ -307,6 +288,6 @@ func (a *groupAdmin) purge(name string, id uint64, one bool, remote string) (adm
 	if err != nil {
 		return adminapi.PurgeResult{}, a.statusError(err, name, id)
 	}
-	a.b.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", remote)
+	a.s.log.Info("purged dead letters through the admin API", "group", name, "count", res.Purged, "remote", remote)
 	return res, nil
 }

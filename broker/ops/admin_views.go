@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"encoding/base64"
@@ -36,18 +36,12 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 		return adminapi.GroupView{}, err
 	}
 	v := a.groupView(st, time.Now())
-	s := a.b.cfg.settingsFor(name)
-	v.Settings = &adminapi.GroupSettingsView{
-		AckTimeout: s.AckTimeout.String(), MaxDeliveries: s.MaxDeliveries, PoisonPolicy: s.PoisonPolicy.String(),
-		MemberMaxInflight: s.MemberMaxInflight, Window: s.Window,
-		BacklogMaxMessages: st.Info.Config.MaxMessages, BacklogMaxBytes: st.Info.Config.MaxBytes,
-		BacklogPolicy: st.Info.Config.Policy.String(),
-	}
+	settings := a.s.cfg.Settings(name)
+	v.Settings = &settings
+	v.Settings.BacklogMaxMessages, v.Settings.BacklogMaxBytes = st.Info.Config.MaxMessages, st.Info.Config.MaxBytes
+	v.Settings.BacklogPolicy = st.Info.Config.Policy.String()
 	if v.Settings.BacklogPolicy == "" {
 		v.Settings.BacklogPolicy = persistence.PolicyReject.String()
-	}
-	for _, d := range s.RetryBackoff {
-		v.Settings.RetryBackoff = append(v.Settings.RetryBackoff, d.String())
 	}
 	// Members the hook knows (subscribed) and members the dispatcher holds
 	// (live, possibly waiting for eviction) are the same set but for moments

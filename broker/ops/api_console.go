@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"errors"
@@ -12,15 +12,14 @@ import (
 // them too), and the console itself at /, all behind adminHandler.
 
 // registerConsole adds the console's API routes and pages to mux.
-func (b *Broker) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
+func (b *Service) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
 	mux.HandleFunc("GET "+adminapi.PathOverview, b.handleOverview)
 	mux.HandleFunc("GET "+adminapi.PathGroupMessages, groups.handleGroupMessages)
 	mux.HandleFunc("GET "+adminapi.PathGroupActivity, groups.handleGroupActivity)
 	mux.HandleFunc("POST "+adminapi.PathClients+"/{id}/disconnect", b.handleDisconnect)
 	mux.HandleFunc("GET "+adminapi.PathTopicStream, b.handleTopicStream)
-	b.obs.groupRates = groups.sampleRates // the groups page shows rates at the first look
 	console.New(&consoleBackend{b: b, groups: groups}, console.Options{
-		Token:  b.cfg.HTTPToken,
+		Token:  b.cfg.Token,
 		Logger: b.log.With("component", "console"),
 	}).Register(mux)
 }
@@ -41,8 +40,4 @@ func writeError(w http.ResponseWriter, err error) {
 		return
 	}
 	writeJSON(w, http.StatusInternalServerError, adminapi.Error{Error: err.Error()})
-}
-
-func notFound(msg string) *adminapi.StatusError {
-	return &adminapi.StatusError{Status: http.StatusNotFound, Message: msg}
 }

@@ -1,10 +1,9 @@
-package broker
+package ops
 
 import (
 	"context"
 	"net/http"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -12,7 +11,7 @@ import (
 
 // GET /api/v1/overview, /api/v1/groups/activity and /api/v1/groups/messages.
 
-func (b *Broker) handleOverview(w http.ResponseWriter, r *http.Request) {
+func (b *Service) handleOverview(w http.ResponseWriter, r *http.Request) {
 	if _, err := queryParams(r); err != nil {
 		badRequest(w, err)
 		return
@@ -23,27 +22,24 @@ func (b *Broker) handleOverview(w http.ResponseWriter, r *http.Request) {
 // overview gathers the broker's figures: mochi's counters, the connection
 // layer's, the groups' stored totals, the data file's size and the sampler's
 // history.
-func (b *Broker) overview() adminapi.OverviewView {
-	i := b.server.Info
-	load := func(p *int64) int64 { return atomic.LoadInt64(p) }
+func (b *Service) overview() adminapi.OverviewView {
+	f := b.b.Figures()
 	v := adminapi.OverviewView{
 		StartedAt: b.started, UptimeSeconds: time.Since(b.started).Seconds(),
-		ClientsConnected: load(&i.ClientsConnected), ClientsMaximum: load(&i.ClientsMaximum),
-		Subscriptions: load(&i.Subscriptions), Retained: int64(b.server.Topics.Retained.Len()),
-		InflightMessages: load(&i.Inflight),
-		MessagesReceived: uint64(load(&i.MessagesReceived)), MessagesSent: uint64(load(&i.MessagesSent)),
-		MessagesDropped: uint64(load(&i.MessagesDropped)), InflightDropped: uint64(load(&i.InflightDropped)),
-		BytesReceived: uint64(load(&i.BytesReceived)), BytesSent: uint64(load(&i.BytesSent)),
-		DataFile: b.db.Path(), SampleSeconds: sampleEvery.Seconds(),
+		ClientsConnected: f.ClientsConnected, ClientsMaximum: f.ClientsMaximum,
+		Subscriptions: f.Subscriptions, Retained: f.Retained,
+		InflightMessages: f.Inflight,
+		MessagesReceived: uint64(f.MessagesReceived), MessagesSent: uint64(f.MessagesSent),
+		MessagesDropped: uint64(f.MessagesDropped), InflightDropped: uint64(f.InflightDropped),
+		BytesReceived: uint64(f.BytesReceived), BytesSent: uint64(f.BytesSent),
+		DataFile: f.DataFile, SampleSeconds: sampleEvery.Seconds(),
 	}
-	v.ClientsDisconnected = max(int64(b.server.Clients.Len())-v.ClientsConnected, 0)
-	if cs := b.connStats; cs != nil {
-		v.SlowDisconnects = cs.SlowDisconnects.Load()
-	}
-	for _, cv := range b.ClientViews() {
+	v.ClientsDisconnected = max(f.Sessions-v.ClientsConnected, 0)
+	v.SlowDisconnects = f.ConnSlowDisconnects
+	for _, cv := range b.b.Clients() {
 		v.QueuedBytes += int64(cv.QueuedBytes)
 	}
-	if sts, err := b.keyShared.Groups(); err == nil {
+	if sts, err := b.groups.groups.Groups(); err == nil {
 		v.Groups = len(sts)
 		for _, st := range sts {
 			v.GroupBacklog += st.Info.Backlog
@@ -76,14 +72,14 @@ func (a *groupAdmin) groupActivity(name string) (adminapi.GroupActivityView, err
 	if _, err := a.groups.Group(name); err != nil {
 		return adminapi.GroupActivityView{}, a.statusError(err, name, 0)
 	}
-	a.b.obs.samples.watch(name, time.Now())
-	return adminapi.GroupActivityView{Group: name, SampleSeconds: sampleEvery.Seconds(), History: a.b.obs.samples.groupHistory(name)}, nil
+	a.s.obs.samples.watch(name, time.Now())
+	return adminapi.GroupActivityView{Group: name, SampleSeconds: sampleEvery.Seconds(), History: a.s.obs.samples.groupHistory(name)}, nil
 }
 
 // sampleRates records every group's counters in the rate tracker (as
 // groupView does when it looks), so rates are there at the first look.
 func (a *groupAdmin) sampleRates(now time.Time) {
-	sts, err := a.b.keyShared.Groups()
+	sts, err := a.groups.Groups()
 	if err != nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"encoding/json"
@@ -23,7 +23,7 @@ const (
 	streamWriteBudget = 5 * time.Second // a viewer that reads nothing for this long is dropped (and shutdown waits no longer)
 )
 
-func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
+func (b *Service) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 	q, err := queryParams(r, "filter")
 	if err != nil {
 		badRequest(w, err)
@@ -70,18 +70,18 @@ func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 		return adminapi.TopicStreamStats{Filter: filter, Sent: v.sent.Load(), Skipped: v.skipped.Load(), RatePerSec: topicRate}
 	}
 	err = send("stats", stats())
-	for i, pk := range b.server.Topics.Messages(filter) {
+	for i, m := range b.b.Retained(filter) {
 		if err != nil {
 			break
 		}
-		if !topicMatch(v.levels, pk.TopicName) {
+		if !topicMatch(v.levels, m.Topic) {
 			continue // mochi's retained index and MQTT may differ on '$' topics
 		}
 		if i >= maxTopicRetained || !v.take(time.Now()) {
 			v.skipped.Add(1)
 			continue
 		}
-		err = send("message", topicEvent(pk.TopicName, pk.FixedHeader.Qos, true, pk.Payload, time.Now()))
+		err = send("message", topicEvent(m.Topic, m.QoS, true, m.Payload, time.Now()))
 		if err == nil {
 			v.sent.Add(1)
 		}

@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // of mochi) what the admin API serves, from the same functions: a page and
 // the matching API call always agree.
 type consoleBackend struct {
-	b      *Broker
+	b      *Service
 	groups *groupAdmin
 }
 
@@ -59,10 +59,10 @@ func (c *consoleBackend) Purge(name string, id uint64, all bool, remote string) 
 	return c.groups.purge(name, id, !all, remote)
 }
 
-func (c *consoleBackend) Clients() []adminapi.ClientView { return c.b.ClientViews() }
+func (c *consoleBackend) Clients() []adminapi.ClientView { return c.b.b.Clients() }
 
 func (c *consoleBackend) Client(id string) (adminapi.ClientDetail, error) {
-	return c.b.clientDetail(id)
+	return c.b.b.Client(id)
 }
 
 func (c *consoleBackend) Disconnect(id, remote string) (adminapi.DisconnectResult, error) {

@@ -1,9 +1,8 @@
-package broker
+package ops
 
 import (
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -14,9 +13,9 @@ import (
 // could otherwise point a DNS name of its own at the broker's address (DNS
 // rebinding) and read the admin API as the same origin. /metrics, /healthz
 // and /readyz are left open to monitoring that addresses the broker by name.
-func (b *Broker) hostCheck(next http.Handler) http.Handler {
+func (b *Service) hostCheck(next http.Handler) http.Handler {
 	allowed := map[string]bool{"localhost": true}
-	for _, h := range b.cfg.HTTPAllowedHosts {
+	for _, h := range b.cfg.AllowedHosts {
 		allowed[strings.ToLower(h)] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -46,21 +45,4 @@ func clipHeader(s string) string {
 		return s[:100] + "..."
 	}
 	return s
-}
-
-// originAllowed reports whether a WebSocket upgrade may go ahead: clients
-// that send no Origin (devices, libraries) may; browsers may from the same
-// host, or from an origin listed in ws-allowed-origins ("*" allows any).
-func originAllowed(r *http.Request, allowed []string) bool {
-	origin := r.Header.Get("Origin")
-	if origin == "" {
-		return true
-	}
-	for _, a := range allowed {
-		if a == "*" || strings.EqualFold(a, origin) {
-			return true
-		}
-	}
-	u, err := url.Parse(origin)
-	return err == nil && strings.EqualFold(u.Host, r.Host)
 }

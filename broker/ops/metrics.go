@@ -1,19 +1,17 @@
-package broker
+package ops
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
-// brokerCollector exposes mochi's counters and Keyline's own at scrape time:
-// nothing is added to the publish path.
+// brokerCollector exposes the broker's figures at scrape time: nothing is
+// added to the publish path.
 type brokerCollector struct {
-	b       *Broker
-	started time.Time
-	descs   map[string]*prometheus.Desc
+	s     *Service
+	descs map[string]*prometheus.Desc
 }
 
 type metricDef struct {
@@ -62,8 +60,8 @@ var brokerMetrics = []metricDef{
 	{"keyline_conn_queued_bytes", "Bytes waiting in connected clients' outbound queues.", prometheus.GaugeValue},
 }
 
-func newBrokerCollector(b *Broker, started time.Time) *brokerCollector {
-	c := &brokerCollector{b: b, started: started, descs: map[string]*prometheus.Desc{}}
+func newBrokerCollector(s *Service) *brokerCollector {
+	c := &brokerCollector{s: s, descs: map[string]*prometheus.Desc{}}
 	for _, m := range brokerMetrics {
 		c.descs[m.name] = prometheus.NewDesc(m.name, m.help, nil, nil)
 	}
@@ -77,63 +75,51 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
-	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds(), "keyline_ready": 0}
-	if c.b.Ready() {
+	f := c.s.b.Figures()
+	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.s.started).Seconds(), "keyline_ready": 0}
+	if c.s.b.Ready() {
 		values["keyline_ready"] = 1
 	}
-	if s := c.b.server; s != nil {
-		i := s.Info
-		load := func(p *int64) float64 { return float64(atomic.LoadInt64(p)) }
-		connected := load(&i.ClientsConnected)
-		values["keyline_clients_connected"] = connected
-		values["keyline_clients_disconnected"] = float64(s.Clients.Len()) - connected
-		values["keyline_clients_maximum"] = load(&i.ClientsMaximum)
-		values["keyline_messages_received_total"] = load(&i.MessagesReceived)
-		values["keyline_messages_sent_total"] = load(&i.MessagesSent)
-		values["keyline_messages_dropped_total"] = load(&i.MessagesDropped)
-		values["keyline_inflight_dropped_total"] = load(&i.InflightDropped)
-		values["keyline_packets_received_total"] = load(&i.PacketsReceived)
-		values["keyline_packets_sent_total"] = load(&i.PacketsSent)
-		values["keyline_bytes_received_total"] = load(&i.BytesReceived)
-		values["keyline_bytes_sent_total"] = load(&i.BytesSent)
-		values["keyline_retained_messages"] = float64(s.Topics.Retained.Len())
-		values["keyline_inflight_messages"] = load(&i.Inflight)
-		values["keyline_subscriptions"] = load(&i.Subscriptions)
+	values["keyline_clients_connected"] = float64(f.ClientsConnected)
+	values["keyline_clients_disconnected"] = float64(f.Sessions - f.ClientsConnected)
+	values["keyline_clients_maximum"] = float64(f.ClientsMaximum)
+	values["keyline_messages_received_total"] = float64(f.MessagesReceived)
+	values["keyline_messages_sent_total"] = float64(f.MessagesSent)
+	values["keyline_messages_dropped_total"] = float64(f.MessagesDropped)
+	values["keyline_inflight_dropped_total"] = float64(f.InflightDropped)
+	values["keyline_packets_received_total"] = float64(f.PacketsReceived)
+	values["keyline_packets_sent_total"] = float64(f.PacketsSent)
+	values["keyline_bytes_received_total"] = float64(f.BytesReceived)
+	values["keyline_bytes_sent_total"] = float64(f.BytesSent)
+	values["keyline_retained_messages"] = float64(f.Retained)
+	values["keyline_inflight_messages"] = float64(f.Inflight)
+	values["keyline_subscriptions"] = float64(f.Subscriptions)
+	values["keyline_session_store_commits_total"] = float64(f.SessionCommits)
+	values["keyline_session_store_write_errors_total"] = float64(f.SessionWriteErrors)
+	values["keyline_fanout_deliveries_total"] = float64(f.FanoutDeliveries)
+	values["keyline_fanout_encodes_total"] = float64(f.FanoutEncodes)
+	values["keyline_fanout_too_large_total"] = float64(f.FanoutTooLarge)
+	values["keyline_fanout_tracked_total"] = float64(f.FanoutTracked)
+	values["keyline_outbox_resent_total"] = float64(f.OutboxResent)
+	values["keyline_outbox_expired_total"] = float64(f.OutboxExpired)
+	values["keyline_outbox_queued_bytes"] = float64(f.OutboxQueuedBytes)
+	values["keyline_outbox_cold_bytes"] = float64(f.OutboxColdBytes)
+	values["keyline_outbox_store_refused_total"] = float64(f.OutboxStoreRefused)
+	values["keyline_reserved_publishes_refused_total"] = float64(f.ReservedRefused)
+	values["keyline_client_id_takeovers_refused_total"] = float64(f.TakeoversRefused)
+	values["keyline_conn_dropped_messages_total"] = float64(f.ConnDroppedMessages)
+	values["keyline_conn_dropped_bytes_total"] = float64(f.ConnDroppedBytes)
+	values["keyline_conn_conflated_messages_total"] = float64(f.ConnConflated)
+	values["keyline_conn_drop_signals_total"] = float64(f.ConnDropSignals)
+	values["keyline_conn_slow_disconnects_total"] = float64(f.ConnSlowDisconnects)
+	values["keyline_conn_protocol_errors_total"] = float64(f.ConnProtocolErrors)
+	values["keyline_conn_writes_total"] = float64(f.ConnWrites)
+	values["keyline_conn_frames_written_total"] = float64(f.ConnFrames)
+	queued := 0
+	for _, v := range c.s.b.Clients() {
+		queued += v.QueuedBytes
 	}
-	if st := c.b.sessions; st != nil {
-		values["keyline_session_store_commits_total"] = float64(st.Commits())
-		values["keyline_session_store_write_errors_total"] = float64(st.WriteErrors())
-	}
-	if f := c.b.fanout; f != nil {
-		values["keyline_fanout_deliveries_total"] = float64(f.Stats.Deliveries.Load())
-		values["keyline_fanout_encodes_total"] = float64(f.Stats.Encodes.Load())
-		values["keyline_fanout_too_large_total"] = float64(f.Stats.TooLarge.Load())
-		values["keyline_fanout_tracked_total"] = float64(f.Stats.Tracked.Load())
-		values["keyline_outbox_resent_total"] = float64(f.OutboxStats.Resent.Load())
-		values["keyline_outbox_expired_total"] = float64(f.OutboxStats.Expired.Load())
-		values["keyline_outbox_queued_bytes"] = float64(f.OutboxStats.Bytes.Load())
-		values["keyline_outbox_cold_bytes"] = float64(f.OutboxStats.ColdBytes.Load())
-		values["keyline_outbox_store_refused_total"] = float64(f.Stats.StoreRefused.Load())
-	}
-	if a := c.b.auth; a != nil {
-		values["keyline_reserved_publishes_refused_total"] = float64(a.ReservedRefused.Load())
-		values["keyline_client_id_takeovers_refused_total"] = float64(a.Refused.Load())
-	}
-	if cs := c.b.connStats; cs != nil {
-		values["keyline_conn_dropped_messages_total"] = float64(cs.DroppedMessages.Load())
-		values["keyline_conn_dropped_bytes_total"] = float64(cs.DroppedBytes.Load())
-		values["keyline_conn_conflated_messages_total"] = float64(cs.Conflated.Load())
-		values["keyline_conn_drop_signals_total"] = float64(cs.DropSignals.Load())
-		values["keyline_conn_slow_disconnects_total"] = float64(cs.SlowDisconnects.Load())
-		values["keyline_conn_protocol_errors_total"] = float64(cs.ProtocolErrors.Load())
-		values["keyline_conn_writes_total"] = float64(cs.Writes.Load())
-		values["keyline_conn_frames_written_total"] = float64(cs.Frames.Load())
-		queued := 0
-		for _, v := range c.b.ClientViews() {
-			queued += v.QueuedBytes
-		}
-		values["keyline_conn_queued_bytes"] = float64(queued)
-	}
+	values["keyline_conn_queued_bytes"] = float64(queued)
 	for _, m := range brokerMetrics {
 		if v, ok := values[m.name]; ok {
 			ch <- prometheus.MustNewConstMetric(c.descs[m.name], m.kind, v)

@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"fmt"
@@ -107,14 +107,11 @@ func (c *groupsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *groupsCollector) Collect(ch chan<- prometheus.Metric) {
-	ks := c.a.b.keyShared
-	if ks == nil {
-		return
-	}
-	ch <- prometheus.MustNewConstMetric(c.appendErrors, prometheus.CounterValue, float64(ks.AppendErrors.Load()))
-	ch <- prometheus.MustNewConstMetric(c.keysTooLong, prometheus.CounterValue, float64(ks.KeysTooLong.Load()))
-	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(ks.GroupsRefused.Load()))
-	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(ks.ResultsDropped.Load()))
+	f := c.a.s.b.Figures()
+	ch <- prometheus.MustNewConstMetric(c.appendErrors, prometheus.CounterValue, float64(f.GroupAppendErrors))
+	ch <- prometheus.MustNewConstMetric(c.keysTooLong, prometheus.CounterValue, float64(f.GroupKeysTooLong))
+	ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(f.GroupSubscriptionsRefused))
+	ch <- prometheus.MustNewConstMetric(c.dropped, prometheus.CounterValue, float64(f.GroupResultsDropped))
 	views, err := c.a.groupViews()
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.metrics[0].desc, err)

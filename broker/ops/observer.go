@@ -1,56 +1,35 @@
-package broker
+package ops
 
 import (
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/persistence"
 )
 
-// observer is a mochi hook that watches the broker for operators: it samples
-// the counters once a second (sampler) and shows live messages to topic
-// streams (topicWatch). Its goroutine starts with the server (OnStarted) and
-// Stop, which mochi calls when the server closes, ends it and every open
-// topic stream.
+// observer watches the broker for operators: it samples the figures once a
+// second (sampler) and shows live messages to topic streams (topicWatch; a
+// mochi hook in package hooks hands it the publishes). Its goroutine starts
+// with Service.Start; Service.Stop ends it and every open topic stream.
 type observer struct {
-	mqtt.HookBase
-	b       *Broker
+	s       *Service
 	samples sampler
 	topics  *topicWatch
-	// groupRates, when set (before the server starts), records every group's
-	// counters for the admin API's rates every groupRatesEvery.
+	// groupRates, when set (before start), records every group's counters
+	// for the admin API's rates every groupRatesEvery.
 	groupRates func(now time.Time)
 
-	stop     chan struct{}
-	stopOnce sync.Once
-	started  atomic.Bool
-	wg       sync.WaitGroup
+	done chan struct{}
+	wg   sync.WaitGroup
 }
 
-func newObserver(b *Broker) *observer {
-	return &observer{b: b, topics: newTopicWatch(), stop: make(chan struct{})}
+func newObserver(s *Service) *observer {
+	return &observer{s: s, topics: newTopicWatch(), done: make(chan struct{})}
 }
 
-// ID names the hook.
-func (o *observer) ID() string { return "keyline-observer" }
-
-// Provides reports which hook methods the observer implements. mochi asks
-// before every call, so OnPublished is provided only while a topic stream is
-// open: without one a publish costs an atomic load, not a call.
-func (o *observer) Provides(b byte) bool {
-	return b == mqtt.OnStarted || (b == mqtt.OnPublished && o.topics.watching())
-}
-
-// OnStarted starts sampling.
-func (o *observer) OnStarted() {
-	if o.started.Swap(true) {
-		return
-	}
+// start starts sampling.
+func (o *observer) start() {
 	o.wg.Add(1)
 	go func() {
 		defer o.wg.Done()
@@ -58,17 +37,11 @@ func (o *observer) OnStarted() {
 	}()
 }
 
-// OnPublished shows a publish to the topic streams whose filter matches.
-func (o *observer) OnPublished(_ *mqtt.Client, pk packets.Packet) {
-	o.topics.publish(&pk, time.Now())
-}
-
-// Stop ends sampling and every topic stream, and waits for them.
-func (o *observer) Stop() error {
-	o.stopOnce.Do(func() { close(o.stop) })
+// stop ends sampling and every topic stream, and waits for them.
+func (o *observer) stop() {
+	close(o.done)
 	o.topics.close()
 	o.wg.Wait()
-	return nil
 }
 
 // groupRatesEvery is how often every group's rates are sampled: often enough
@@ -81,7 +54,7 @@ func (o *observer) run() {
 	o.sample(time.Now())
 	for i := 1; ; i++ {
 		select {
-		case <-o.stop:
+		case <-o.done:
 			return
 		case now := <-t.C:
 			o.sample(now)
@@ -94,18 +67,18 @@ func (o *observer) run() {
 
 // sample records the broker's counters and those of the watched groups.
 func (o *observer) sample(now time.Time) {
-	i := o.b.server.Info
+	f := o.s.b.Figures()
 	o.samples.addTotals(totals{
 		at:      now,
-		in:      uint64(atomic.LoadInt64(&i.MessagesReceived)),
-		out:     uint64(atomic.LoadInt64(&i.MessagesSent)),
-		dropped: uint64(atomic.LoadInt64(&i.MessagesDropped) + atomic.LoadInt64(&i.InflightDropped)),
-		bin:     uint64(atomic.LoadInt64(&i.BytesReceived)),
-		bout:    uint64(atomic.LoadInt64(&i.BytesSent)),
-		clients: atomic.LoadInt64(&i.ClientsConnected),
+		in:      uint64(f.MessagesReceived),
+		out:     uint64(f.MessagesSent),
+		dropped: uint64(f.MessagesDropped + f.InflightDropped),
+		bin:     uint64(f.BytesReceived),
+		bout:    uint64(f.BytesSent),
+		clients: f.ClientsConnected,
 	})
 	for _, name := range o.samples.watched(now) {
-		st, err := o.b.keyShared.Group(name)
+		st, err := o.s.groups.groups.Group(name)
 		if errors.Is(err, persistence.ErrGroupNotFound) {
 			o.samples.forget(name)
 			continue

@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"fmt"

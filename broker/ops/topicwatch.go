@@ -1,4 +1,4 @@
-package broker
+package ops
 
 import (
 	"encoding/base64"
@@ -10,16 +10,14 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/mochi-mqtt/server/v2/packets"
-
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // A topic watch shows an operator the messages published on a topic filter
 // (GET /api/v1/topics/stream, the console's Topics page), like mosquitto_sub -v.
-// It is fed from the observer hook's OnPublished, after mochi and Keyline's
-// hooks have handled the publish, so it changes nothing in routing: no
+// It is fed from the observer hook's OnPublished (hooks.Observe, through
+// Service.Published), after mochi and Keyline's hooks have handled the publish, so it changes nothing in routing: no
 // subscription is added to mochi's index (an inline subscription would take
 // matching topics off the fan-out fast path). It must never slow a publisher:
 //
@@ -32,6 +30,9 @@ import (
 //
 // The ACL does not apply: a viewer sees every message the filter matches. The
 // admin token is the authority here, as for dead letters.
+
+// MaxTopicViewers is the most topic streams open at once.
+const MaxTopicViewers = maxTopicViewers
 
 const (
 	maxTopicViewers  = 8
@@ -154,21 +155,21 @@ func (w *topicWatch) watching() bool {
 	return p != nil && len(*p) > 0
 }
 
-// publish shows pk to the viewers whose filter matches its topic.
-func (w *topicWatch) publish(pk *packets.Packet, now time.Time) {
+// publish shows a publish to the viewers whose filter matches its topic.
+func (w *topicWatch) publish(topic string, qos byte, retain bool, payload []byte, now time.Time) {
 	p := w.viewers.Load()
 	if p == nil || len(*p) == 0 {
 		return
 	}
 	for _, v := range *p {
-		if !topicMatch(v.levels, pk.TopicName) {
+		if !topicMatch(v.levels, topic) {
 			continue
 		}
 		if !v.take(now) {
 			v.skipped.Add(1)
 			continue
 		}
-		v.offer(topicEvent(pk.TopicName, pk.FixedHeader.Qos, pk.FixedHeader.Retain, pk.Payload, now))
+		v.offer(topicEvent(topic, qos, retain, payload, now))
 	}
 }
 

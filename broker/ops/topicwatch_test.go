@@ -1,11 +1,9 @@
-package broker
+package ops
 
 import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 )
@@ -52,9 +50,9 @@ func TestTopicWatchIsBounded(t *testing.T) {
 	}
 	// A burst far above the rate: each viewer gets its bucket's worth, at
 	// most its buffer, and counts the rest as skipped.
-	pk := packets.Packet{TopicName: "a/b", Payload: make([]byte, 5000)}
+	payload := make([]byte, 5000)
 	for range 1000 {
-		w.publish(&pk, now)
+		w.publish("a/b", 0, false, payload, now)
 	}
 	v := vs[0]
 	if got := len(v.ch); got != min(topicRate, topicBuffer) {
@@ -70,7 +68,7 @@ func TestTopicWatchIsBounded(t *testing.T) {
 	// Tokens come back with time.
 	<-v.ch
 	before := len(v.ch)
-	w.publish(&pk, now.Add(100*time.Millisecond))
+	w.publish("a/b", 0, false, payload, now.Add(100*time.Millisecond))
 	if len(v.ch) != before+1 {
 		t.Error("no token after 100 ms")
 	}
