@@ -8,8 +8,7 @@
 // over mochi, the hooks and the stores: ops imports neither mochi nor the
 // stores' implementations, and its tests run on a fake Broker. It may import
 // internal/adminapi (the API's types), broker/console, the hooks' group types
-// (hooks.GroupStatus and its kin), and keyshared and persistence for the
-// types and errors those carry.
+// (hooks.GroupStatus and its kin) and persistence's types and errors.
 package ops
 
 import (
