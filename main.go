@@ -157,6 +157,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); a group holding messages is never deleted this way")
 
 	f = general.fs
+	f.Var(&broker.BridgeFlags{Dst: &cfg.Bridges}, "bridge", `a bridge to another MQTT broker as key=value fields with the config file's keys, e.g. 'name=cloud address=central:1883 topic="sensors/# out 1"' (repeatable; replaces the file's bridges; see README "Bridges")`)
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on a graceful shutdown after SIGINT/SIGTERM")
 	f.BoolVarP(help, "help", "h", false, "show this help")

@@ -26,12 +26,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -56,6 +56,7 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
+	bridges   *bridge.Manager // broker/bridges.go
 	obs       *observer       // counter samples and topic streams for the console
 	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
 	node      *cluster.Node   // cluster mode only
@@ -140,6 +141,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	b.connStats = &connq.Stats{
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
 		InfoBytesSent: &info.BytesSent, InfoMessagesDropped: &info.MessagesDropped,
+	}
+	if err := b.newBridges(); err != nil {
+		return nil, err
 	}
 	if err := b.addHooks(); err != nil {
 		return nil, err
@@ -244,12 +248,8 @@ func (b *Broker) addHooks() error {
 		store = b.groups
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
-		KeyProperty: b.cfg.KeyProperty,
-		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log                     // the dispatcher adds group=
-			return d, g
-		},
+		KeyProperty:        b.cfg.KeyProperty,
+		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
 		Sessions:           b.sessions,
 		MaxKeySize:         int(b.cfg.MaxKeySize),
@@ -335,6 +335,10 @@ func (b *Broker) Start() error {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return
 		}
+		if err := b.startBridges(); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
 		if b.httpSrv != nil {
 			b.bg.Add(1)
 			go func() {
@@ -402,6 +406,7 @@ func (b *Broker) shutdown() error {
 	if b.started.IsZero() {
 		return b.closeResources()
 	}
+	b.stopBridges() // before the hooks stop: they requeue what is in flight
 	// Close disconnects every client, waits for their handlers and stops the
 	// hooks (the storage hook commits what is queued).
 	_ = b.server.Close()

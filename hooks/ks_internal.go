@@ -6,9 +6,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
@@ -90,6 +90,9 @@ func (ig *InternalGroup) Name() string { return ig.g.name }
 // messages in flight (0: the group's member-max-inflight).
 func (ig *InternalGroup) AddMember(id string, recvMax int) error {
 	opts := keyshared.MemberOptions{ReceiveMaximum: recvMax}
+	if err := ig.g.r.AddMember(id, opts); err != nil {
+		return err
+	}
 	if cg, ok := ig.g.d.(*cluster.Group); ok {
 		return cg.AddMemberQoS(id, opts, 2)
 	}
@@ -99,6 +102,7 @@ func (ig *InternalGroup) AddMember(id string, recvMax int) error {
 // RemoveMember removes member id: what it held is requeued at the head of
 // its keys. An unknown member is not an error.
 func (ig *InternalGroup) RemoveMember(id string) error {
+	_ = ig.g.r.RemoveMember(id)
 	if err := ig.g.d.RemoveMember(id); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 		return err
 	}
@@ -189,18 +193,23 @@ func (h *KeyShared) NewInjector(name string, skip func(group string) bool) *Inje
 	return &Injector{h: h, cl: cl, skip: skip}
 }
 
-// Publish publishes pk (topic, payload, QoS, retain and MQTT 5 properties)
-// as the broker's own client. A QoS 1/2 message is appended to the logs of
-// the groups it matches (but those skip names) before Publish returns; an
-// error means a group refused it (persistence.ErrBacklogFull when a backlog
-// is full) and nothing was delivered. Then mochi delivers it to subscribers
-// (and, in cluster mode, to the other nodes) as it does the broker's own
-// publishes. QoS 0 is routed on the groups' rings.
-func (in *Injector) Publish(pk packets.Packet) error {
+// Publish publishes m (topic, payload, QoS, properties, expiry; its offset
+// and key are ignored) as the broker's own client. A QoS 1/2 message is
+// appended to the logs of the groups it matches (but those skip names)
+// before Publish returns; an error means a group refused it
+// (persistence.ErrBacklogFull when a backlog is full) and nothing was
+// delivered. Then mochi delivers it to subscribers (and, in cluster mode, to
+// the other nodes) as it does the broker's own publishes. QoS 0 is routed on
+// the groups' rings.
+func (in *Injector) Publish(msg *keyshared.Message, retain bool) error {
 	h := in.h
-	pk.FixedHeader.Type = packets.Publish
-	if pk.FixedHeader.Qos > 0 && pk.PacketID == 0 {
+	pk := publishPacket(msg, msg.QoS)
+	pk.FixedHeader.Retain = retain
+	if pk.FixedHeader.Qos > 0 {
 		pk.PacketID = 1 // mochi validates it; an inline client's publish tracks none
+	}
+	if !msg.ExpiresAt.IsZero() {
+		pk.Properties.MessageExpiryInterval = uint32(max(time.Until(msg.ExpiresAt)/time.Second, 1))
 	}
 	var groups []*ksGroup
 	for _, g := range h.groups.match(pk.TopicName) {
@@ -213,7 +222,7 @@ func (in *Injector) Publish(pk packets.Packet) error {
 		if max := h.cfg.MaxKeySize; max > 0 && len(m.Key) > max {
 			h.KeysTooLong.Add(1)
 			in.Refused.Add(1)
-			return fmt.Errorf("keyshared: routing key of %d bytes, at most %d", len(m.Key), max)
+			return fmt.Errorf("%w: %d bytes, at most %d", ErrKeyTooLong, len(m.Key), max)
 		}
 		if pk.FixedHeader.Qos == 0 {
 			for _, g := range groups {
@@ -237,3 +246,7 @@ func (in *Injector) Publish(pk packets.Packet) error {
 
 // Close forgets the injector's client.
 func (in *Injector) Close() { in.h.injectors.m.Delete(in.cl) }
+
+// ErrKeyTooLong is an Injector's error for a message whose routing key is
+// longer than KeySharedConfig.MaxKeySize.
+var ErrKeyTooLong = errors.New("keyshared hook: routing key too long")

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
@@ -95,7 +94,7 @@ func TestInternalGroupTakesPublishesAndStaysHidden(t *testing.T) {
 	defer own.Close()
 	pub := func(in *Injector, topic string) {
 		t.Helper()
-		if err := in.Publish(packets.Packet{FixedHeader: packets.FixedHeader{Qos: 1}, TopicName: topic, Payload: []byte(topic)}); err != nil {
+		if err := in.Publish(&keyshared.Message{QoS: 1, Topic: topic, Payload: []byte(topic)}, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -147,11 +146,11 @@ func TestInjectorReportsARefusedAppend(t *testing.T) {
 	}
 	in := h.NewInjector("a", func(string) bool { return false })
 	defer in.Close()
-	pk := packets.Packet{FixedHeader: packets.FixedHeader{Qos: 1}, TopicName: "t/1"}
-	if err := in.Publish(pk); err != nil {
+	m := &keyshared.Message{QoS: 1, Topic: "t/1"}
+	if err := in.Publish(m, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := in.Publish(pk); !errors.Is(err, persistence.ErrBacklogFull) {
+	if err := in.Publish(m, false); !errors.Is(err, persistence.ErrBacklogFull) {
 		t.Fatalf("second publish into a full backlog: %v, want ErrBacklogFull", err)
 	}
 	if in.Refused.Load() != 1 {
