@@ -649,3 +649,16 @@ func TestUnorderedKeepsManyOfAKeyInFlight(t *testing.T) {
 		t.Fatalf("%d queues left in the window: unordered keeps no idle ones", n)
 	}
 }
+
+func TestLostMemberRequeuesInLogOrder(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Unordered = true })
+	h.add("a", 0)
+	offs := h.publish("k", "k", "k")
+	wantOffsets(t, "all in flight", h.out.take(), offs...)
+	if err := h.c.removeMember("a", false, h.now); err != nil {
+		t.Fatal(err)
+	}
+	h.check()
+	h.add("b", 0)
+	wantOffsets(t, "requeued, then delivered to the next member in log order", h.out.take(), offs...)
+}
