@@ -39,7 +39,7 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
+	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq" || args[0] == "bridges") {
 		return runCLI(args, stdout, stderr)
 	}
 	cfg, action, err := parseArgs(args)
@@ -229,6 +229,7 @@ Usage:
   keyline [flags]
   keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
   keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
+  keyline bridges [list | show NAME] [--server URL] [--token T] [--json]
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
 
 `)

@@ -361,8 +361,9 @@ loop:
 // Status is what the admin API, the metrics, the console and `keyline
 // bridges` show of a bridge.
 type Status struct {
-	Name  string
-	State string // connected, connecting, disconnected, standby (cluster: another node runs it), stopped
+	Name     string
+	ClientID string
+	State    string // connected, connecting, disconnected, standby (cluster: another node runs it), stopped
 	// Address is the remote address connected to; ConnectedAt since when.
 	Address     string
 	ConnectedAt time.Time
@@ -401,7 +402,7 @@ func (b *Bridge) Status() Status {
 	st := Status{Name: b.cfg.Name, State: b.mu.state, Address: b.mu.addr, ConnectedAt: b.mu.connectedAt,
 		LastError: b.mu.lastErr, LastErrorAt: b.mu.lastErrAt, Subscribed: b.mu.subscribed && b.mu.state == "connected"}
 	b.mu.Unlock()
-	st.Protocol = b.cfg.Protocol
+	st.Protocol, st.ClientID = b.cfg.Protocol, b.cfg.ClientID
 	st.Sent, st.Received = b.st.sent.Load(), b.st.received.Load()
 	st.Looped, st.Nacked = b.st.looped.Load(), b.st.nacked.Load()
 	st.Dropped = b.st.dropped.Load() + st.Looped

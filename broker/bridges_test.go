@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,6 +86,20 @@ func TestBridgeKeylineToKeylineBothWays(t *testing.T) {
 			st := waitBridge(t, edge, "up", "counted", func(st bridge.Status) bool { return st.Sent >= 9 && st.Received >= 3 })
 			if st.QueuedMessages != 0 || st.InFlight != 0 {
 				t.Fatalf("status after everything crossed: %+v", st)
+			}
+			_, metrics := httpGet(t, "http://"+edge.Addr("http")+"/metrics")
+			for _, want := range []string{`keyline_bridge_connected{bridge="up"} 1`, `keyline_bridge_sent_total{bridge="up"} 9`, `keyline_bridge_received_total{bridge="up"} 3`} {
+				if !strings.Contains(metrics, want) {
+					t.Errorf("/metrics lacks %s", want)
+				}
+			}
+			_, groups := httpGet(t, "http://"+edge.Addr("http")+"/api/v1/groups")
+			if strings.Contains(groups, "keyline.bridge") {
+				t.Errorf("the admin API lists the bridge's internal group: %s", groups)
+			}
+			_, views := httpGet(t, "http://"+edge.Addr("http")+"/api/v1/bridges/up")
+			if !strings.Contains(views, `"state": "connected"`) || !strings.Contains(views, `"sent": 9`) {
+				t.Errorf("/api/v1/bridges/up: %s", views)
 			}
 		})
 	}

@@ -512,7 +512,7 @@ func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b}, bridgeCollector{b})
 	mux := http.NewServeMux()
 	if b.cfg.Pprof {
 		registerDebug(mux)
@@ -522,6 +522,7 @@ func (b *Broker) httpHandler() http.Handler {
 	groups.register(mux)
 	b.registerConsole(mux, groups)
 	b.registerCluster(mux)
+	b.registerBridges(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
