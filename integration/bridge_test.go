@@ -1,0 +1,462 @@
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+	mqtt3 "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/natstest"
+)
+
+// mosq is Debian's mosquitto run as a child on a loopback port of its own,
+// with a generated config; it keeps its port across restarts.
+type mosq struct {
+	port int
+	dir  string
+	conf string
+	cmd  *exec.Cmd
+	done chan struct{}
+	mu   sync.Mutex
+	logs strings.Builder
+}
+
+// needMosquitto returns the path of the mosquitto broker. Under CI its
+// absence fails the test; elsewhere it skips.
+func needMosquitto(t *testing.T) string {
+	t.Helper()
+	bin, err := exec.LookPath("mosquitto")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/mosquitto"); serr == nil {
+			return "/usr/sbin/mosquitto"
+		}
+		msg := "mosquitto not found: install Debian's mosquitto (.ci/run does)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	return bin
+}
+
+// startMosquitto starts mosquitto with persistence (sessions and queued
+// messages survive a graceful restart) plus the extra config lines, and
+// stops it when the test ends.
+func startMosquitto(t *testing.T, extra string) *mosq {
+	t.Helper()
+	m := &mosq{port: natstest.FreePort(t), dir: t.TempDir()}
+	m.conf = filepath.Join(m.dir, "mosquitto.conf")
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// user: mosquitto started as root drops to user mosquitto, which may not
+	// write the test's directory.
+	conf := fmt.Sprintf(`listener %d 127.0.0.1
+user %s
+allow_anonymous true
+persistence true
+persistence_location %s/
+max_queued_messages 0
+max_inflight_messages 0
+log_dest stderr
+log_type error
+log_type warning
+log_type notice
+%s
+`, m.port, me.Username, m.dir, extra)
+	if err := os.WriteFile(m.conf, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m.start(t)
+	t.Cleanup(func() {
+		if m.cmd != nil && m.cmd.ProcessState == nil {
+			_ = m.cmd.Process.Kill()
+			<-m.done
+		}
+		if t.Failed() {
+			t.Logf("mosquitto logs:\n%s", m.Logs())
+		}
+	})
+	return m
+}
+
+func (m *mosq) Logs() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.logs.String()
+}
+
+func (m *mosq) addr() string { return fmt.Sprintf("127.0.0.1:%d", m.port) }
+
+// start (re)starts the broker and waits until it accepts connections.
+func (m *mosq) start(t *testing.T) {
+	t.Helper()
+	m.cmd = exec.Command(needMosquitto(t), "-c", m.conf)
+	stderr, err := m.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	m.done = make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			m.mu.Lock()
+			m.logs.WriteString(sc.Text() + "\n")
+			m.mu.Unlock()
+		}
+		_ = m.cmd.Wait()
+		close(m.done)
+	}()
+	waitListening(t, m.addr(), m.done)
+}
+
+// stop signals the broker (SIGTERM: it saves its sessions) and waits for it.
+func (m *mosq) stop(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	_ = m.cmd.Process.Signal(sig)
+	select {
+	case <-m.done:
+	case <-time.After(2 * mqtttest.Timeout):
+		t.Fatalf("mosquitto still running %v after %v", 2*mqtttest.Timeout, sig)
+	}
+}
+
+// waitListening polls addr until it accepts a TCP connection.
+func waitListening(t *testing.T, addr string, exited <-chan struct{}) {
+	t.Helper()
+	deadline := time.Now().Add(mqtttest.Timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		select {
+		case <-exited:
+			t.Fatalf("broker on %s exited before it listened", addr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing listens on %s after %v: %v", addr, mqtttest.Timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the child's listener
+	}
+}
+
+// bridgeStatus reads one bridge's view from a keyline's admin API.
+func bridgeStatus(t *testing.T, p *proc, name string) adminapi.BridgeView {
+	t.Helper()
+	resp, err := http.Get("http://" + p.addrs["http"] + adminapi.PathBridges + "/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var v adminapi.BridgeView
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET bridge %s: %d %v", name, resp.StatusCode, err)
+	}
+	return v
+}
+
+// waitBridge polls a bridge's view until ok holds.
+func waitBridge(t *testing.T, p *proc, name, what string, timeout time.Duration, ok func(adminapi.BridgeView) bool) adminapi.BridgeView {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v := bridgeStatus(t, p, name)
+		if ok(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bridge %s not %s within %v: %+v", name, what, timeout, v)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the admin API
+	}
+}
+
+func bridgeUp(v adminapi.BridgeView) bool { return v.State == "connected" && v.Subscribed }
+
+// bridgeFlag is a --bridge value with quick reconnections for tests.
+func bridgeFlag(name, addr, protocol string, topics ...string) string {
+	s := fmt.Sprintf("name=%s address=%s client-id=edge-%s protocol=%s reconnect-backoff=50ms,500ms keep-alive=5s", name, addr, name, protocol)
+	for _, t := range topics {
+		s += " topic=" + strconv.Quote(t)
+	}
+	return s
+}
+
+func TestBridgeToMosquittoBothWays(t *testing.T) {
+	central := startMosquitto(t, "")
+	for _, proto := range []string{"3.1.1", "5"} {
+		t.Run("v"+proto, func(t *testing.T) {
+			edge := startKeyline(t, t.TempDir(), "--bridge", bridgeFlag("central", central.addr(), proto,
+				`sensors/# out 2 "" site1/`, `cmd/# in 2 "" site1/`))
+			waitBridge(t, edge, "central", "connected", mqtttest.Timeout, bridgeUp)
+
+			cid := "v" + strings.ReplaceAll(proto, ".", "")
+			rsub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, central.addr(), nil), &paho.Connect{ClientID: "central-sub-" + cid, CleanStart: true, KeepAlive: 30})
+			rsub.Subscribe(t, paho.SubscribeOptions{Topic: "site1/sensors/#", QoS: 2})
+			esub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, edge.addrs["tcp"], nil), &paho.Connect{ClientID: "device-sub", CleanStart: true, KeepAlive: 30})
+			esub.Subscribe(t, paho.SubscribeOptions{Topic: "cmd/#", QoS: 2})
+			rpub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, central.addr(), nil), &paho.Connect{ClientID: "central-pub-" + cid, CleanStart: true, KeepAlive: 30})
+			epub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, edge.addrs["tcp"]), "device-pub", true, nil)
+
+			for qos := byte(0); qos <= 2; qos++ {
+				for i := range 5 {
+					epub.Publish(t, fmt.Sprintf("sensors/q%d", qos), qos, false, fmt.Appendf(nil, "up-%d-%d", qos, i))
+				}
+				for i := range 5 {
+					m := rsub.Next(t)
+					if want := fmt.Sprintf("up-%d-%d", qos, i); string(m.Payload) != want || m.Topic != fmt.Sprintf("site1/sensors/q%d", qos) || m.QoS != qos {
+						t.Fatalf("mosquitto got %s %q QoS %d, want site1/sensors/q%d %q QoS %d", m.Topic, m.Payload, m.QoS, qos, want, qos)
+					}
+				}
+				for i := range 5 {
+					rpub.Publish(t, &paho.Publish{Topic: fmt.Sprintf("site1/cmd/q%d", qos), QoS: qos, Payload: fmt.Appendf(nil, "down-%d-%d", qos, i)})
+				}
+				for i := range 5 {
+					m := esub.Next(t)
+					if want := fmt.Sprintf("down-%d-%d", qos, i); string(m.Payload) != want || m.Topic != fmt.Sprintf("cmd/q%d", qos) || m.QoS != qos {
+						t.Fatalf("keyline got %s %q QoS %d, want cmd/q%d %q QoS %d", m.Topic, m.Payload, m.QoS, qos, want, qos)
+					}
+				}
+			}
+			v := waitBridge(t, edge, "central", "done", mqtttest.Timeout, func(v adminapi.BridgeView) bool { return v.Sent == 15 && v.Received == 15 })
+			if v.QueuedMessages != 0 || v.InFlight != 0 || v.Dropped != 0 {
+				t.Fatalf("bridge after the exchange: %+v", v)
+			}
+		})
+	}
+}
+
+// seqCollector collects "key:seq" payloads and checks, per key, that the
+// first arrival of every seq comes in order (a resend may repeat seqs).
+type seqCollector struct {
+	mu    sync.Mutex
+	seen  map[string]map[int]bool
+	last  map[string]int
+	dups  int
+	order []string // order violations
+	n     int
+	ch    chan struct{} // signalled on every new message
+}
+
+func newSeqCollector() *seqCollector {
+	return &seqCollector{seen: map[string]map[int]bool{}, last: map[string]int{}, ch: make(chan struct{}, 1)}
+}
+
+func (c *seqCollector) add(payload string) {
+	key, s, ok := strings.Cut(payload, ":")
+	seq, err := strconv.Atoi(s)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !ok || err != nil {
+		c.order = append(c.order, "bad payload "+payload)
+		return
+	}
+	if c.seen[key] == nil {
+		c.seen[key] = map[int]bool{}
+		c.last[key] = -1
+	}
+	if c.seen[key][seq] {
+		c.dups++
+		return
+	}
+	c.seen[key][seq] = true
+	if seq < c.last[key] && len(c.order) < 10 {
+		c.order = append(c.order, fmt.Sprintf("key %s: %d after %d", key, seq, c.last[key]))
+	}
+	c.last[key] = max(c.last[key], seq)
+	c.n++
+	select {
+	case c.ch <- struct{}{}:
+	default:
+	}
+}
+
+// wait waits until n distinct messages arrived.
+func (c *seqCollector) wait(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		got := c.n
+		c.mu.Unlock()
+		if got >= n {
+			return
+		}
+		select {
+		case <-c.ch:
+		case <-deadline.C:
+			t.Fatalf("%d of %d messages arrived within %v", got, n, timeout)
+		}
+	}
+}
+
+func (c *seqCollector) missing(keys []string, perKey int) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, k := range keys {
+		for s := range perKey {
+			if !c.seen[k][s] && len(out) < 10 {
+				out = append(out, fmt.Sprintf("%s:%d", k, s))
+			}
+		}
+	}
+	return out
+}
+
+// v3Collector is a persistent MQTT 3.1.1 session on addr subscribed to
+// filter at QoS 1 that reconnects by itself (the broker restarts).
+func v3Collector(t *testing.T, addr, id, filter string, c *seqCollector) {
+	t.Helper()
+	o := mqtt3.NewClientOptions().AddBroker("tcp://"+addr).SetClientID(id).SetCleanSession(false).
+		SetAutoReconnect(true).SetConnectRetry(true).SetConnectRetryInterval(50 * time.Millisecond).
+		SetMaxReconnectInterval(200 * time.Millisecond).SetOrderMatters(true).SetConnectTimeout(mqtttest.Timeout).
+		SetDefaultPublishHandler(func(_ mqtt3.Client, m mqtt3.Message) { c.add(string(m.Payload())) })
+	cl := mqtt3.NewClient(o)
+	if tok := cl.Connect(); !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
+		t.Fatalf("collector connect: %v", tok.Error())
+	}
+	if tok := cl.Subscribe(filter, 1, nil); !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
+		t.Fatalf("collector subscribe: %v", tok.Error())
+	}
+	t.Cleanup(func() { cl.Disconnect(0) })
+}
+
+// remoteBroker is a broker a bridge connects to, that a test can stop and
+// start again on the same address.
+type remoteBroker interface {
+	addr() string
+	down(t *testing.T)
+	up(t *testing.T)
+}
+
+func (m *mosq) down(t *testing.T) { m.stop(t, syscall.SIGTERM) }
+func (m *mosq) up(t *testing.T)   { m.start(t) }
+
+// keylineRemote is a keyline binary on a fixed port and data dir, killed
+// with SIGKILL and started again.
+type keylineRemote struct {
+	port int
+	dir  string
+	p    *proc
+}
+
+func startKeylineRemote(t *testing.T) *keylineRemote {
+	k := &keylineRemote{port: natstest.FreePort(t), dir: t.TempDir()}
+	k.up(t)
+	return k
+}
+
+func (k *keylineRemote) addr() string { return fmt.Sprintf("127.0.0.1:%d", k.port) }
+func (k *keylineRemote) down(t *testing.T) {
+	k.p.signal(t, syscall.SIGKILL)
+}
+func (k *keylineRemote) up(t *testing.T) {
+	k.p = startKeyline(t, k.dir, "--tcp", k.addr(), "--fsync=false")
+}
+
+// publishPerKey publishes perKey QoS 1 messages "k<i>:<seq>" on each of keys
+// topics under prefix, round-robin, with up to window acknowledgements
+// outstanding; at(i) runs before message i. It returns once all are acked.
+func publishPerKey(t *testing.T, pub *mqtttest.V3, prefix string, keys, perKey, window int, at func(i int)) {
+	t.Helper()
+	var toks []mqtt3.Token
+	n := keys * perKey
+	for i := range n {
+		if at != nil {
+			at(i)
+		}
+		k := i % keys
+		toks = append(toks, pub.Client.Publish(fmt.Sprintf("%s/k%d", prefix, k), 1, false, fmt.Sprintf("k%d:%d", k, i/keys)))
+		if len(toks) >= window {
+			if tok := toks[0]; !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
+				t.Fatalf("publish: %v", tok.Error())
+			}
+			toks = toks[1:]
+		}
+	}
+	for _, tok := range toks {
+		if !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
+			t.Fatalf("publish: %v", tok.Error())
+		}
+	}
+}
+
+func keyList(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("k%d", i)
+	}
+	return out
+}
+
+// TestBridgeRemoteRestartUnderLoad stops the remote while a publisher pumps
+// QoS 1 messages into the bridging keyline and starts it again: every
+// message arrives, and each key's messages in order.
+func TestBridgeRemoteRestartUnderLoad(t *testing.T) {
+	const keys, perKey = 10, 300
+	for _, tc := range []struct {
+		name   string
+		remote func(t *testing.T) remoteBroker
+		rule   string
+	}{
+		{"mosquitto/pipelined", func(t *testing.T) remoteBroker { return startMosquitto(t, "") }, `sensors/# out 1 "" site/`},
+		{"mosquitto/ordered", func(t *testing.T) remoteBroker { return startMosquitto(t, "") }, `sensors/# out 1 "" site/ ordered`},
+		{"keyline/pipelined", func(t *testing.T) remoteBroker { return startKeylineRemote(t) }, `sensors/# out 1 "" site/`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			central := tc.remote(t)
+			got := newSeqCollector()
+			v3Collector(t, central.addr(), "collector", "site/sensors/#", got)
+			edge := startKeyline(t, t.TempDir(), "--bridge", bridgeFlag("central", central.addr(), "5", tc.rule))
+			waitBridge(t, edge, "central", "connected", mqtttest.Timeout, bridgeUp)
+			pub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, edge.addrs["tcp"]), "device", true, nil)
+			n := keys * perKey
+			publishPerKey(t, pub, "sensors", keys, perKey, 50, func(i int) {
+				switch i {
+				case n / 3:
+					central.down(t)
+				case 2 * n / 3:
+					v := bridgeStatus(t, edge, "central")
+					if v.State == "connected" || v.QueuedMessages == 0 {
+						t.Errorf("remote down: bridge %s with %d queued, want disconnected with a backlog", v.State, v.QueuedMessages)
+					}
+					central.up(t)
+				}
+			})
+			got.wait(t, n, 3*mqtttest.Timeout)
+			if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
+				t.Fatalf("missing %v", miss)
+			}
+			if len(got.order) > 0 {
+				t.Fatalf("order broken: %v", got.order)
+			}
+			v := waitBridge(t, edge, "central", "drained", mqtttest.Timeout, func(v adminapi.BridgeView) bool { return v.QueuedMessages == 0 && v.InFlight == 0 })
+			t.Logf("%d messages, %d duplicates; bridge: %d sent, %d connects, %d failed attempts", n, got.dups, v.Sent, v.Connects, v.Failures)
+		})
+	}
+}
