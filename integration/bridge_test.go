@@ -332,7 +332,7 @@ func (c *seqCollector) missing(keys []string, perKey int) []string {
 // filter at QoS 1 that reconnects by itself (the broker restarts).
 func v3Collector(t *testing.T, addr, id, filter string, c *seqCollector) {
 	t.Helper()
-	o := mqtt3.NewClientOptions().AddBroker("tcp://"+addr).SetClientID(id).SetCleanSession(false).
+	o := mqtt3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).SetCleanSession(false).
 		SetAutoReconnect(true).SetConnectRetry(true).SetConnectRetryInterval(50 * time.Millisecond).
 		SetMaxReconnectInterval(200 * time.Millisecond).SetOrderMatters(true).SetConnectTimeout(mqtttest.Timeout).
 		SetDefaultPublishHandler(func(_ mqtt3.Client, m mqtt3.Message) { c.add(string(m.Payload())) })
