@@ -52,11 +52,19 @@ type Injector interface {
 // ErrRefused marks an Injector's refusal of a message that no retry can change.
 var ErrRefused = errors.New("bridge: the broker refuses the message")
 
-// ViaProperty is the MQTT 5 user property a bridge adds to every message it
-// sends out: the id of the broker it left. A broker that sees its own id on
-// a message neither sends it out again nor takes it in, so messages cannot
-// circle between brokers that bridge the same topics both ways.
-const ViaProperty = "keyline-via"
+// Loop marks. A bridge adds the MQTT 5 user property ViaProperty to every
+// message it sends out (the id of the broker it leaves) and InProperty to
+// every message it brings in (the id of the broker it enters). A message is
+// not sent out of a broker it has left before, and not taken into a broker
+// it has left or entered before; so messages cannot circle between brokers
+// that bridge the same topics both ways, while a chain (in from one remote,
+// out to another) still passes. MQTT 3.1.1 carries no properties: there,
+// only a bridge's own groups (a message never goes back out through the
+// bridge it came in by) and No Local stand between a message and a loop.
+const (
+	ViaProperty = "keyline-via"
+	InProperty  = "keyline-in"
+)
 
 // Bridge is one configured bridge: its outbound rules' groups, its run loop
 // and its figures.

@@ -54,11 +54,12 @@ func (s *session) received(p mqttwire.Packet) error {
 			if err := inProps(&in.m, pv.Props); err != nil {
 				return err
 			}
-			if looped(&in.m, s.b.brokerID) {
-				in.drop = true
-				s.b.st.looped.Add(1)
-			}
 		}
+		if looped(&in.m, s.b.brokerID, true) {
+			in.drop = true
+			s.b.st.looped.Add(1)
+		}
+		in.m.Props.User = append(in.m.Props.User, keyshared.UserProperty{Key: InProperty, Val: s.b.brokerID})
 	}
 	if pv.QoS == 2 {
 		s.b.mu.Lock()

@@ -192,7 +192,7 @@ func (s *session) allocLocked(p *pending, limit int) (uint16, bool) {
 func (s *session) publish(o *outRule, member string, m *keyshared.Message) bool {
 	b := s.b
 	logged := m.QoS > 0
-	if looped(m, b.brokerID) {
+	if looped(m, b.brokerID, false) {
 		b.st.looped.Add(1)
 		if logged {
 			o.group.Ack(member, m.Offset)
@@ -262,10 +262,11 @@ func (s *session) forgetOffset(o *outRule, offset uint64) {
 	}
 }
 
-// looped reports whether m already left the broker brokerID through a bridge.
-func looped(m *keyshared.Message, brokerID string) bool {
+// looped reports whether m already left the broker brokerID through a
+// bridge, or (entered too) was brought into it by one.
+func looped(m *keyshared.Message, brokerID string, entered bool) bool {
 	for _, u := range m.Props.User {
-		if u.Key == ViaProperty && u.Val == brokerID {
+		if u.Val == brokerID && (u.Key == ViaProperty || (entered && u.Key == InProperty)) {
 			return true
 		}
 	}

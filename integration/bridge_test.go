@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -379,14 +380,14 @@ func (k *keylineRemote) up(t *testing.T) {
 	k.p = startKeyline(t, k.dir, "--tcp", k.addr(), "--fsync=false")
 }
 
-// publishPerKey publishes perKey QoS 1 messages "k<i>:<seq>" on each of keys
-// topics under prefix, round-robin, with up to window acknowledgements
-// outstanding; at(i) runs before message i. It returns once all are acked.
-func publishPerKey(t *testing.T, pub *mqtttest.V3, prefix string, keys, perKey, window int, at func(i int)) {
+// publishPerKey publishes messages from to to-1 at QoS 1: message i is
+// "k<i%keys>:<i/keys>" on prefix/k<i%keys>, with up to window
+// acknowledgements outstanding; at(i) runs before message i. It returns once
+// all are acknowledged.
+func publishPerKey(t *testing.T, pub *mqtttest.V3, prefix string, keys, from, to, window int, at func(i int)) {
 	t.Helper()
 	var toks []mqtt3.Token
-	n := keys * perKey
-	for i := range n {
+	for i := from; i < to; i++ {
 		if at != nil {
 			at(i)
 		}
@@ -436,7 +437,7 @@ func TestBridgeRemoteRestartUnderLoad(t *testing.T) {
 			waitBridge(t, edge, "central", "connected", mqtttest.Timeout, bridgeUp)
 			pub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, edge.addrs["tcp"]), "device", true, nil)
 			n := keys * perKey
-			publishPerKey(t, pub, "sensors", keys, perKey, 50, func(i int) {
+			publishPerKey(t, pub, "sensors", keys, 0, n, 50, func(i int) {
 				switch i {
 				case n / 3:
 					central.down(t)
@@ -459,4 +460,166 @@ func TestBridgeRemoteRestartUnderLoad(t *testing.T) {
 			t.Logf("%d messages, %d duplicates; bridge: %d sent, %d connects, %d failed attempts", n, got.dups, v.Sent, v.Connects, v.Failures)
 		})
 	}
+}
+
+// TestBridgeSigkillLosesNothingAcknowledged kills the bridging keyline
+// (SIGKILL) while it forwards, and again while the remote is down and the
+// bridge's log holds a backlog: every message the keyline acknowledged to
+// its publisher reaches the remote, each key in order.
+func TestBridgeSigkillLosesNothingAcknowledged(t *testing.T) {
+	const keys, perKey = 10, 300
+	central := startMosquitto(t, "")
+	got := newSeqCollector()
+	v3Collector(t, central.addr(), "collector", "site/sensors/#", got)
+	dir := t.TempDir()
+	flag := bridgeFlag("central", central.addr(), "5", `sensors/# out 1 "" site/ ordered`)
+	n := keys * perKey
+	edge := startKeyline(t, dir, "--bridge", flag)
+	waitBridge(t, edge, "central", "connected", mqtttest.Timeout, bridgeUp)
+	phase := func(from, to int) {
+		pub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, edge.addrs["tcp"]), "device", true, nil)
+		publishPerKey(t, pub, "sensors", keys, from, to, 50, nil)
+		pub.Disconnect(0)
+	}
+	// 1: killed right after its publisher's last PUBACK, mid-forwarding.
+	phase(0, n/3)
+	edge.signal(t, syscall.SIGKILL)
+	edge = startKeyline(t, dir, "--bridge", flag)
+	// 2: the remote down; the backlog sits in the log when the kill comes.
+	central.down(t)
+	phase(n/3, 2*n/3)
+	v := waitBridge(t, edge, "central", "holding the backlog", mqtttest.Timeout, func(v adminapi.BridgeView) bool { return v.QueuedMessages > 0 })
+	t.Logf("killed with %d messages queued", v.QueuedMessages)
+	edge.signal(t, syscall.SIGKILL)
+	edge = startKeyline(t, dir, "--bridge", flag)
+	central.up(t)
+	// 3: everything flows again.
+	phase(2*n/3, n)
+	got.wait(t, n, 3*mqtttest.Timeout)
+	if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
+		t.Fatalf("missing %v", miss)
+	}
+	if len(got.order) > 0 {
+		t.Fatalf("order broken: %v", got.order)
+	}
+	t.Logf("%d messages, %d duplicates", n, got.dups)
+}
+
+// countingSub counts the copies of each payload a subscriber receives.
+type countingSub struct {
+	mu     sync.Mutex
+	copies map[string]int
+	total  int
+}
+
+func newCountingSub(t *testing.T, addr, id, filter string) *countingSub {
+	t.Helper()
+	c := &countingSub{copies: map[string]int{}}
+	conn := mqtttest.Dial(t, mqtttest.TCP, addr, nil)
+	cl := paho.NewClient(paho.ClientConfig{ClientID: id, Conn: conn,
+		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(r paho.PublishReceived) (bool, error) {
+			c.mu.Lock()
+			c.copies[string(r.Packet.Payload)]++
+			c.total++
+			c.mu.Unlock()
+			return true, nil
+		}}})
+	ctx, cancel := contextTimeout()
+	defer cancel()
+	if _, err := cl.Connect(ctx, &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Subscribe(ctx, &paho.Subscribe{Subscriptions: []paho.SubscribeOptions{{Topic: filter, QoS: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cl.Disconnect(&paho.Disconnect{})
+		<-cl.Done()
+	})
+	return c
+}
+
+func (c *countingSub) counts() (total int, per map[int]int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	per = map[int]int{}
+	for _, n := range c.copies {
+		per[n]++
+	}
+	return c.total, per
+}
+
+// TestBridgeLoopDoesNotAmplify bridges two keylines on loop/# both ways and
+// publishes on one: every message reaches each broker's subscribers a
+// bounded number of times, and the traffic stops.
+func TestBridgeLoopDoesNotAmplify(t *testing.T) {
+	const m = 200
+	for _, tc := range []struct {
+		name         string
+		proto        string
+		twoBridges   bool
+		wantA, wantB int // copies of each message at a subscriber on A, on B
+	}{
+		// No Local keeps B from sending A's bridge its own messages back.
+		{"v5/one-bridge", "5", false, 1, 1},
+		// The via mark stops the second round: B's bridge sends A's message
+		// back to A, which does not send it out again; each inbound copy is
+		// published once more (A: its own, B's bridge's, and A's bridge's
+		// inbound copy of what B's bridge took in).
+		{"v5/two-bridges", "5", true, 3, 2},
+		// 3.1.1 has no No Local and Keyline no try_private: B echoes the
+		// message, and A publishes the echo locally but not out again.
+		{"v3/one-bridge", "3.1.1", false, 2, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			portA, portB := natstest.FreePort(t), natstest.FreePort(t)
+			addrA, addrB := fmt.Sprintf("127.0.0.1:%d", portA), fmt.Sprintf("127.0.0.1:%d", portB)
+			argsB := []string{"--tcp", addrB}
+			if tc.twoBridges {
+				argsB = append(argsB, "--bridge", bridgeFlag("toA", addrA, tc.proto, "loop/# both 1"))
+			}
+			b := startKeyline(t, t.TempDir(), argsB...)
+			a := startKeyline(t, t.TempDir(), "--tcp", addrA, "--bridge", bridgeFlag("toB", addrB, tc.proto, "loop/# both 1"))
+			waitBridge(t, a, "toB", "connected", mqtttest.Timeout, bridgeUp)
+			if tc.twoBridges {
+				waitBridge(t, b, "toA", "connected", mqtttest.Timeout, bridgeUp)
+			}
+			subA, subB := newCountingSub(t, addrA, "subA", "loop/#"), newCountingSub(t, addrB, "subB", "loop/#")
+			pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addrA, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
+			for i := range m {
+				pub.Publish(t, &paho.Publish{Topic: "loop/x", QoS: 1, Payload: fmt.Appendf(nil, "m%d", i)})
+			}
+			// Wait for the expected copies, then for every bridge to have
+			// nothing queued or in flight: from then on nothing can come.
+			deadline := time.Now().Add(3 * mqtttest.Timeout)
+			for {
+				ta, _ := subA.counts()
+				tb, _ := subB.counts()
+				if ta >= tc.wantA*m && tb >= tc.wantB*m {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("copies: A %d, B %d; want %d and %d", ta, tb, tc.wantA*m, tc.wantB*m)
+				}
+				time.Sleep(10 * time.Millisecond) // polling the subscribers' counts
+			}
+			idle := func(v adminapi.BridgeView) bool { return v.QueuedMessages == 0 && v.InFlight == 0 }
+			va := waitBridge(t, a, "toB", "idle", mqtttest.Timeout, idle)
+			if tc.twoBridges {
+				vb := waitBridge(t, b, "toA", "idle", mqtttest.Timeout, idle)
+				if va.Looped+vb.Looped == 0 {
+					t.Errorf("no bridge counted a looped message: %+v %+v", va, vb)
+				}
+			}
+			ta, perA := subA.counts()
+			tb, perB := subB.counts()
+			if ta != tc.wantA*m || tb != tc.wantB*m || len(perA) != 1 || len(perB) != 1 {
+				t.Fatalf("after the bridges went idle: A %d copies %v, B %d copies %v; want %d each at A, %d at B", ta, perA, tb, perB, tc.wantA, tc.wantB)
+			}
+		})
+	}
+}
+
+func contextTimeout() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), mqtttest.Timeout)
 }
