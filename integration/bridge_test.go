@@ -623,3 +623,90 @@ func TestBridgeLoopDoesNotAmplify(t *testing.T) {
 func contextTimeout() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), mqtttest.Timeout)
 }
+
+// TestBridgeClusterRunsOnOneNodeAndMoves runs the same bridge on three
+// cluster nodes (real NATS servers): one node at a time connects it, the
+// one holding its group's lease; SIGKILL that node and another takes it
+// over, and everything the surviving nodes acknowledged arrives, each key
+// in order.
+func TestBridgeClusterRunsOnOneNodeAndMoves(t *testing.T) {
+	const keys, perKey = 10, 200
+	nc := natstest.Start(t, 3)
+	central := startMosquitto(t, "")
+	got := newSeqCollector()
+	v3Collector(t, central.addr(), "collector", "site/sensors/#", got)
+	nodes := startNodes(t, 3, nc.URLs(), "--bridge", bridgeFlag("central", central.addr(), "5", `sensors/# out 1 "" site/ ordered`))
+	// running returns the index of the one node whose bridge is connected,
+	// -1 while none is; more than one fails the test.
+	running := func(skip int) int {
+		at := -1
+		for i, p := range nodes {
+			if i == skip {
+				continue
+			}
+			v := bridgeStatus(t, p, "central")
+			switch v.State {
+			case "connected":
+				if at >= 0 {
+					t.Fatalf("the bridge is connected on two nodes at once (%d and %d)", at, i)
+				}
+				at = i
+			case "standby", "connecting", "disconnected":
+			default:
+				t.Fatalf("node %d: bridge state %q", i, v.State)
+			}
+		}
+		return at
+	}
+	waitRunning := func(skip int, timeout time.Duration) int {
+		deadline := time.Now().Add(timeout)
+		for {
+			if i := running(skip); i >= 0 {
+				return i
+			}
+			if time.Now().After(deadline) {
+				var states []string
+				for i, p := range nodes {
+					if i != skip {
+						v := bridgeStatus(t, p, "central")
+						states = append(states, fmt.Sprintf("node %d: %s (lease %q, last error %q)", i, v.State, v.Node, v.LastError))
+					}
+				}
+				t.Fatalf("no node runs the bridge within %v: %s", timeout, strings.Join(states, "; "))
+			}
+			time.Sleep(20 * time.Millisecond) // polling the nodes' admin APIs
+		}
+	}
+	victim := waitRunning(-1, 2*mqtttest.Timeout)
+	var pubs []*mqtttest.V3
+	for i, p := range nodes {
+		if i != victim {
+			pubs = append(pubs, mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, p.addrs["tcp"]), fmt.Sprintf("device-%d", i), true, nil))
+		}
+	}
+	n := keys * perKey
+	// Alternate publishers between the two survivors, a batch each: a key's
+	// messages go through both, one batch after the other.
+	const batch = 100
+	var killedAt time.Time
+	for from := 0; from < n; from += batch {
+		if from >= n/3 && killedAt.IsZero() {
+			nodes[victim].signal(t, syscall.SIGKILL)
+			killedAt = time.Now()
+		}
+		publishPerKey(t, pubs[(from/batch)%2], "sensors", keys, from, from+batch, 50, nil)
+		if !killedAt.IsZero() {
+			running(victim) // never two survivors at once
+		}
+	}
+	next := waitRunning(victim, 2*time.Minute)
+	t.Logf("bridge ran on node %d; after its SIGKILL node %d runs it, %v later", victim, next, time.Since(killedAt).Round(time.Millisecond))
+	got.wait(t, n, 2*time.Minute)
+	if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
+		t.Fatalf("missing %v", miss)
+	}
+	if len(got.order) > 0 {
+		t.Fatalf("order broken: %v", got.order)
+	}
+	t.Logf("%d messages, %d duplicates", n, got.dups)
+}
