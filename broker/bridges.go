@@ -264,7 +264,9 @@ func (c ClusterConfig) nodeIDIfEnabled() string {
 func (b *Broker) groupSettingsOf(name string) (keyshared.Config, persistence.GroupConfig) {
 	d, g, _ := b.cfg.groupSettings(name) // validated
 	if b.bridges != nil {
-		d, g, _ = b.bridges.GroupSettings(name, d)
+		if bd, bg, ok := b.bridges.GroupSettings(name, d); ok {
+			d, g = bd, bg
+		}
 	}
 	d.Logger = b.log // the dispatcher adds group=
 	return d, g

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -103,4 +104,74 @@ func TestBridgeKeylineToKeylineBothWays(t *testing.T) {
 			}
 		})
 	}
+}
+
+const bridgeRemoteACL = `
+auth:
+  auth:
+    - username: edge
+      password: epw
+      allow: true
+    - username: worker
+      password: wpw
+      allow: true
+  acl:
+    - username: edge
+      filters:
+        "site/denied/#": 1   # read only: publishes get 0x87
+group-overrides:
+  - share: w
+    backlog-max-messages: 1
+    backlog-policy: reject
+`
+
+// TestBridgeRemoteRefusals: a message the remote refuses for good (0x87)
+// is dead-lettered at once; one it refuses for now (0x97, a full backlog)
+// is retried with backoff until the remote takes it.
+func TestBridgeRemoteRefusals(t *testing.T) {
+	rcfg := testConfig(t)
+	if err := DecodeConfig([]byte(bridgeRemoteACL), &rcfg); err != nil {
+		t.Fatal(err)
+	}
+	remote := startBroker(t, rcfg)
+	login := func(id, user, pw string) *paho.Connect {
+		return &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30, Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true}
+	}
+	// The group w on the remote, without members: it holds one message.
+	w := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, remote.Addr("tcp"), nil), login("w0", "worker", "wpw"))
+	if rc := w.Subscribe(t, paho.SubscribeOptions{Topic: "$share/w/site/jobs/#", QoS: 1}); rc[0] != 1 {
+		t.Fatalf("SUBACK %#x", rc[0])
+	}
+	w.Close()
+
+	cfg := testConfig(t)
+	bc := bridgeTo(t, "up", remote.Addr("tcp"), "5", `denied/# out 1 "" site/`, `jobs/# out 1 "" site/`)
+	bc.Username, bc.Password = "edge", "epw"
+	cfg.Bridges = []BridgeConfig{bc}
+	edge := startBroker(t, cfg)
+	waitBridge(t, edge, "up", "connected", connected)
+	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, edge.Addr("tcp"), nil), &paho.Connect{ClientID: "dev", CleanStart: true, KeepAlive: 30})
+	for _, topic := range []string{"denied/1", "jobs/1", "jobs/2"} {
+		if rc := pub.Publish(t, &paho.Publish{Topic: topic, QoS: 1, Payload: []byte(topic)}); rc != 0 {
+			t.Fatalf("edge refused %s: %#x", topic, rc)
+		}
+	}
+	st := waitBridge(t, edge, "up", "refused twice", func(st bridge.Status) bool { return st.DeadLetters == 1 && st.Nacked >= 2 })
+	if st.QueuedMessages != 1 {
+		t.Fatalf("status %+v: want jobs/2 queued, retrying", st)
+	}
+	_, dlq := httpGet(t, "http://"+edge.Addr("http")+"/api/v1/dlq?group="+url.QueryEscape("$keyline.bridge.up/denied/#"))
+	if !strings.Contains(dlq, `"topic": "denied/1"`) || !strings.Contains(dlq, `"reason_code": 135`) {
+		t.Fatalf("dead letters of the denied rule: %s", dlq)
+	}
+	// A member takes jobs/1 from the remote's group; then the retried
+	// jobs/2 fits and comes too.
+	member := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, remote.Addr("tcp"), nil), login("w1", "worker", "wpw"))
+	member.Subscribe(t, paho.SubscribeOptions{Topic: "$share/w/site/jobs/#", QoS: 1})
+	for _, want := range []string{"jobs/1", "jobs/2"} {
+		if m := member.Next(t); string(m.Payload) != want {
+			t.Fatalf("member got %q, want %q", m.Payload, want)
+		}
+	}
+	waitBridge(t, edge, "up", "drained", func(st bridge.Status) bool { return st.QueuedMessages == 0 && st.InFlight == 0 })
 }
