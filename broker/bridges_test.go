@@ -98,6 +98,9 @@ func TestBridgeKeylineToKeylineBothWays(t *testing.T) {
 			if strings.Contains(groups, "keyline.bridge") {
 				t.Errorf("the admin API lists the bridge's internal group: %s", groups)
 			}
+			if _, page := httpGet(t, "http://"+edge.Addr("http")+"/bridges"); !strings.Contains(page, `data-bridge="up"`) || !strings.Contains(page, "connected") {
+				t.Errorf("the console's bridges page: %s", page)
+			}
 			_, views := httpGet(t, "http://"+edge.Addr("http")+"/api/v1/bridges/up")
 			if !strings.Contains(views, `"state": "connected"`) || !strings.Contains(views, `"sent": 9`) {
 				t.Errorf("/api/v1/bridges/up: %s", views)
