@@ -40,7 +40,7 @@ type mosq struct {
 
 // needMosquitto returns the path of the mosquitto broker. Under CI its
 // absence fails the test; elsewhere it skips.
-func needMosquitto(t *testing.T) string {
+func needMosquitto(t testing.TB) string {
 	t.Helper()
 	bin, err := exec.LookPath("mosquitto")
 	if err != nil {
@@ -59,7 +59,7 @@ func needMosquitto(t *testing.T) string {
 // startMosquitto starts mosquitto with persistence (sessions and queued
 // messages survive a graceful restart) plus the extra config lines, and
 // stops it when the test ends.
-func startMosquitto(t *testing.T, extra string) *mosq {
+func startMosquitto(t testing.TB, extra string) *mosq {
 	t.Helper()
 	m := &mosq{port: natstest.FreePort(t), dir: t.TempDir()}
 	m.conf = filepath.Join(m.dir, "mosquitto.conf")
@@ -107,7 +107,7 @@ func (m *mosq) Logs() string {
 func (m *mosq) addr() string { return fmt.Sprintf("127.0.0.1:%d", m.port) }
 
 // start (re)starts the broker and waits until it accepts connections.
-func (m *mosq) start(t *testing.T) {
+func (m *mosq) start(t testing.TB) {
 	t.Helper()
 	m.cmd = exec.Command(needMosquitto(t), "-c", m.conf)
 	stderr, err := m.cmd.StderrPipe()
@@ -132,7 +132,7 @@ func (m *mosq) start(t *testing.T) {
 }
 
 // stop signals the broker (SIGTERM: it saves its sessions) and waits for it.
-func (m *mosq) stop(t *testing.T, sig syscall.Signal) {
+func (m *mosq) stop(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	_ = m.cmd.Process.Signal(sig)
 	select {
@@ -143,7 +143,7 @@ func (m *mosq) stop(t *testing.T, sig syscall.Signal) {
 }
 
 // waitListening polls addr until it accepts a TCP connection.
-func waitListening(t *testing.T, addr string, exited <-chan struct{}) {
+func waitListening(t testing.TB, addr string, exited <-chan struct{}) {
 	t.Helper()
 	deadline := time.Now().Add(mqtttest.Timeout)
 	for {
@@ -165,7 +165,7 @@ func waitListening(t *testing.T, addr string, exited <-chan struct{}) {
 }
 
 // bridgeStatus reads one bridge's view from a keyline's admin API.
-func bridgeStatus(t *testing.T, p *proc, name string) adminapi.BridgeView {
+func bridgeStatus(t testing.TB, p *proc, name string) adminapi.BridgeView {
 	t.Helper()
 	resp, err := http.Get("http://" + p.addrs["http"] + adminapi.PathBridges + "/" + name)
 	if err != nil {
@@ -180,7 +180,7 @@ func bridgeStatus(t *testing.T, p *proc, name string) adminapi.BridgeView {
 }
 
 // waitBridge polls a bridge's view until ok holds.
-func waitBridge(t *testing.T, p *proc, name, what string, timeout time.Duration, ok func(adminapi.BridgeView) bool) adminapi.BridgeView {
+func waitBridge(t testing.TB, p *proc, name, what string, timeout time.Duration, ok func(adminapi.BridgeView) bool) adminapi.BridgeView {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -296,7 +296,7 @@ func (c *seqCollector) add(payload string) {
 }
 
 // wait waits until n distinct messages arrived.
-func (c *seqCollector) wait(t *testing.T, n int, timeout time.Duration) {
+func (c *seqCollector) wait(t testing.TB, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -331,7 +331,7 @@ func (c *seqCollector) missing(keys []string, perKey int) []string {
 
 // v3Collector is a persistent MQTT 3.1.1 session on addr subscribed to
 // filter at QoS 1 that reconnects by itself (the broker restarts).
-func v3Collector(t *testing.T, addr, id, filter string, c *seqCollector) {
+func v3Collector(t testing.TB, addr, id, filter string, c *seqCollector) {
 	t.Helper()
 	o := mqtt3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).SetCleanSession(false).
 		SetAutoReconnect(true).SetConnectRetry(true).SetConnectRetryInterval(50 * time.Millisecond).
