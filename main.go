@@ -16,8 +16,11 @@ import (
 	"github.com/keyline-mq/keyline/broker"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version, commit and buildDate are set by dist/release.sh with
+// -ldflags "-X main.version=... -X main.commit=... -X main.buildDate=...".
+// A plain `go build` leaves them empty; versionLine then falls back to what
+// the Go toolchain recorded (module version, VCS revision and time).
+var version, commit, buildDate string
 
 // defaultGCPercent is the GC target keyline runs with unless GOGC is set. A
 // broker's garbage is per message; measured back to back (loadgen fanout, 100
@@ -56,7 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		printUsage(stdout)
 		return 0
 	case actionVersion:
-		fmt.Fprintf(stdout, "keyline %s\n", version)
+		fmt.Fprintln(stdout, versionLine())
 		return 0
 	}
 

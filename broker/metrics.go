@@ -37,6 +37,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_inflight_messages", "QoS 1/2 messages in flight or queued for sessions.", prometheus.GaugeValue},
 	{"keyline_subscriptions", "Subscriptions held.", prometheus.GaugeValue},
 	{"keyline_uptime_seconds", "Seconds since the broker started.", prometheus.GaugeValue},
+	{"keyline_ready", "1 while /readyz answers 200 (serving MQTT, and in cluster mode connected to NATS), else 0.", prometheus.GaugeValue},
 	{"keyline_session_store_commits_total", "Session-state transactions committed to the data file.", prometheus.CounterValue},
 	{"keyline_session_store_write_errors_total", "Session-state writes lost to a failed commit.", prometheus.CounterValue},
 	{"keyline_fanout_deliveries_total", "QoS 0 deliveries queued by the encode-once fan-out path.", prometheus.CounterValue},
@@ -73,7 +74,10 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
-	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds()}
+	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds(), "keyline_ready": 0}
+	if c.b.Ready() {
+		values["keyline_ready"] = 1
+	}
 	if s := c.b.server; s != nil {
 		i := s.Info
 		load := func(p *int64) float64 { return float64(atomic.LoadInt64(p)) }
