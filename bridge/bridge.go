@@ -87,6 +87,8 @@ type Bridge struct {
 
 	// cur is the live session; nil while the bridge is not connected.
 	cur atomic.Pointer[session]
+	// noPrivate records that the remote refused try_private's mark.
+	noPrivate atomic.Bool
 
 	st counters
 	mu struct {

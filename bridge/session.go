@@ -48,9 +48,14 @@ const (
 
 // connect dials the remote and sets up a session on the connection.
 func (b *Bridge) connect(ctx context.Context) (*session, error) {
-	c, err := dial(ctx, &b.cfg, b.maxPacket)
+	private := b.cfg.Protocol == MQTT311 && b.cfg.TryPrivate && !b.noPrivate.Load()
+	c, err := dial(ctx, &b.cfg, b.maxPacket, private)
 	if err != nil {
 		return nil, err
+	}
+	if private && !c.private {
+		b.noPrivate.Store(true) // not asked again until the broker restarts
+		b.log.Info("bridge: the remote refuses try_private's mark; connecting without it")
 	}
 	s := &session{b: b, c: c, window: min(b.cfg.MaxInflight, c.ack.receiveMax), inbound: make(chan inbound, b.cfg.InboundMax)}
 	s.mu.infl = map[uint16]*pending{}

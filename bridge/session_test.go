@@ -300,4 +300,10 @@ func TestRefusedBridgeMarkIsDroppedFor311(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond) // polling the bridge's state
 	}
+	c2.Close()
+	c3, connect3 := remote.accept(t)
+	defer c3.Close()
+	if level := connect3.Body[6]; level != 4 {
+		t.Fatalf("a reconnection tried the mark again: protocol level %#x", level)
+	}
 }

@@ -66,12 +66,13 @@ const maxFrame = 1 << 20
 var errRefused = errors.New("bridge: the remote refused the connection")
 
 // dial connects to the first of cfg's addresses that answers, and does the
-// CONNECT/CONNACK exchange. A 3.1.1 remote that refuses try_private's mark is
-// asked again without it.
-func dial(ctx context.Context, cfg *Config, maxPacket uint32) (*conn, error) {
+// CONNECT/CONNACK exchange, with try_private's mark when private is set; a
+// remote that refuses the mark is asked again without it (conn.private
+// says which).
+func dial(ctx context.Context, cfg *Config, maxPacket uint32, private bool) (*conn, error) {
 	var errs []error
 	for _, addr := range cfg.Addresses {
-		c, err := dialOne(ctx, cfg, addr, cfg.Protocol == MQTT311 && cfg.TryPrivate, maxPacket)
+		c, err := dialOne(ctx, cfg, addr, private, maxPacket)
 		if err != nil && c == nil && errors.Is(err, errPrivateRefused) {
 			c, err = dialOne(ctx, cfg, addr, false, maxPacket)
 		}
