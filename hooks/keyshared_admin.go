@@ -82,6 +82,9 @@ func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 	if n := h.members.count(name); n > 0 {
 		return fmt.Errorf("%w: group %s has %d members; they must unsubscribe first", ErrGroupBusy, name, n)
 	}
+	if g := h.groups.get(name); g != nil && g.ext.Load() != nil {
+		return fmt.Errorf("%w: group %s is the queue of a configured bridge; remove the bridge first", ErrGroupBusy, name)
+	}
 	if g := h.groups.remove(name); g != nil {
 		_ = g.d.Close(ctx)
 	}

@@ -1,6 +1,7 @@
 package hooks
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -155,5 +156,21 @@ func TestInjectorReportsARefusedAppend(t *testing.T) {
 	}
 	if in.Refused.Load() != 1 {
 		t.Fatalf("refused %d, want 1", in.Refused.Load())
+	}
+}
+
+func TestAnOpenInternalGroupIsNotDeleted(t *testing.T) {
+	h, _ := newInternalFixture(t, persistence.GroupConfig{})
+	n := share.Name{Share: share.InternalPrefix + "bridge.x", Filter: "t/#"}
+	ig, err := h.OpenInternal(n, &chanOut{c: make(chan keyshared.Message)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.DeleteGroup(context.Background(), n.String()); !errors.Is(err, ErrGroupBusy) {
+		t.Fatalf("deleting a bridge's open queue: %v, want ErrGroupBusy", err)
+	}
+	ig.Close() // the bridge is gone from the configuration: its queue may go
+	if err := h.DeleteGroup(context.Background(), n.String()); err != nil {
+		t.Fatal(err)
 	}
 }
