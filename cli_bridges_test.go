@@ -1,9 +1,7 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -47,25 +45,11 @@ func TestBridgeFlagParsesLikeTheConfigFile(t *testing.T) {
 
 func TestBridgesCommand(t *testing.T) {
 	remote := startTestBroker(t, "")
-	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), false, 1<<20
 	bc, err := broker.ParseBridgeFlag(`name=up client-id=edge-1 address=` + remote.Addr("tcp") + ` topic="sensors/# out 1 \"\" site1/"`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Bridges = []broker.BridgeConfig{bc}
-	edge, err := broker.New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := edge.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = edge.Shutdown(ctx)
-	})
+	edge := startTestBrokerWith(t, func(cfg *broker.Config) { cfg.Bridges = []broker.BridgeConfig{bc} })
 	server := "http://" + edge.Addr("http")
 	deadline := time.Now().Add(mqtttest.Timeout)
 	for {

@@ -48,7 +48,7 @@ type sink struct {
 func newSink(tb testing.TB, addr string, want int) *sink {
 	tb.Helper()
 	s := &sink{seen: map[string]bool{}, done: make(chan struct{}), want: want}
-	o := mqtt3.NewClientOptions().AddBroker("tcp://"+addr).SetClientID("sink").SetCleanSession(false).
+	o := mqtt3.NewClientOptions().AddBroker("tcp://" + addr).SetClientID("sink").SetCleanSession(false).
 		SetAutoReconnect(false).SetOrderMatters(false).SetConnectTimeout(mqtttest.Timeout).
 		SetDefaultPublishHandler(func(_ mqtt3.Client, m mqtt3.Message) {
 			p := string(m.Payload())
@@ -207,7 +207,7 @@ func BenchmarkBridgeDrain(b *testing.B) {
 			b.Run(e.name, func(b *testing.B) {
 				remote := startMosquitto(b, "")
 				s := newSink(b, remote.addr(), n)
-				s.cl.Disconnect(0) // the session stays, saved with the remote's state
+				s.cl.Disconnect(0)              // the session stays, saved with the remote's state
 				remote.stop(b, syscall.SIGTERM) // the uplink goes
 				edge, queued := e.start(b, remote.addr())
 				start := time.Now()

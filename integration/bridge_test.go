@@ -315,18 +315,26 @@ func (c *seqCollector) wait(t testing.TB, n int, timeout time.Duration) {
 	}
 }
 
-func (c *seqCollector) missing(keys []string, perKey int) []string {
+// verify fails the test unless every message "k<key>:<seq>" of keys keys
+// and perKey seqs arrived, each key's in order.
+func (c *seqCollector) verify(t testing.TB, keys, perKey int) {
+	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []string
-	for _, k := range keys {
+	var missing []string
+	for k := range keys {
 		for s := range perKey {
-			if !c.seen[k][s] && len(out) < 10 {
-				out = append(out, fmt.Sprintf("%s:%d", k, s))
+			if !c.seen[fmt.Sprintf("k%d", k)][s] && len(missing) < 10 {
+				missing = append(missing, fmt.Sprintf("k%d:%d", k, s))
 			}
 		}
 	}
-	return out
+	if len(missing) > 0 {
+		t.Fatalf("missing %v", missing)
+	}
+	if len(c.order) > 0 {
+		t.Fatalf("order broken: %v", c.order)
+	}
 }
 
 // v3Collector is a persistent MQTT 3.1.1 session on addr subscribed to
@@ -407,14 +415,6 @@ func publishPerKey(t *testing.T, pub *mqtttest.V3, prefix string, keys, from, to
 	}
 }
 
-func keyList(n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("k%d", i)
-	}
-	return out
-}
-
 // TestBridgeRemoteRestartUnderLoad stops the remote while a publisher pumps
 // QoS 1 messages into the bridging keyline and starts it again: every
 // message arrives, and each key's messages in order.
@@ -450,12 +450,7 @@ func TestBridgeRemoteRestartUnderLoad(t *testing.T) {
 				}
 			})
 			got.wait(t, n, 3*mqtttest.Timeout)
-			if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
-				t.Fatalf("missing %v", miss)
-			}
-			if len(got.order) > 0 {
-				t.Fatalf("order broken: %v", got.order)
-			}
+			got.verify(t, keys, perKey)
 			v := waitBridge(t, edge, "central", "drained", mqtttest.Timeout, func(v adminapi.BridgeView) bool { return v.QueuedMessages == 0 && v.InFlight == 0 })
 			t.Logf("%d messages, %d duplicates; bridge: %d sent, %d connects, %d failed attempts", n, got.dups, v.Sent, v.Connects, v.Failures)
 		})
@@ -496,12 +491,7 @@ func TestBridgeSigkillLosesNothingAcknowledged(t *testing.T) {
 	// 3: everything flows again.
 	phase(2*n/3, n)
 	got.wait(t, n, 3*mqtttest.Timeout)
-	if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
-		t.Fatalf("missing %v", miss)
-	}
-	if len(got.order) > 0 {
-		t.Fatalf("order broken: %v", got.order)
-	}
+	got.verify(t, keys, perKey)
 	t.Logf("%d messages, %d duplicates", n, got.dups)
 }
 
@@ -702,11 +692,6 @@ func TestBridgeClusterRunsOnOneNodeAndMoves(t *testing.T) {
 	next := waitRunning(victim, 2*time.Minute)
 	t.Logf("bridge ran on node %d; after its SIGKILL node %d runs it, %v later", victim, next, time.Since(killedAt).Round(time.Millisecond))
 	got.wait(t, n, 2*time.Minute)
-	if miss := got.missing(keyList(keys), perKey); len(miss) > 0 {
-		t.Fatalf("missing %v", miss)
-	}
-	if len(got.order) > 0 {
-		t.Fatalf("order broken: %v", got.order)
-	}
+	got.verify(t, keys, perKey)
 	t.Logf("%d messages, %d duplicates", n, got.dups)
 }
