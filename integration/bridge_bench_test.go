@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -93,14 +94,39 @@ func (s *sink) wait(tb testing.TB, timeout time.Duration) {
 // benchEdge is an edge broker that bridges bench/# to the remote.
 type benchEdge struct {
 	name  string
-	start func(tb testing.TB, remote string) (addr string, queued func() uint64)
+	start func(tb testing.TB, remote string) edgeProc
+}
+
+// edgeProc is a started edge: its MQTT address, its process (0: none) and,
+// for keyline, the bridge's queued messages.
+type edgeProc struct {
+	addr   string
+	pid    int
+	queued func() uint64
+}
+
+// cpuTime returns the CPU time (user + system) process pid has used; 0 for pid 0.
+func cpuTime(tb testing.TB, pid int) time.Duration {
+	tb.Helper()
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// Fields after the command (in parentheses): state is field 3, utime 14, stime 15.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
 
 var benchEdges = []benchEdge{
 	// direct: no bridge, the publisher on the remote itself, the ceiling
 	// these clients set on this machine.
-	{"direct", func(_ testing.TB, remote string) (string, func() uint64) { return remote, nil }},
-	{"mosquitto", func(tb testing.TB, remote string) (string, func() uint64) {
+	{"direct", func(_ testing.TB, remote string) edgeProc { return edgeProc{addr: remote} }},
+	{"mosquitto", func(tb testing.TB, remote string) edgeProc {
 		m := startMosquitto(tb, fmt.Sprintf(`max_inflight_messages 1000
 connection central
 address %s
@@ -109,18 +135,18 @@ bridge_protocol_version mqttv311
 cleansession false
 restart_timeout 1
 `, remote))
-		return m.addr(), nil
+		return edgeProc{addr: m.addr(), pid: m.cmd.Process.Pid}
 	}},
 	{"keyline", keylineEdge()},
 	{"keyline-nofsync", keylineEdge("--fsync=false")},
 }
 
-func keylineEdge(extra ...string) func(tb testing.TB, remote string) (string, func() uint64) {
-	return func(tb testing.TB, remote string) (string, func() uint64) {
+func keylineEdge(extra ...string) func(tb testing.TB, remote string) edgeProc {
+	return func(tb testing.TB, remote string) edgeProc {
 		args := append([]string{"--bridge", "name=central address=" + remote +
 			` client-id=edge protocol=3.1.1 reconnect-backoff=100ms,1s max-inflight=1000 topic="bench/# out 1"`}, extra...)
 		p := startKeyline(tb, tb.TempDir(), args...)
-		return p.addrs["tcp"], func() uint64 { return bridgeStatus(tb, p, "central").QueuedMessages }
+		return edgeProc{addr: p.addrs["tcp"], pid: p.cmd.Process.Pid, queued: func() uint64 { return bridgeStatus(tb, p, "central").QueuedMessages }}
 	}
 }
 
@@ -183,15 +209,18 @@ func BenchmarkBridgeThroughput(b *testing.B) {
 			b.Run(e.name, func(b *testing.B) {
 				remote := startMosquitto(b, "")
 				s := newSink(b, remote.addr(), n)
-				edge, _ := e.start(b, remote.addr())
+				edge := e.start(b, remote.addr())
 				if e.name != "direct" {
-					probe(b, edge, s)
+					probe(b, edge.addr, s)
 				}
-				start := time.Now()
-				publishN(b, edge, n, 100)
+				cpu0, start := cpuTime(b, edge.pid), time.Now()
+				publishN(b, edge.addr, n, 100)
 				s.wait(b, 5*time.Minute)
 				rates[e.name] = float64(n) / s.last.Sub(start).Seconds()
 				b.ReportMetric(rates[e.name], "msgs/s")
+				if edge.pid != 0 {
+					b.ReportMetric(float64((cpuTime(b, edge.pid)-cpu0).Microseconds())/float64(n), "edge-cpu-µs/msg")
+				}
 			})
 		}
 		b.Logf("bridged throughput, %d messages: keyline %.2fx mosquitto, keyline --fsync=false %.2fx; mosquitto %.2fx of direct",
@@ -209,15 +238,16 @@ func BenchmarkBridgeDrain(b *testing.B) {
 				s := newSink(b, remote.addr(), n)
 				s.cl.Disconnect(0)              // the session stays, saved with the remote's state
 				remote.stop(b, syscall.SIGTERM) // the uplink goes
-				edge, queued := e.start(b, remote.addr())
+				edge := e.start(b, remote.addr())
 				start := time.Now()
-				publishN(b, edge, n, 100)
+				publishN(b, edge.addr, n, 100)
 				b.ReportMetric(float64(n)/time.Since(start).Seconds(), "queued-msgs/s")
-				if queued != nil {
-					if q := queued(); q != uint64(n) {
+				if edge.queued != nil {
+					if q := edge.queued(); q != uint64(n) {
 						b.Fatalf("the edge holds %d messages, want %d", q, n)
 					}
 				}
+				cpu0 := cpuTime(b, edge.pid)
 				remote.start(b)
 				back := time.Now()
 				if tok := s.cl.Connect(); !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
@@ -225,6 +255,7 @@ func BenchmarkBridgeDrain(b *testing.B) {
 				}
 				s.wait(b, 10*time.Minute)
 				drain[e.name] = s.last.Sub(s.first).Seconds()
+				b.ReportMetric(float64((cpuTime(b, edge.pid)-cpu0).Microseconds())/float64(n), "edge-cpu-µs/msg")
 				b.ReportMetric(s.last.Sub(back).Seconds(), "s-from-uplink")
 				b.ReportMetric(drain[e.name], "s-first-to-last")
 				b.ReportMetric(float64(n)/drain[e.name], "drain-msgs/s")
