@@ -2,6 +2,8 @@ package integration
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -101,8 +103,34 @@ type benchEdge struct {
 // for keyline, the bridge's queued messages.
 type edgeProc struct {
 	addr   string
+	http   string // keyline's admin address
 	pid    int
 	queued func() uint64
+}
+
+// profileDrain writes a CPU profile of a keyline edge while it drains, to
+// $KEYLINE_BRIDGE_BENCH_PROFILE.<edge> when that is set.
+func profileDrain(tb testing.TB, name string, e edgeProc) (wait func()) {
+	out := os.Getenv("KEYLINE_BRIDGE_BENCH_PROFILE")
+	if out == "" || e.http == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := http.Get("http://" + e.http + "/debug/pprof/profile?seconds=5")
+		if err != nil {
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(out + "." + name)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		_, _ = io.Copy(f, resp.Body)
+	}()
+	return func() { <-done }
 }
 
 // cpuTime returns the CPU time (user + system) process pid has used; 0 for pid 0.
@@ -143,10 +171,13 @@ restart_timeout 1
 
 func keylineEdge(extra ...string) func(tb testing.TB, remote string) edgeProc {
 	return func(tb testing.TB, remote string) edgeProc {
+		if os.Getenv("KEYLINE_BRIDGE_BENCH_PROFILE") != "" {
+			extra = append(extra, "--pprof")
+		}
 		args := append([]string{"--bridge", "name=central address=" + remote +
 			` client-id=edge protocol=3.1.1 reconnect-backoff=100ms,1s max-inflight=1000 topic="bench/# out 1"`}, extra...)
 		p := startKeyline(tb, tb.TempDir(), args...)
-		return edgeProc{addr: p.addrs["tcp"], pid: p.cmd.Process.Pid, queued: func() uint64 { return bridgeStatus(tb, p, "central").QueuedMessages }}
+		return edgeProc{addr: p.addrs["tcp"], http: p.addrs["http"], pid: p.cmd.Process.Pid, queued: func() uint64 { return bridgeStatus(tb, p, "central").QueuedMessages }}
 	}
 }
 
@@ -249,11 +280,13 @@ func BenchmarkBridgeDrain(b *testing.B) {
 				}
 				cpu0 := cpuTime(b, edge.pid)
 				remote.start(b)
+				profiled := profileDrain(b, e.name, edge)
 				back := time.Now()
 				if tok := s.cl.Connect(); !tok.WaitTimeout(mqtttest.Timeout) || tok.Error() != nil {
 					b.Fatalf("sink reconnect: %v", tok.Error())
 				}
 				s.wait(b, 10*time.Minute)
+				profiled()
 				drain[e.name] = s.last.Sub(s.first).Seconds()
 				b.ReportMetric(float64((cpuTime(b, edge.pid)-cpu0).Microseconds())/float64(n), "edge-cpu-µs/msg")
 				b.ReportMetric(s.last.Sub(back).Seconds(), "s-from-uplink")
