@@ -76,3 +76,16 @@ func TestBridgesCommand(t *testing.T) {
 	code, _, stderr = keyline(t, "bridges", "show", "--server", server)
 	wantFail(t, code, stderr, 2, "bridges show needs a NAME")
 }
+
+func TestBridgeFlagSections(t *testing.T) {
+	bc, err := broker.ParseBridgeFlag(`name=x address=h:1 client-id=c topic=a tls.server-name=central tls.insecure-skip-verify=true`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bc.TLS == nil || bc.TLS.ServerName != "central" || !bc.TLS.InsecureSkipVerify {
+		t.Fatalf("tls %+v", bc.TLS)
+	}
+	if _, err := broker.ParseBridgeFlag(`name=x address=h:1 client-id=c topic=a tls.colour=red`); err == nil || !strings.Contains(err.Error(), `unknown key "colour"`) {
+		t.Fatalf("an unknown key in a section: %v", err)
+	}
+}

@@ -307,8 +307,9 @@ func (i bridgeInjector) Publish(m *keyshared.Message, retain bool) error {
 //
 //	--bridge 'name=cloud address=central:1883 topic="sensors/# out 1"'
 //
-// address and topic may repeat (addresses, topics in the file). The first
-// use replaces the bridges of the config file: flags win.
+// address and topic may repeat (addresses, topics in the file), and a
+// section's keys are written with a dot (tls.ca-file=ca.pem). The first use
+// replaces the bridges of the config file: flags win.
 type BridgeFlags struct {
 	Dst *[]BridgeConfig
 	set bool
@@ -351,12 +352,21 @@ func ParseBridgeFlag(s string) (BridgeConfig, error) {
 	if err != nil {
 		return bc, fmt.Errorf("%w: --bridge: %v", ErrInvalidConfig, err)
 	}
-	m := &yaml.Node{Kind: yaml.MappingNode}
+	root := &yaml.Node{Kind: yaml.MappingNode}
 	lists := map[string]*yaml.Node{}
+	sections := map[string]*yaml.Node{}
 	for _, f := range fields {
 		k, v, ok := strings.Cut(f, "=")
 		if !ok || k == "" {
 			return bc, fmt.Errorf("%w: --bridge: %q is not key=value", ErrInvalidConfig, f)
+		}
+		m := root
+		if sec, sub, dotted := strings.Cut(k, "."); dotted {
+			if sections[sec] == nil {
+				sections[sec] = &yaml.Node{Kind: yaml.MappingNode}
+				root.Content = append(root.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: sec}, sections[sec])
+			}
+			m, k = sections[sec], sub
 		}
 		val := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v}
 		if k == "reconnect-backoff" {
@@ -380,7 +390,7 @@ func ParseBridgeFlag(s string) (BridgeConfig, error) {
 		}
 		m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: k}, val)
 	}
-	data, err := yaml.Marshal(m)
+	data, err := yaml.Marshal(root)
 	if err != nil {
 		return bc, fmt.Errorf("%w: --bridge: %v", ErrInvalidConfig, err)
 	}
