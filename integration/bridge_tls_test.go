@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	mqtt3 "github.com/eclipse/paho.mqtt.golang"
+
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -112,13 +114,10 @@ func TestBridgeOverTLSWithAClientCertificate(t *testing.T) {
 	pool.AddCert(ca.cert)
 	subTLS := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 	got := newSeqCollector()
-	sub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TLS, central.addr()), "collector", true, subTLS)
+	sub := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TLS, central.addr()), "collector", true, subTLS, func(o *mqtt3.ClientOptions) {
+		o.SetDefaultPublishHandler(func(_ mqtt3.Client, m mqtt3.Message) { got.add(string(m.Payload())) })
+	})
 	sub.Subscribe(t, "site/#", 1)
-	go func() {
-		for m := range sub.Msgs {
-			got.add(string(m.Payload()))
-		}
-	}()
 
 	for _, proto := range []string{"3.1.1", "5"} {
 		flag := bridgeFlag("central", central.addr(), proto, `sensors/# out 1 "" site/`) +
