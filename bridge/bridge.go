@@ -36,7 +36,11 @@ type Group interface {
 	Reject(member string, offset uint64, reason byte)
 	Stats() (keyshared.Stats, keyshared.RouterStats)
 	Info() (persistence.GroupInfo, error)
+	// Holder is the node holding the group's lease as last seen (for
+	// figures); HeldHere whether this node holds it now, by its own clock
+	// (the bridge connects only then).
 	Holder() (node string, clustered bool)
+	HeldHere() bool
 	Close()
 }
 
@@ -276,10 +280,7 @@ func (b *Bridge) placed(ctx context.Context) bool {
 // anchor group's lease (the cluster places groups every half second).
 const placementPoll = 250 * time.Millisecond
 
-func (b *Bridge) holdsLease() bool {
-	holder, clustered := b.anchor.Holder()
-	return !clustered || holder == b.node
-}
+func (b *Bridge) holdsLease() bool { return b.anchor.HeldHere() }
 
 // backoff is the delay before reconnection attempt n (>= 1): min doubling
 // up to max, with full jitter (a fleet of sites does not reconnect in step).

@@ -43,7 +43,9 @@
 //     acknowledged it, the rule forwards at QoS 0 and it was written, or it
 //     was dead-lettered or dropped by the backlog policy (counted).
 //  2. At most one connection per bridge per node, and in cluster mode the
-//     bridge connects only while its node holds the anchor group's lease.
+//     bridge is connected only while its node holds the anchor group's lease
+//     by its own clock (as the group's dispatcher runs), never on the word
+//     of a read of the lease, which may be stale.
 //  3. A message from the remote is acknowledged only after the injector
 //     published it; a refusal that may pass later is never acknowledged
 //     (the bridge disconnects and the remote sends it again).

@@ -162,6 +162,7 @@ func (g *fakeGroup) Stats() (keyshared.Stats, keyshared.RouterStats) {
 }
 func (g *fakeGroup) Info() (persistence.GroupInfo, error) { return persistence.GroupInfo{}, nil }
 func (g *fakeGroup) Holder() (string, bool)               { return "", false }
+func (g *fakeGroup) HeldHere() bool                       { return true }
 func (g *fakeGroup) Close()                               {}
 
 func itoa(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -143,6 +143,15 @@ func (ig *InternalGroup) Holder() (node string, clustered bool) {
 	return "", false
 }
 
+// HeldHere reports whether this node holds the group's lease now (by its own
+// clock, not a read of the lease); always true on one node.
+func (ig *InternalGroup) HeldHere() bool {
+	if cg, ok := ig.g.d.(*cluster.Group); ok {
+		return cg.HeldHere()
+	}
+	return true
+}
+
 // Close detaches the in-process member's Deliverer; the group and its
 // backlog stay, and it goes on taking publishes. Remove members first.
 func (ig *InternalGroup) Close() { ig.g.ext.Store(nil) }
