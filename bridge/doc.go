@@ -63,7 +63,8 @@
 //   - Unordered rules keep the log order on one connection; a retry after a
 //     nack goes out after messages read later.
 //   - MQTT 3.1.1 has no user properties and no No Local: a 3.1.1 remote that
-//     does not honour try_private sends the bridge's own messages back
+//     does not honour try_private (mosquitto and keyline do) sends the
+//     bridge's own messages back
 //     (published here once more, never sent out again), and two bridges
 //     between the same brokers over 3.1.1 that forward the same topics both
 //     ways loop, as they do in mosquitto.

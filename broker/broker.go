@@ -212,6 +212,9 @@ func (b *Broker) addHooks() error {
 	if err := b.server.AddHook(b.auth, nil); err != nil {
 		return fmt.Errorf("broker: auth hook: %w", err)
 	}
+	if err := b.server.AddHook(new(hooks.BridgeMark), nil); err != nil { // mosquitto's try_private (broker/bridges.go)
+		return fmt.Errorf("broker: bridge-mark hook: %w", err)
+	}
 	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
 		canRead = b.auth.CanRead
