@@ -142,16 +142,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", broker.DefaultConfig().DataDir, "the data dir to check (keyline must not be running on it)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	help := fs.BoolP("help", "h", false, "show this help")
-	if err := fs.Parse(args); err != nil || len(fs.Args()) > 0 {
-		if err == nil {
-			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
-		}
-		fmt.Fprintf(stderr, "keyline: check: %v (see keyline check --help)\n", err)
-		return 2
-	}
-	if *help {
-		fmt.Fprint(stdout, "Usage:\n  keyline check [--data-dir DIR] [--json]\tverify keyline.db (bbolt's check, every group's records) and every segment frame's checksum, offline\n\nFlags:\n"+fs.FlagUsages())
-		return 0
+	usage := "Usage:\n  keyline check [--data-dir DIR] [--json]\tverify keyline.db (bbolt's check, every group's records) and every segment frame's checksum, offline\n\nFlags:\n"
+	if code, ok := parseSubcommand("check", fs, args, stdout, stderr, help, usage); !ok {
+		return code
 	}
 	rep, err := persistence.CheckDir(*dataDir)
 	if err != nil {

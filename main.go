@@ -45,8 +45,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
 		return runCLI(args, stdout, stderr)
 	}
-	if len(args) > 0 && args[0] == "check" {
-		return runCheck(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return runCheck(args[1:], stdout, stderr)
+		case "backup":
+			return runBackup(args[1:], stdout, stderr)
+		case "restore":
+			return runRestore(args[1:], stdout, stderr)
+		}
 	}
 	cfg, action, err := parseArgs(args)
 	if err != nil {

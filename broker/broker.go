@@ -518,6 +518,7 @@ func (b *Broker) httpHandler() http.Handler {
 	groups.register(mux)
 	b.registerConsole(mux, groups)
 	b.registerCluster(mux)
+	b.registerBackup(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
