@@ -127,4 +127,3 @@ func (b *Backup) Close() {
 	}
 	b.pinned, b.sealed = nil, true
 }
-
