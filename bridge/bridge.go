@@ -354,7 +354,7 @@ loop:
 			break loop
 		case now := <-tick.C:
 			if e := s.check(now); e != nil {
-				s.c.disconnect(0x8D, e) // keep alive timeout, or an acknowledgement that never came
+				s.c.disconnect(0x80, e) // a client may not send 0x8D (keep alive timeout): unspecified error
 				break loop
 			}
 			if !b.holdsLease() {
