@@ -283,14 +283,22 @@ const placementPoll = 250 * time.Millisecond
 func (b *Bridge) holdsLease() bool { return b.anchor.HeldHere() }
 
 // backoff is the delay before reconnection attempt n (>= 1): min doubling
-// up to max, with full jitter (a fleet of sites does not reconnect in step).
+// up to max, of which a random half to all is taken (a fleet of sites that
+// lost the same uplink does not reconnect in step).
 func backoff(min, max time.Duration, n int) time.Duration {
 	d := min
 	for i := 1; i < n && d < max; i++ {
 		d *= 2
 	}
-	d = time.Duration(float64(d) * (0.5 + rand.Float64()/2))
+	d = time.Duration(float64(min1(d, max)) * (0.5 + rand.Float64()/2))
 	return max1(d, time.Millisecond)
+}
+
+func min1(d, ceil time.Duration) time.Duration {
+	if d > ceil {
+		return ceil
+	}
+	return d
 }
 
 func max1(d, floor time.Duration) time.Duration {

@@ -65,7 +65,7 @@ type Config struct {
 	AckTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the delay before a reconnection:
 	// it doubles from ReconnectMin after every failed attempt, up to
-	// ReconnectMax, with full jitter.
+	// ReconnectMax, and a random half to all of it is waited.
 	ReconnectMin, ReconnectMax time.Duration
 	// MaxInflight caps the outbound publishes awaiting the remote's
 	// acknowledgement (the remote's Receive Maximum lowers it).

@@ -124,11 +124,11 @@ func TestConfigValidate(t *testing.T) {
 func TestBackoffDoublesWithJitter(t *testing.T) {
 	for n := 1; n <= 10; n++ {
 		want := time.Second << (n - 1)
-		if want > 8*time.Second {
-			want = 8 * time.Second
+		if want > 6*time.Second {
+			want = 6 * time.Second // the cap, not the next doubling (8 s)
 		}
 		for range 50 {
-			d := backoff(time.Second, 8*time.Second, n)
+			d := backoff(time.Second, 6*time.Second, n)
 			if d < want/2 || d > want {
 				t.Fatalf("attempt %d: %v, want within [%v, %v]", n, d, want/2, want)
 			}
