@@ -167,3 +167,14 @@ func FuzzParseRule(f *testing.F) {
 		}
 	})
 }
+
+func TestLocalTopicOK(t *testing.T) {
+	for topic, want := range map[string]bool{
+		"cmd/1": true, "a": true, "": false, "$SYS/broker/x": false, "$dlq/g/t": false, "a/+/b": false, "a/#": false,
+		"a\x00b": false, "\xff": false, strings.Repeat("x", 65536): false,
+	} {
+		if got := localTopicOK(topic); got != want {
+			t.Errorf("localTopicOK(%q) = %v, want %v", clipTopic(topic), got, want)
+		}
+	}
+}

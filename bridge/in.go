@@ -3,7 +3,9 @@ package bridge
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/keyline-mq/keyline/internal/mqttwire"
 	"github.com/keyline-mq/keyline/keyshared"
@@ -44,9 +46,13 @@ func (s *session) received(p mqttwire.Packet) error {
 			}
 		}
 	}
+	if ok && !localTopicOK(local) {
+		ok = false // a remote does not publish into $SYS/, $dlq/, ... here
+		s.b.log.Warn("bridge: dropped a message from the remote for a local topic the bridge may not publish", "topic", clipTopic(local))
+	}
 	if !ok {
 		in.drop = true
-		s.b.st.dropped.Add(1) // nothing subscribed asks for it
+		s.b.st.dropped.Add(1) // nothing subscribed asks for it, or it may not go where it maps
 	} else {
 		in.m.Topic = local
 		in.m.Payload = append([]byte(nil), pv.Payload...)
@@ -72,6 +78,21 @@ func (s *session) received(p mqttwire.Packet) error {
 	case <-s.c.done:
 		return s.c.err
 	}
+}
+
+// localTopicOK reports whether a bridge may publish on topic here: a valid
+// topic name (the broker's own client skips that check) that does not start
+// with '$' (the broker's own topics: $SYS/, $dlq/, $share/, ...).
+func localTopicOK(topic string) bool {
+	return topic != "" && len(topic) <= mqttwire.MaxString && topic[0] != '$' &&
+		!strings.ContainsAny(topic, "+#\x00") && utf8.ValidString(topic)
+}
+
+func clipTopic(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
 }
 
 // inProps copies the MQTT 5 properties of a received publish into m.

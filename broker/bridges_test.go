@@ -178,3 +178,30 @@ func TestBridgeRemoteRefusals(t *testing.T) {
 	}
 	waitBridge(t, edge, "up", "drained", func(st bridge.Status) bool { return st.QueuedMessages == 0 && st.InFlight == 0 })
 }
+
+// TestBridgeRemoteCannotPublishIntoReservedTopics: what a remote sends
+// maps to a local topic by the rule's prefixes; one that would start with
+// '$' (site/$SYS/... under the prefix site/) is dropped and counted, not
+// published into $SYS/ by the broker's own client.
+func TestBridgeRemoteCannotPublishIntoReservedTopics(t *testing.T) {
+	remote := startBroker(t, testConfig(t))
+	cfg := testConfig(t)
+	cfg.Bridges = []BridgeConfig{bridgeTo(t, "up", remote.Addr("tcp"), "5", `# in 1 "" site/`)}
+	edge := startBroker(t, cfg)
+	waitBridge(t, edge, "up", "connected and subscribed", subscribed)
+	esub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, edge.Addr("tcp"), nil), &paho.Connect{ClientID: "watch", CleanStart: true, KeepAlive: 30})
+	esub.Subscribe(t, paho.SubscribeOptions{Topic: "$SYS/#", QoS: 1}, paho.SubscribeOptions{Topic: "ok/#", QoS: 1})
+	rpub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, remote.Addr("tcp"), nil), &paho.Connect{ClientID: "evil", CleanStart: true, KeepAlive: 30})
+	rpub.Publish(t, &paho.Publish{Topic: "site/$SYS/broker/clients/connected", QoS: 1, Payload: []byte("999")})
+	rpub.Publish(t, &paho.Publish{Topic: "site/ok/1", QoS: 1, Payload: []byte("fine")})
+	for {
+		m := esub.Next(t)
+		if strings.HasPrefix(m.Topic, "$SYS") && string(m.Payload) == "999" {
+			t.Fatalf("the remote published into %s here", m.Topic)
+		}
+		if m.Topic == "ok/1" {
+			break // after the forged one: it was dropped
+		}
+	}
+	waitBridge(t, edge, "up", "counted", func(st bridge.Status) bool { return st.Dropped == 1 && st.Received == 1 })
+}
