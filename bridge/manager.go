@@ -23,7 +23,7 @@ type Options struct {
 	// to another node goes round once more, then the next broker stops it).
 	BrokerID string
 	// MaxPacketSize is the largest packet the bridges take from a remote
-	// (announced to MQTT 5 remotes); 0: the bridge's own limit.
+	// (announced to MQTT 5 remotes): the broker's max-packet-size; 0: 1 MiB.
 	MaxPacketSize uint32
 	Logger        *slog.Logger
 }
@@ -47,8 +47,8 @@ func NewManager(cfgs []Config, opts Options) (*Manager, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.MaxPacketSize == 0 || opts.MaxPacketSize > maxFrame {
-		opts.MaxPacketSize = maxFrame
+	if opts.MaxPacketSize == 0 {
+		opts.MaxPacketSize = maxFrame // the broker takes any size from clients; not so from a remote
 	}
 	m := &Manager{opts: opts, byShare: map[string]*Bridge{}}
 	for _, c := range cfgs {

@@ -24,6 +24,7 @@ type conn struct {
 	addr    string
 	ack     connack
 	private bool // the CONNECT carried mosquitto's bridge mark
+	limit   int  // the largest packet taken from the remote (announced to MQTT 5 ones)
 
 	wmu struct {
 		sync.Mutex
@@ -59,7 +60,8 @@ type connack struct {
 // stopped reading.
 const maxQueued = 64 << 20
 
-// maxFrame bounds a packet read from the remote (its Maximum Packet Size, announced in CONNECT).
+// maxFrame bounds a packet read from the remote when the broker's
+// max-packet-size does not (it is what MQTT 5 remotes are told in CONNECT).
 const maxFrame = 1 << 20
 
 // errRefused marks a CONNACK that refused the connection.
@@ -112,7 +114,7 @@ func dialOne(ctx context.Context, cfg *Config, addr string, private bool, maxPac
 		}
 		nc = t
 	}
-	c := &conn{nc: nc, version: cfg.Protocol, addr: addr, private: private, wsig: make(chan struct{}, 1), done: make(chan struct{})}
+	c := &conn{nc: nc, version: cfg.Protocol, addr: addr, private: private, limit: int(maxPacket), wsig: make(chan struct{}, 1), done: make(chan struct{})}
 	cp := mqttwire.Connect{
 		Version: cfg.Protocol, ClientID: cfg.ClientID, CleanStart: cfg.CleanStart,
 		KeepAlive: uint16(cfg.KeepAlive / time.Second), Username: cfg.Username, Password: cfg.Password,
@@ -130,6 +132,7 @@ func dialOne(ctx context.Context, cfg *Config, addr string, private bool, maxPac
 		return nil, err
 	}
 	r := mqttwire.NewReader(nc, 4096)
+	r.Limit = c.limit
 	p, err := r.Next()
 	if err != nil {
 		_ = nc.Close()
@@ -226,7 +229,7 @@ func (c *conn) start(handle func(mqttwire.Packet) error) {
 
 func (c *conn) readLoop(handle func(mqttwire.Packet) error) {
 	r := mqttwire.NewReader(c.nc, 16<<10)
-	r.Limit = maxFrame
+	r.Limit = c.limit
 	for {
 		p, err := r.Next()
 		if err != nil {
