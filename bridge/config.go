@@ -88,7 +88,8 @@ type Config struct {
 
 // DefaultConfig returns a bridge's defaults: MQTT 3.1.1 with try_private,
 // a persistent session, 60 s keep-alive, reconnection between 1 s and 30 s,
-// 1,000 publishes in flight.
+// 1,000 publishes in flight, each outbound rule's queue bounded at 1 GiB
+// (drop-oldest).
 func DefaultConfig() Config {
 	return Config{
 		Protocol:       MQTT311,
@@ -100,9 +101,13 @@ func DefaultConfig() Config {
 		ReconnectMax:   30 * time.Second,
 		MaxInflight:    1000,
 		InboundMax:     100,
-		Backlog:        persistence.GroupConfig{Policy: persistence.PolicyDropOldest},
+		Backlog:        persistence.GroupConfig{MaxBytes: DefaultBacklogBytes, Policy: persistence.PolicyDropOldest},
 	}
 }
+
+// DefaultBacklogBytes bounds an outbound rule's queue unless configured:
+// what a site keeps on disk while its uplink is down.
+const DefaultBacklogBytes = 1 << 30
 
 // Direction is which way a rule's messages cross.
 type Direction uint8

@@ -93,6 +93,9 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	if c.Backlog.MaxBytes != DefaultBacklogBytes || c.Backlog.Policy.String() != "drop-oldest" {
+		t.Fatalf("default backlog %+v: want bounded at 1 GiB, drop-oldest", c.Backlog)
+	}
 	for want, mod := range map[string]func(*Config){
 		"bridge name":          func(c *Config) { c.Name = "a b" },
 		"no addresses":         func(c *Config) { c.Addresses = nil },

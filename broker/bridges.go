@@ -143,7 +143,10 @@ func (c *BridgeConfig) bridgeConfig() (bridge.Config, error) {
 	setIf(&out.MaxInflight, c.MaxInflight)
 	setIf(&out.InboundMax, c.InboundMax)
 	out.MaxDeliveries = c.MaxDeliveries
-	out.Backlog.MaxMessages, out.Backlog.MaxBytes = c.BacklogMaxMessages, uint64(c.BacklogMaxBytes)
+	out.Backlog.MaxMessages = c.BacklogMaxMessages
+	if c.BacklogMaxBytes != 0 {
+		out.Backlog.MaxBytes = uint64(c.BacklogMaxBytes)
+	}
 	if c.BacklogPolicy != 0 {
 		out.Backlog.Policy = c.BacklogPolicy
 	}
