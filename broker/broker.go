@@ -24,12 +24,12 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -54,6 +54,7 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
+	bridges   *bridge.Manager // broker/bridges.go
 	ops       *ops.Service    // the operator surface on the HTTP listener (package ops)
 	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
 	node      *cluster.Node   // cluster mode only
@@ -139,6 +140,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
 		InfoBytesSent: &info.BytesSent, InfoMessagesDropped: &info.MessagesDropped,
 	}
+	if err := b.newBridges(); err != nil {
+		return nil, err
+	}
 	if err := b.addHooks(); err != nil {
 		return nil, err
 	}
@@ -206,6 +210,9 @@ func (b *Broker) addHooks() error {
 	if err := b.server.AddHook(b.auth, nil); err != nil {
 		return fmt.Errorf("broker: auth hook: %w", err)
 	}
+	if err := b.server.AddHook(new(hooks.BridgeMark), nil); err != nil { // mosquitto's try_private (broker/bridges.go)
+		return fmt.Errorf("broker: bridge-mark hook: %w", err)
+	}
 	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
 		canRead = b.auth.CanRead
@@ -242,12 +249,8 @@ func (b *Broker) addHooks() error {
 		store = b.groups
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
-		KeyProperty: b.cfg.KeyProperty,
-		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log                     // the dispatcher adds group=
-			return d, g
-		},
+		KeyProperty:        b.cfg.KeyProperty,
+		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
 		Sessions:           b.sessions,
 		MaxKeySize:         int(b.cfg.MaxKeySize),
@@ -335,6 +338,10 @@ func (b *Broker) Start() error {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return
 		}
+		if err := b.startBridges(); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
 		b.ops.Start()
 		if b.httpSrv != nil {
 			b.bg.Add(1)
@@ -406,6 +413,7 @@ func (b *Broker) shutdown() error {
 	if b.started.IsZero() {
 		return b.closeResources()
 	}
+	b.stopBridges() // before the hooks stop: they requeue what is in flight
 	// Close disconnects every client, waits for their handlers and stops the
 	// hooks (the storage hook commits what is queued).
 	_ = b.server.Close()

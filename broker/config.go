@@ -102,6 +102,9 @@ type Config struct {
 	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
 	Cluster ClusterConfig `yaml:",inline"`
 
+	// Bridges to other MQTT brokers (broker/bridges.go).
+	Bridges []BridgeConfig `yaml:"bridges"`
+
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
 	Auth *auth.Ledger `yaml:"auth"`
@@ -299,6 +302,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.validateBridges(); err != nil {
 		return err
 	}
 	switch {

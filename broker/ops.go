@@ -28,9 +28,12 @@ func (b *Broker) newOps() *ops.Service {
 		AllowedHosts: b.cfg.HTTPAllowedHosts,
 		Pprof:        b.cfg.Pprof,
 		Settings:     b.cfg.settingsView,
-		Collectors:   b.clusterCollectors(),
-		Routes:       b.registerCluster,
-		Logger:       b.log,
+		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}),
+		Routes: func(mux *http.ServeMux) {
+			b.registerCluster(mux)
+			b.registerBackup(mux)
+		},
+		Logger: b.log,
 	})
 }
 
@@ -48,6 +51,8 @@ func (c *Config) settingsView(name string) adminapi.GroupSettingsView {
 }
 
 func (v opsView) Groups() ops.Groups { return v.b.keyShared }
+
+func (v opsView) Bridges() []adminapi.BridgeView { return v.b.BridgeViews() }
 
 func (v opsView) Ready() bool { return v.b.Ready() }
 

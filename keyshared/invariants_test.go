@@ -38,7 +38,7 @@ func (c *core) checkInvariants() error {
 		for e := ks.head; e != nil; e = e.knext {
 			n++
 			entries++
-			if e.ks != ks || e.msg.Key != key {
+			if e.ks != ks || w.queueKey(&e.msg) != key {
 				bad("offset %d: in queue of key %q with key %q", e.msg.Offset, key, e.msg.Key)
 			}
 			if prev != nil && e.msg.Offset <= prev.msg.Offset {

@@ -45,6 +45,8 @@ type Broker interface {
 	Retained(filter string) []Message
 	// Groups is the Key-Shared groups' admin face (the Key-Shared hook).
 	Groups() Groups
+	// Bridges returns every bridge's view, in configuration order.
+	Bridges() []adminapi.BridgeView
 	// Ready reports whether the broker serves MQTT (/readyz).
 	Ready() bool
 }
@@ -109,9 +111,9 @@ type Config struct {
 	Pprof bool
 	// Settings returns group name's dispatcher settings, for its detail.
 	Settings func(group string) adminapi.GroupSettingsView
-	// Collectors are more metrics to serve (the cluster's).
+	// Collectors are more metrics to serve (the cluster's, the bridges').
 	Collectors []prometheus.Collector
-	// Routes, when set, adds more routes (the cluster's) to the mux.
+	// Routes, when set, adds more routes (the cluster's, the backup) to the mux.
 	Routes func(mux *http.ServeMux)
 	// Logger receives the actions operators take and what is refused; nil
 	// discards.
@@ -179,6 +181,7 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", s.handleClient)
 	s.groups.register(mux)
 	s.registerConsole(mux, s.groups)
+	s.registerBridges(mux)
 	if s.cfg.Routes != nil {
 		s.cfg.Routes(mux)
 	}

@@ -82,6 +82,9 @@ func (f *fakeBroker) Disconnect(id string) (bool, error) {
 
 func (f *fakeBroker) Retained(string) []Message { return f.retained }
 func (f *fakeBroker) Groups() Groups            { return f.groups }
+func (f *fakeBroker) Bridges() []adminapi.BridgeView {
+	return []adminapi.BridgeView{{Name: "up", State: "connected"}}
+}
 func (f *fakeBroker) Ready() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -405,6 +408,14 @@ func TestClientsAPI(t *testing.T) {
 	}
 	if code, _ := call(t, "POST", base+adminapi.PathClients+"/c1/disconnect"); code != 409 {
 		t.Errorf("disconnecting it again: %d", code)
+	}
+	var bl adminapi.BridgeList
+	callJSON(t, "GET", base+adminapi.PathBridges, 200, &bl)
+	if len(bl.Bridges) != 1 || bl.Bridges[0].Name != "up" {
+		t.Errorf("bridges %+v", bl)
+	}
+	if code, _ := call(t, "GET", base+adminapi.PathBridges+"/down"); code != 404 {
+		t.Errorf("unknown bridge: %d", code)
 	}
 	var ov adminapi.OverviewView
 	callJSON(t, "GET", base+adminapi.PathOverview, 200, &ov)
