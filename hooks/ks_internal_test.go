@@ -9,6 +9,7 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 
+	"github.com/keyline-mq/keyline/internal/poll"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -129,19 +130,12 @@ func TestInternalGroupTakesPublishesAndStaysHidden(t *testing.T) {
 	if len(list) != 1 {
 		t.Fatalf("Groups lists %d groups, want the client group only", len(list))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := ig.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Cursor == info.Head && info.Head == 1 && info.Members == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("internal group %+v: want one message, acked, and one member", info)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the store's view of the ack
+	var info persistence.GroupInfo
+	if !poll.Within(10*time.Second, func() bool { // the store's view of the ack
+		info, err = ig.Info()
+		return err != nil || (info.Cursor == info.Head && info.Head == 1 && info.Members == 1)
+	}) || err != nil {
+		t.Fatalf("internal group %+v (%v): want one message, acked, and one member", info, err)
 	}
 }
 
