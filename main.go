@@ -143,6 +143,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
+	f.StringVar(&cfg.ServerReference, "server-reference", cfg.ServerReference, "on shutdown, tell MQTT 5 clients to use this server instead (DISCONNECT 0x9C with this Server Reference; empty: 0x8B)")
 	f.DurationVar(&cfg.MaxKeepAlive, "max-keep-alive", cfg.MaxKeepAlive, "longest keep alive an MQTT 5 client may use; one asking for more or none is told this one (Server Keep Alive; 0: their own)")
 
 	f = fanout.fs

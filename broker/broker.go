@@ -428,9 +428,28 @@ func (b *Broker) shutdown() error {
 func (b *Broker) disconnectListenerClients(id string) {
 	for _, cl := range b.server.Clients.GetAll() {
 		if cl.Net.Listener == id && !cl.Closed() {
-			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+			b.sendAway(cl)
 		}
 	}
+}
+
+// sendAway ends a client's connection as the broker stops: DISCONNECT 0x8B
+// (server shutting down), or, with server-reference set, 0x9C (use another
+// server) carrying it to MQTT 5 clients.
+func (b *Broker) sendAway(cl *mqtt.Client) {
+	if b.cfg.ServerReference == "" || cl.Properties.ProtocolVersion < 5 {
+		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		return
+	}
+	_ = cl.WritePacket(packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Disconnect},
+		ReasonCode:  packets.ErrUseAnotherServer.Code,
+		Properties: packets.Properties{
+			ReasonString:    packets.ErrUseAnotherServer.Reason,
+			ServerReference: b.cfg.ServerReference,
+		},
+	})
+	cl.Stop(packets.ErrUseAnotherServer)
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.

@@ -174,11 +174,14 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	}
 	defer func() {
 		// Connections that never became clients (no CONNECT yet) are not
-		// mochi's to close: close them here so the wait below ends.
+		// mochi's to end: a past read deadline ends their wait for one, so
+		// the wait below ends. They are not closed here: each handler closes
+		// its connection through its queue, which first flushes what is
+		// queued (the DISCONNECT a client was just sent) for at most
+		// connq.FlushTimeout, so no peer that does not read holds it up.
 		l.mu.Lock()
 		for c := range l.mu.open {
-			_ = c.SetDeadline(time.Now()) // a TLS close_notify must not wait on a peer that does not read
-			_ = c.Close()
+			_ = c.SetReadDeadline(time.Now())
 		}
 		l.mu.Unlock()
 		l.conns.Wait()
