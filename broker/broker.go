@@ -235,10 +235,7 @@ func (b *Broker) addHooks() error {
 	}
 	var store persistence.GroupStore = b.db.Groups()
 	if b.clusterMode() {
-		if err := b.startCluster(); err != nil {
-			return err
-		}
-		if err := b.startGroups(); err != nil {
+		if err := b.joinCluster(); err != nil {
 			return err
 		}
 		store = b.groups

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -112,10 +111,20 @@ func (b *Broker) keySharedHook() mqtt.Hook {
 	return hooks.ClusterKeyShared{KeyShared: b.keyShared, FromCluster: b.cluster.FromCluster}
 }
 
-// startGroups joins the cluster's Key-Shared groups (after startCluster).
-func (b *Broker) startGroups() error {
+// joinCluster joins the cluster and its Key-Shared groups, waiting for NATS
+// and JetStream up to cfg.StartTimeout (NATS may come up after keyline, or
+// with it), and makes the cluster hook.
+func (b *Broker) joinCluster() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
+	if err := b.startCluster(ctx); err != nil {
+		return err
+	}
+	return b.startGroups(ctx)
+}
+
+// startGroups joins the cluster's Key-Shared groups (after startCluster).
+func (b *Broker) startGroups(ctx context.Context) error {
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
 		Settings: func(name string) (keyshared.Config, persistence.GroupConfig) {
 			d, g, _ := b.cfg.groupSettings(name) // validated
@@ -139,44 +148,26 @@ func (b *Broker) startGroups() error {
 		Logger: b.log.With("node", b.node.NodeID()),
 	})
 	if err != nil {
-		return fmt.Errorf("broker: cluster key-shared groups: %w", err)
+		return fmt.Errorf("broker: join the cluster at %s: key-shared groups: %w", strings.Join(b.node.URLs(), ","), err)
 	}
 	b.groups = g
 	return nil
 }
 
-// startCluster joins the cluster, retrying until cfg.StartTimeout (NATS may
-// come up after keyline), and adds the cluster hook.
-func (b *Broker) startCluster() error {
+// startCluster joins the cluster (cluster.Start waits for NATS within ctx,
+// on one connection) and makes the cluster hook.
+func (b *Broker) startCluster(ctx context.Context) error {
 	b.cluster = hooks.NewCluster(b.server)
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
-	defer cancel()
-	for attempt := 0; ; attempt++ {
-		// Each attempt gets its own bound: a JetStream request sent before
-		// the NATS cluster has a meta leader is never answered.
-		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := cluster.Start(actx, cfg, b.cluster.Handler())
-		acancel()
-		if err == nil {
-			b.node = n
-			b.cluster.SetNode(n)
-			return nil
-		}
-		if ctx.Err() != nil || errors.Is(err, cluster.ErrConfig) {
-			return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
-		}
-		if attempt == 0 {
-			b.log.Warn("waiting for NATS", "nats", strings.Join(cfg.URLs, ","), "error", err)
-		}
-		select {
-		case <-time.After(500 * time.Millisecond):
-		case <-ctx.Done():
-			return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
-		}
+	n, err := cluster.Start(ctx, cfg, b.cluster.Handler())
+	if err != nil {
+		return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
+	b.node = n
+	b.cluster.SetNode(n)
+	return nil
 }
 
 // clusterReady reports whether the cluster side lets the node serve.

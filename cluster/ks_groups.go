@@ -169,22 +169,35 @@ func (n *Node) StartGroups(ctx context.Context, cfg GroupsConfig) (_ *Groups, er
 			g.Close()
 		}
 	}()
-	if g.kv, err = n.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: BucketGroups, Description: "Keyline Key-Shared groups: names, leases, state",
-		History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas, LimitMarkerTTL: time.Second,
-	}); err != nil {
-		return nil, fmt.Errorf("cluster: bucket %s: %w", BucketGroups, err)
-	}
-	if err := n.createStream(ctx, jetstream.StreamConfig{
-		Name: StreamDLQ, Description: "Keyline Key-Shared dead letters", Subjects: []string{subjGroupDLQ + ">"},
-		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: n.replicas,
-		Duplicates: 2 * time.Minute, AllowDirect: true,
-	}); err != nil {
+	w := newStartWait(n.log)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		g.kv, errs[0] = n.ensureBucket(ctx, w, jetstream.KeyValueConfig{
+			Bucket: BucketGroups, Description: "Keyline Key-Shared groups: names, leases, state",
+			History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas, LimitMarkerTTL: time.Second,
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		errs[1] = n.ensureStream(ctx, w, jetstream.StreamConfig{
+			Name: StreamDLQ, Description: "Keyline Key-Shared dead letters", Subjects: []string{subjGroupDLQ + ">"},
+			Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: n.replicas,
+			Duplicates: 2 * time.Minute, AllowDirect: true,
+		})
+	}()
+	wg.Wait()
+	if err := joinLine(errs...); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	// The watcher lives as long as the node's groups: not on ctx.
-	if g.watcher, err = g.kv.WatchFiltered(context.Background(), []string{"l.*", "m.*"}); err != nil {
-		return nil, fmt.Errorf("cluster: watch %s: %w", BucketGroups, err)
+	if err := n.retryStart(ctx, w, "a watcher of "+BucketGroups, func(context.Context) (err error) {
+		g.watcher, err = g.kv.WatchFiltered(context.Background(), []string{"l.*", "m.*"})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	for _, s := range []struct {
 		subj string

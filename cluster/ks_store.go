@@ -66,7 +66,7 @@ func (g *Groups) EnsureGroup(name string, cfg persistence.GroupConfig) (bool, er
 	ctx, cancel := g.ctx()
 	defer cancel()
 	// The stream first: a node that sees the meta may start the holder.
-	if _, err := g.node.js.CreateOrUpdateStream(ctx, streamConfig(gh, cfg, g.node.replicas)); err != nil {
+	if err := g.node.ensureStream(ctx, newStartWait(g.log), streamConfig(gh, cfg, g.node.replicas)); err != nil {
 		return false, fmt.Errorf("cluster: group %s: log stream: %w", name, err)
 	}
 	meta := groupMeta{Name: name, Config: cfg, Created: time.Now().UTC()}

@@ -196,6 +196,8 @@ func MaybeRunChild() {
 
 // ProcCluster is a NATS cluster of child processes.
 type ProcCluster struct {
+	bin   string // nats-server binary; "" re-executes the test binary
+	dir   string
 	specs []spec
 	procs []*exec.Cmd
 }
@@ -205,11 +207,27 @@ type ProcCluster struct {
 // answers. The children are killed when the test ends.
 func StartProcs(t testing.TB, n int) *ProcCluster {
 	t.Helper()
-	c := &ProcCluster{specs: specs(t, n), procs: make([]*exec.Cmd, n)}
-	t.Cleanup(c.KillAll)
+	c := NewProcs(t, n, "")
 	for i := range c.specs {
-		c.start(t, i)
+		c.Start(t, i)
 	}
+	c.WaitJetStream(t)
+	return c
+}
+
+// NewProcs prepares an n-server cluster of child processes, none started:
+// each runs bin (a nats-server binary, see ServerBin), or the test binary
+// when bin is "". The children are killed when the test ends.
+func NewProcs(t testing.TB, n int, bin string) *ProcCluster {
+	t.Helper()
+	c := &ProcCluster{bin: bin, dir: t.TempDir(), specs: specs(t, n), procs: make([]*exec.Cmd, n)}
+	t.Cleanup(c.KillAll)
+	return c
+}
+
+// WaitJetStream waits until every server listens and JetStream answers.
+func (c *ProcCluster) WaitJetStream(t testing.TB) {
+	t.Helper()
 	for i := range c.specs {
 		waitTCP(t, c.specs[i].Port)
 	}
@@ -225,7 +243,7 @@ func StartProcs(t testing.TB, n int) *ProcCluster {
 		}
 		m, err := nc.Request("$JS.API.INFO", nil, 2*time.Second)
 		if err == nil && json.Unmarshal(m.Data, &info) == nil && info.Error == nil {
-			return c
+			return
 		}
 		if time.Now().After(deadline) {
 			last := ""
@@ -236,20 +254,46 @@ func StartProcs(t testing.TB, n int) *ProcCluster {
 			}
 			t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // a poll with a deadline: JetStream has no readiness event to wait on
 	}
 }
 
-func (c *ProcCluster) start(t testing.TB, i int) {
-	raw, _ := json.Marshal(c.specs[i])
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+// Start starts server i without waiting for it.
+func (c *ProcCluster) Start(t testing.TB, i int) {
+	t.Helper()
+	var cmd *exec.Cmd
+	if c.bin == "" {
+		raw, _ := json.Marshal(c.specs[i])
+		cmd = exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	} else {
+		conf := filepath.Join(c.dir, c.specs[i].Name+".conf")
+		if err := os.WriteFile(conf, []byte(c.specs[i].config()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd = exec.Command(c.bin, "-c", conf)
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	c.procs[i] = cmd
 }
+
+// config is the server's configuration file for a nats-server binary.
+func (s spec) config() string {
+	var routes []string
+	for _, r := range s.Routes {
+		routes = append(routes, strconv.Quote(r))
+	}
+	return fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n"+
+		"cluster { name: kl, listen: 127.0.0.1:%d, routes: [%s] }\n",
+		s.Name, s.Port, s.StoreDir, s.ClusterPort, strings.Join(routes, ", "))
+}
+
+// ServerBin returns $KEYLINE_NATS_SERVER: a nats-server binary for
+// NewProcs, or "" (the test binary runs the servers).
+func ServerBin() string { return os.Getenv("KEYLINE_NATS_SERVER") }
 
 func waitTCP(t testing.TB, port int) {
 	t.Helper()
@@ -287,7 +331,7 @@ func (c *ProcCluster) Kill(i int) {
 
 // Restart starts server i again (same name and store).
 func (c *ProcCluster) Restart(t testing.TB, i int) {
-	c.start(t, i)
+	c.Start(t, i)
 	waitTCP(t, c.specs[i].Port)
 }
 
