@@ -57,11 +57,15 @@ type Cluster struct {
 	// in the middle of (stored, not yet delivered locally).
 	pubSeq sync.Map
 
+	table *sessionTable // the sessions this node holds
+	// refused holds the connections whose session ownership could not be
+	// settled, until their CONNACK (a refusal) is out.
+	refused sync.Map // *mqtt.Client -> struct{}
+
 	mu struct {
 		sync.Mutex
-		sessions map[string]*clusterSession // client id -> session this node holds
-		nodes    map[string]nodeFigures     // other nodes' figures, by node id
-		orphans  map[string]time.Time       // client id -> when its owner was first found gone
+		nodes   map[string]nodeFigures // other nodes' figures, by node id
+		orphans map[string]time.Time   // client id -> when its owner was first found gone
 	}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -70,8 +74,7 @@ type Cluster struct {
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
-	h := &Cluster{server: server, stop: make(chan struct{})}
-	h.mu.sessions = map[string]*clusterSession{}
+	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
 	h.mu.nodes = map[string]nodeFigures{}
 	h.mu.orphans = map[string]time.Time{}
 	for _, c := range []struct {
@@ -288,13 +291,13 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 		return subs
 	}
 	seq := h.injectSeq.Load()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for id := range subs.Subscriptions {
-		if s := h.mu.sessions[id]; s != nil && !s.takesQueued(pk.TopicName, seq) {
-			delete(subs.Subscriptions, id)
+	h.table.locked(func(get func(string) *clusterSession) {
+		for id := range subs.Subscriptions {
+			if s := get(id); s != nil && !s.takesQueued(pk.TopicName, seq) {
+				delete(subs.Subscriptions, id)
+			}
 		}
-	}
+	})
 	return subs
 }
 
@@ -388,7 +391,7 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			removed = append(removed, f.Filter)
 		}
 	}
-	if len(removed) > 0 && s.persistent.Load() && !s.released.Load() {
+	if len(removed) > 0 && s.persistent.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		h.saveSubscriptions(ctx, s, nil, 0, removed)

@@ -91,11 +91,19 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 	return max(s.rec.Floor, covered)
 }
 
-// flush writes a session's record if it changed (or force). A refused
-// write means another node owns the session: this node drops it.
+// flush writes the record of an installed copy if it changed (or force).
+// A refused write means another node owns the session: this node drops it.
 func (h *Cluster) flush(ctx context.Context, s *clusterSession, force bool) {
+	if !s.released.Load() {
+		h.write(ctx, s, force)
+	}
+}
+
+// write writes a copy's record if it changed (or force), installed or
+// not: a copy being released writes its last progress this way.
+func (h *Cluster) write(ctx context.Context, s *clusterSession, force bool) {
 	s.mu.Lock()
-	if !s.persistent.Load() || s.released.Load() {
+	if !s.persistent.Load() {
 		s.mu.Unlock()
 		return
 	}
@@ -124,8 +132,10 @@ func (h *Cluster) flush(ctx context.Context, s *clusterSession, force bool) {
 
 	nrev, err := h.node.SaveSession(ctx, &rec, rev)
 	if errors.Is(err, cluster.ErrRevision) {
-		h.Log.Info("cluster: session taken over by another node", "client", s.id)
-		h.releaseLocal(s.id)
+		if h.table.removeStale(s) {
+			h.Log.Info("cluster: session taken over by another node", "client", s.id)
+			h.dropCopy(s)
+		}
 		return
 	}
 	s.mu.Lock()
@@ -153,13 +163,7 @@ func (h *Cluster) flushLoop() {
 			stopping = true
 		case <-t.C:
 		}
-		h.mu.Lock()
-		sessions := make([]*clusterSession, 0, len(h.mu.sessions))
-		for _, s := range h.mu.sessions {
-			sessions = append(sessions, s)
-		}
-		h.mu.Unlock()
-		for _, s := range sessions {
+		for _, s := range h.table.all() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			h.flush(ctx, s, false)
 			cancel()

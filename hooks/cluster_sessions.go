@@ -30,7 +30,10 @@ import (
 //     node; one that still holds an older copy of C (it missed step 1)
 //     drops it. Requests and announcements carry revisions, and a copy
 //     newer than theirs is kept: they may arrive late. Any later write by
-//     the old owner fails its compare-and-set, and it drops C too.
+//     the old owner fails its compare-and-set, and it drops C too. One
+//     that arrives while N is between its write and taking the copy in
+//     (sessionTable) and covers N's revision means N lost: its CONNECT
+//     is refused.
 //  4. A persistent session N did not hold in memory is rebuilt from the
 //     record: its filters join N's interest first, then every KL_MSGS
 //     message above the record's floor that its subscriptions take is
@@ -53,12 +56,14 @@ type clusterSub struct {
 	Since uint64 `json:"since"`
 }
 
-// clusterSession is a session this node holds.
+// clusterSession is one copy of a session this node holds: one
+// connection's (client never changes) and the record revisions written for
+// it. The sessionTable says whether it is the installed copy.
 type clusterSession struct {
 	id         string
-	client     atomic.Pointer[mqtt.Client] // the mochi client holding it now
+	client     *mqtt.Client // the mochi client holding it
 	persistent atomic.Bool
-	released   atomic.Bool   // another node took it over
+	released   atomic.Bool   // dropped: another node took it over, or a newer copy replaced it
 	replayedTo atomic.Uint64 // queued messages up to here came through the replay
 
 	mu       sync.Mutex
@@ -71,27 +76,41 @@ type clusterSession struct {
 	inflight map[uint16]uint64     // packet id -> KL_MSGS sequence
 	acked    []uint64              // acknowledged sequences above rec.Floor
 	dirty    bool                  // acks not written yet
-	refused  bool                  // the CONNECT could not take ownership
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
-	s.client.Store(cl)
+	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
 	s.persistent.Store(persistent)
 	return s
 }
 
-// session returns the session cl holds on this node, nil if none (a
-// client taken over, a placeholder, or not a session of ours).
-func (h *Cluster) session(cl *mqtt.Client) *clusterSession {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.mu.sessions[cl.ID]
-	if s == nil || s.client.Load() != cl || s.released.Load() {
-		return nil
-	}
-	return s
+// revision returns the record revision the copy last read or wrote.
+func (s *clusterSession) revision() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rev
 }
+
+// inherit moves what prev holds for the session that mochi keeps in memory
+// across the new connection (its subscriptions, the node interest they
+// hold, what is in flight and acknowledged) into s, a fresh copy for that
+// connection; prev is dropped. Call it once s is installed in prev's place.
+func (s *clusterSession) inherit(prev *clusterSession) {
+	prev.released.Store(true)
+	prev.mu.Lock()
+	subs, filters, since, maxSince, inflight, acked, dirty := prev.subs, prev.filters, prev.since, prev.maxSince, prev.inflight, prev.acked, prev.dirty
+	prev.subs, prev.filters, prev.since, prev.inflight, prev.acked = map[string]clusterSub{}, map[string]bool{}, map[string]uint64{}, map[uint16]uint64{}, nil
+	prev.mu.Unlock()
+	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs, s.filters, s.since, s.maxSince, s.inflight, s.acked = subs, filters, since, maxSince, inflight, acked
+	s.dirty = s.dirty || dirty
+}
+
+// session returns the copy of the session cl holds on this node, nil if
+// none (a client taken over, a placeholder, or not a session of ours).
+func (h *Cluster) session(cl *mqtt.Client) *clusterSession { return h.table.current(cl) }
 
 func storedClient(cl *mqtt.Client) storage.Client {
 	props := cl.Properties.Props.Copy(false)
@@ -109,7 +128,7 @@ func storedClient(cl *mqtt.Client) storage.Client {
 
 // stateLocked encodes the session's client and subscriptions.
 func (s *clusterSession) stateLocked() json.RawMessage {
-	st := clusterState{Client: storedClient(s.client.Load())}
+	st := clusterState{Client: storedClient(s.client)}
 	for _, sub := range s.subs {
 		st.Subs = append(st.Subs, sub)
 	}
@@ -132,11 +151,7 @@ func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	if err != nil {
 		h.Log.Warn("cluster: refusing a connection: session ownership not settled", "client", cl.ID, "error", err)
 		h.Stats.Refused.Add(1)
-		s = newClusterSession(cl.ID, cl, false)
-		s.refused = true
-		h.mu.Lock()
-		h.mu.sessions[cl.ID] = s
-		h.mu.Unlock()
+		h.refused.Store(cl, struct{}{})
 		// Make mochi forget this client when it goes: it holds no session.
 		cl.Properties.Clean = true
 		cl.Properties.Props.SessionExpiryInterval = 0
@@ -153,6 +168,8 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 	self := h.node.NodeID()
 	id := cl.ID
 	persist := persistent(cl)
+	h.table.begin(id)
+	defer h.table.end(id)
 	var lastErr error
 	for attempt := 0; attempt < 8; attempt++ {
 		if attempt > 0 {
@@ -172,28 +189,23 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 				h.Log.Warn("cluster: the previous owner did not confirm the release", "client", id, "owner", rec.Owner, "error", err)
 			}
 		}
-		h.mu.Lock()
-		prev := h.mu.sessions[id]
-		h.mu.Unlock()
-		if prev != nil && (prev.released.Load() || prev.refused) {
-			prev = nil
-		}
+		prev := h.table.get(id)
 		keepLocal := !clean && prev != nil && rec != nil && rec.Owner == self && rec.Persistent
 		var restore *cluster.SessionRecord
-		var s *clusterSession
+		s := newClusterSession(id, cl, persist)
 		nr := cluster.SessionRecord{ClientID: id, Owner: self, Persistent: persist, Connected: true}
 		switch {
 		case keepLocal: // mochi holds it in memory and resumes it
-			s = prev
-			s.mu.Lock()
-			nr.Floor, nr.Acked = s.rec.Floor, s.acked
-			s.mu.Unlock()
+			prev.mu.Lock()
+			nr.Floor, nr.Acked = prev.rec.Floor, prev.acked
+			for f, sub := range prev.subs {
+				s.subs[f] = sub // for the state written below; inherit moves the rest
+			}
+			prev.mu.Unlock()
 		case !clean && rec != nil && rec.Persistent:
-			s = newClusterSession(id, cl, persist)
 			restore = rec
 			nr.Floor, nr.Acked, nr.State = rec.Floor, rec.Acked, rec.State
 		default:
-			s = newClusterSession(id, cl, persist)
 			if persist {
 				if nr.Floor, err = h.node.LastSequence(ctx); err != nil {
 					lastErr = err
@@ -202,8 +214,6 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			}
 		}
 		s.mu.Lock()
-		s.persistent.Store(persist)
-		s.client.Store(cl)
 		if restore == nil {
 			nr.State = s.stateLocked()
 		}
@@ -219,12 +229,18 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		s.mu.Lock()
 		s.rev, s.rec, s.dirty = nrev, nr, false
 		s.mu.Unlock()
-		if prev != nil && prev != s {
+		switch err := h.table.install(s, prev); {
+		case errors.Is(err, errTableChanged):
+			lastErr = err
+			continue // prev was released or replaced meanwhile: look again
+		case err != nil:
+			return nil, nil, err // another node took the session after this write
+		}
+		if keepLocal {
+			s.inherit(prev)
+		} else if prev != nil {
 			h.dropInterest(prev) // mochi discards or replaces the local copy
 		}
-		h.mu.Lock()
-		h.mu.sessions[id] = s
-		h.mu.Unlock()
 		if rec != nil && rec.Owner != self {
 			h.node.Announce(id, nrev)
 		}
@@ -425,43 +441,41 @@ func (h *Cluster) dropLocal(cl *mqtt.Client) {
 // A copy newer than upTo stays: a late announcement or a request that lost
 // a race must not drop a session taken over since.
 func (h *Cluster) Release(clientID string, upTo uint64) {
-	h.mu.Lock()
-	s := h.mu.sessions[clientID]
-	h.mu.Unlock()
-	if s != nil {
-		s.mu.Lock()
-		newer := s.rev > upTo
-		s.mu.Unlock()
-		if newer {
-			return
-		}
+	s, newer := h.table.claim(clientID, upTo)
+	if newer {
+		return
 	}
-	if s != nil && s.persistent.Load() && !s.released.Load() {
-		if cl := s.client.Load(); cl != nil && !cl.Closed() {
-			_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
+	if s == nil {
+		// No copy here: a stale client mochi still holds under the id goes
+		// (a connection that is being acquired is not in mochi's list yet).
+		if cl, ok := h.server.Clients.Get(clientID); ok {
+			h.dropLocal(cl)
+		}
+		return
+	}
+	if s.persistent.Load() {
+		if !s.client.Closed() {
+			_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 		}
 		s.mu.Lock()
 		s.rec.Connected = false
 		s.rec.DisconnectedAt = time.Now().Unix()
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		h.flush(ctx, s, true)
+		h.write(ctx, s, true)
 		cancel()
 	}
-	h.releaseLocal(clientID)
+	h.dropCopy(s)
 }
 
-// releaseLocal drops this node's copy of a session without writing its record.
-func (h *Cluster) releaseLocal(clientID string) {
-	h.mu.Lock()
-	s := h.mu.sessions[clientID]
-	delete(h.mu.sessions, clientID)
-	h.mu.Unlock()
-	if s != nil {
-		h.dropInterest(s)
-	}
-	if cl, ok := h.server.Clients.Get(clientID); ok {
+// dropCopy forgets s, a copy already uninstalled, without writing its
+// record: its interest, and its connection if mochi still holds it.
+func (h *Cluster) dropCopy(s *clusterSession) {
+	h.dropInterest(s)
+	if cl, ok := h.server.Clients.Get(s.id); ok && cl == s.client {
 		h.dropLocal(cl)
+	} else if !s.client.Closed() {
+		_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 	}
 }
 
@@ -471,11 +485,7 @@ func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pac
 	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode != 0 {
 		return pk
 	}
-	h.mu.Lock()
-	s := h.mu.sessions[cl.ID]
-	refused := s != nil && s.refused && s.client.Load() == cl
-	h.mu.Unlock()
-	if refused {
+	if _, refused := h.refused.Load(cl); refused {
 		pk.SessionPresent = false
 		pk.ReasonCode = packets.ErrServerUnavailable.Code
 		if cl.Properties.ProtocolVersion < 5 {
@@ -488,13 +498,7 @@ func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pac
 // OnPacketSent closes a refused connection once its CONNACK is out.
 func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode >= packets.Err3ServerUnavailable.Code {
-		h.mu.Lock()
-		s := h.mu.sessions[cl.ID]
-		if s != nil && s.refused && s.client.Load() == cl {
-			delete(h.mu.sessions, cl.ID)
-		}
-		h.mu.Unlock()
-		if s != nil && s.refused {
+		if _, refused := h.refused.LoadAndDelete(cl); refused {
 			cl.Stop(packets.ErrServerUnavailable)
 		}
 	}
@@ -511,8 +515,9 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 		// reached OnPublished: do not let it hold every floor back.
 		h.pubSeq.CompareAndDelete(cl.ID, v)
 	}
+	h.refused.Delete(cl) // its CONNACK may never have gone out
 	s := h.session(cl)
-	if s == nil || s.refused {
+	if s == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -537,14 +542,12 @@ func (h *Cluster) OnClientExpired(cl *mqtt.Client) {
 	}
 }
 
-// forget ends a session: interest, map entry and record.
+// forget ends a session: its copy, interest and record.
 func (h *Cluster) forget(ctx context.Context, s *clusterSession) {
-	h.dropInterest(s)
-	h.mu.Lock()
-	if h.mu.sessions[s.id] == s {
-		delete(h.mu.sessions, s.id)
+	if !h.table.remove(s) {
+		return // replaced or released meanwhile: the record is someone else's
 	}
-	h.mu.Unlock()
+	h.dropInterest(s)
 	s.mu.Lock()
 	rev := s.rev
 	s.mu.Unlock()
