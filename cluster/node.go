@@ -190,7 +190,7 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	n.log.Info("joined cluster", "node", cfg.NodeID, "nats", n.nc.ConnectedUrlRedacted(), "replicas", n.replicas,
+	n.log.Info("joined cluster", "nats", n.nc.ConnectedUrlRedacted(), "replicas", n.replicas,
 		"took", time.Since(w.begin).Round(time.Millisecond))
 	return n, nil
 }
