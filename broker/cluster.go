@@ -215,10 +215,15 @@ var clusterMetrics = []struct {
 	{"keyline_cluster_session_record_errors_total", "Session record writes that failed.", func(_ *cluster.Node, h *hooks.Cluster) float64 { return float64(h.Stats.RecordErrors.Load()) }},
 }
 
+// answersDropped is the Key-Shared counter of clusterCollector.
+var answersDropped = prometheus.NewDesc("keyline_cluster_group_answers_dropped_total",
+	"Members' acks, nacks and rejects that reached a group's dispatcher on this node after it stopped holding the group (the next holder settles those messages).", nil, nil)
+
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range clusterMetrics {
 		ch <- prometheus.NewDesc(m.name, m.help, nil, nil)
 	}
+	ch <- answersDropped
 }
 
 func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -232,6 +237,9 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 			typ = prometheus.GaugeValue
 		}
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(m.name, m.help, nil, nil), typ, m.value(n, h))
+	}
+	if g := c.b.groups; g != nil {
+		ch <- prometheus.MustNewConstMetric(answersDropped, prometheus.CounterValue, float64(g.Stats.AnswersDropped.Load()))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -112,6 +113,13 @@ func (c *GroupsConfig) withDefaults() GroupsConfig {
 	return out
 }
 
+// GroupsStats are a node's Key-Shared counters.
+type GroupsStats struct {
+	// AnswersDropped counts members' acks, nacks and rejects that reached a
+	// holder's dispatcher after it closed (see holder.answer).
+	AnswersDropped atomic.Uint64
+}
+
 // groupMeta is the value of m.<hash>.
 type groupMeta struct {
 	Name    string                  `json:"name"`
@@ -124,6 +132,8 @@ type groupMeta struct {
 // the groups' node sides (Open), and the holders of the leases this node
 // won. Safe for concurrent use.
 type Groups struct {
+	Stats GroupsStats
+
 	node     *Node
 	cfg      GroupsConfig
 	log      *slog.Logger

@@ -114,7 +114,7 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 			continue
 		}
 		if k < len(outcomes) && outcomes[k] == deliveryRefused {
-			_ = h.d.Nack(it.member, it.offset, 0)
+			h.answer(upNack, it.member, it.offset, 0)
 		}
 		k++
 	}
@@ -131,7 +131,7 @@ func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 	}
 	if adopted, ack := h.adopt.intercept(member, m.Offset); adopted {
 		if ack {
-			_ = h.d.Ack(member, m.Offset)
+			h.answer(upAck, member, m.Offset, 0)
 		}
 		return true
 	}
