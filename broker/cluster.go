@@ -14,6 +14,7 @@ import (
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -168,6 +169,16 @@ func (b *Broker) startCluster(ctx context.Context) error {
 	b.node = n
 	b.cluster.SetNode(n)
 	return nil
+}
+
+// outboxStore is where persistent sessions' outboxes are kept: bbolt on
+// one node; in cluster mode the messages stay in JetStream and the cluster
+// hook keeps how far each session has got.
+func (b *Broker) outboxStore() outbox.Store {
+	if b.cluster != nil {
+		return b.cluster.OutboxStore()
+	}
+	return hooks.NewOutboxStore(b.sessions)
 }
 
 // clusterReady reports whether the cluster side lets the node serve.

@@ -12,7 +12,18 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
+
+// SessionOutboxes is what the cluster hook needs of the fan-out's session
+// outboxes (Fanout implements it).
+type SessionOutboxes interface {
+	// RequeueSession gives client id the messages its session held, in
+	// order, encoded for protocol version; it returns how many it took.
+	RequeueSession(id string, version byte, msgs []outbox.Queued) int
+	// DropSession discards what the fan-out holds for client id.
+	DropSession(id string)
+}
 
 // Ids of the inline clients that inject messages from other nodes. Clients
 // cannot take them: MQTT strings never hold U+0000.
@@ -47,6 +58,9 @@ type Cluster struct {
 	server *mqtt.Server
 	node   *cluster.Node
 	Stats  ClusterStats
+	// Outboxes is the fan-out: a session taken over from another node gets
+	// its queued messages there, and one another node took leaves it.
+	Outboxes SessionOutboxes
 
 	inlineCore, inlineQueued, inlineSys *mqtt.Client
 
@@ -117,7 +131,7 @@ var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
 	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
-	mqtt.OnQosPublish, mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
+	mqtt.OnClientExpired,
 	mqtt.OnPacketEncode, mqtt.OnPacketSent,
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
 
 // Ownership protocol (a CONNECT on node N for client id C):
@@ -73,13 +74,16 @@ type clusterSession struct {
 	filters  map[string]bool       // filters registered with the node's interest
 	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
 	maxSince uint64                // the highest of since
-	inflight map[uint16]uint64     // packet id -> KL_MSGS sequence
-	acked    []uint64              // acknowledged sequences above rec.Floor
+	// live holds the KL_MSGS sequences of the messages in the session's
+	// outbox (queued or in flight), by outbox sequence: the floor stays
+	// below them (clusterOutboxes keeps it).
+	live  map[uint64]uint64
+	acked []uint64 // acknowledged sequences above rec.Floor
 	dirty    bool                  // acks not written yet
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
+	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
 	s.persistent.Store(persistent)
 	return s
 }
@@ -91,20 +95,26 @@ func (s *clusterSession) revision() uint64 {
 	return s.rev
 }
 
-// inherit moves what prev holds for the session that mochi keeps in memory
-// across the new connection (its subscriptions, the node interest they
-// hold, what is in flight and acknowledged) into s, a fresh copy for that
-// connection; prev is dropped. Call it once s is installed in prev's place.
+// inherit moves what prev holds for the session that mochi and the
+// fan-out keep in memory across the new connection (its subscriptions, the
+// node interest they hold, the references of its outbox's messages and the
+// acknowledged ones) into s, a fresh copy for that connection; prev is
+// dropped. Call it once s is installed in prev's place: from then on the
+// outbox reports to s, so what it reported meanwhile is merged, not replaced.
 func (s *clusterSession) inherit(prev *clusterSession) {
 	prev.released.Store(true)
 	prev.mu.Lock()
-	subs, filters, since, maxSince, inflight, acked, dirty := prev.subs, prev.filters, prev.since, prev.maxSince, prev.inflight, prev.acked, prev.dirty
-	prev.subs, prev.filters, prev.since, prev.inflight, prev.acked = map[string]clusterSub{}, map[string]bool{}, map[string]uint64{}, map[uint16]uint64{}, nil
+	subs, filters, since, maxSince, live, acked, dirty := prev.subs, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
+	prev.subs, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
 	prev.mu.Unlock()
 	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.subs, s.filters, s.since, s.maxSince, s.inflight, s.acked = subs, filters, since, maxSince, inflight, acked
+	s.subs, s.filters, s.since, s.maxSince = subs, filters, since, maxSince
+	for seq, ref := range s.live {
+		live[seq] = ref
+	}
+	s.live, s.acked = live, append(acked, s.acked...)
 	s.dirty = s.dirty || dirty
 }
 
@@ -262,8 +272,9 @@ func (h *Cluster) dropInterest(s *clusterSession) {
 }
 
 // restore rebuilds a persistent session from its record: interest, then
-// the replay of its queued messages, then a placeholder client mochi
-// resumes the session from.
+// the replay of its queued messages into its outbox (Outboxes), then a
+// placeholder client with its subscriptions, which mochi resumes the
+// session from (session present).
 func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *cluster.SessionRecord) {
 	var st clusterState
 	if len(rec.State) > 0 {
@@ -287,9 +298,12 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	for _, a := range rec.Acked {
 		acked[a] = true
 	}
-	var queued []packets.Packet
-	var nextID uint16
-	maxInflight := int(h.server.Options.Capabilities.MaximumInflight)
+	// The session's queued messages, in KL_MSGS order, go to its outbox:
+	// the fan-out sends them once the client's CONNACK is out, in that
+	// order, as single-node mode resends what it kept.
+	version := cl.Properties.ProtocolVersion
+	var queued []outbox.Queued
+	maxHeld := int(h.server.Options.Capabilities.MaximumInflight)
 	last, err := h.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
 		if acked[seq] {
 			return
@@ -302,27 +316,29 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		if !ok || min(qos, pk.FixedHeader.Qos) == 0 {
 			return
 		}
-		if len(queued) >= maxInflight {
+		if len(queued) >= maxHeld {
 			atomic.AddInt64(&h.server.Info.InflightDropped, 1)
 			return
 		}
-		nextID++
-		pk.FixedHeader.Qos = min(qos, pk.FixedHeader.Qos)
-		pk.FixedHeader.Retain = false
-		pk.PacketID = nextID
-		if cl.Properties.ProtocolVersion == 5 && len(ids) > 0 {
-			pk.Properties.SubscriptionIdentifier = ids
+		if version != 5 {
+			ids = nil
 		}
-		queued = append(queued, pk)
-		s.mu.Lock()
-		s.inflight[nextID] = seq
-		s.mu.Unlock()
+		p, err := encodeFrame(pk, version, false, min(qos, pk.FixedHeader.Qos), ids)
+		if err != nil {
+			h.Log.Warn("cluster: a queued message cannot be encoded for the session; skipped", "client", cl.ID, "topic", clip(pk.TopicName), "error", err)
+			return
+		}
+		// It may have reached the client from the node that held the
+		// session before: DUP on its first send here.
+		queued = append(queued, outbox.Queued{Pub: p, Ref: seq, Created: pk.Created, Deadline: pk.Expiry, Sent: true})
 	})
 	if err != nil {
 		h.Log.Error("cluster: replaying a session's queued messages failed; some may be missing", "client", cl.ID, "error", err)
 	}
 	s.replayedTo.Store(last)
-	h.Stats.Restored.Add(uint64(len(queued)))
+	if h.Outboxes != nil {
+		h.Stats.Restored.Add(uint64(h.Outboxes.RequeueSession(cl.ID, version, queued)))
+	}
 
 	ph := h.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
 	ph.Properties.ProtocolVersion = cl.Properties.ProtocolVersion
@@ -338,17 +354,6 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 			atomic.AddInt64(&h.server.Info.Subscriptions, 1)
 		}
 		ph.State.Subscriptions.Add(sub.Filter, ps)
-	}
-	// mochi resends a session's messages sorted by uint16(Created), with
-	// ties in any order: give them distinct, increasing values (ending now,
-	// and without a wrap of the low 16 bits inside the run).
-	start := time.Now().Unix() - int64(len(queued))
-	if int64(uint16(start))+int64(len(queued)) > 0xffff {
-		start -= int64(uint16(start))
-	}
-	for i, pk := range queued {
-		pk.Created = start + int64(i)
-		ph.State.Inflight.Set(pk)
 	}
 	h.server.Clients.Add(ph)
 }
@@ -472,6 +477,9 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 // record: its interest, and its connection if mochi still holds it.
 func (h *Cluster) dropCopy(s *clusterSession) {
 	h.dropInterest(s)
+	if h.Outboxes != nil {
+		h.Outboxes.DropSession(s.id) // what it queued is another node's now
+	}
 	if cl, ok := h.server.Clients.Get(s.id); ok && cl == s.client {
 		h.dropLocal(cl)
 	} else if !s.client.Closed() {

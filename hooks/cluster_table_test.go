@@ -88,15 +88,15 @@ func TestSessionTableCopiesAreNotRebound(t *testing.T) {
 func TestSessionInherit(t *testing.T) {
 	prev := copyAt("c", &mqtt.Client{ID: "c"}, 3)
 	prev.filters["a/#"] = true
-	prev.inflight[7] = 42
+	prev.live[7] = 42
 	prev.acked = []uint64{40}
 	prev.replayedTo.Store(41)
 	s := copyAt("c", &mqtt.Client{ID: "c"}, 4)
 	s.inherit(prev)
-	if !prev.released.Load() || len(prev.filters) != 0 || len(prev.inflight) != 0 {
+	if !prev.released.Load() || len(prev.filters) != 0 || len(prev.live) != 0 {
 		t.Fatal("prev keeps what it handed over")
 	}
-	if !s.filters["a/#"] || s.inflight[7] != 42 || len(s.acked) != 1 || s.replayedTo.Load() != 41 {
+	if !s.filters["a/#"] || s.live[7] != 42 || len(s.acked) != 1 || s.replayedTo.Load() != 41 {
 		t.Fatalf("not inherited: %+v", s)
 	}
 }

@@ -27,11 +27,11 @@ func outboxKey(client string, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(clientPrefix(client), seq)
 }
 
-func (s outboxStore) Put(client string, seq uint64, rec []byte) {
-	s.store.Put(persistence.KindOutbox, outboxKey(client, seq), rec)
+func (s outboxStore) Put(client string, m outbox.Stored) {
+	s.store.Put(persistence.KindOutbox, outboxKey(client, m.Seq), m.Record())
 }
 
-func (s outboxStore) Delete(client string, seq uint64) {
+func (s outboxStore) Delete(client string, seq, _ uint64) {
 	s.store.Delete(persistence.KindOutbox, outboxKey(client, seq))
 }
 

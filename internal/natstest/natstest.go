@@ -106,18 +106,34 @@ func specs(t testing.TB, n int) []spec {
 // Cluster is an in-process NATS cluster.
 type Cluster struct {
 	Servers []*server.Server
+	// MQTTAddrs are the servers' MQTT listeners (Options.MQTT), in order.
+	MQTTAddrs []string
 }
 
 // Start starts an n-server JetStream cluster in process (n == 1: a single
 // server) and waits until it has a JetStream meta leader. It shuts down
 // when the test ends.
-func Start(t testing.TB, n int) *Cluster {
+func Start(t testing.TB, n int) *Cluster { return StartWith(t, n, Options{}) }
+
+// Options are what StartWith adds to a cluster.
+type Options struct {
+	// MQTT gives every server nats-server's own MQTT listener (the peer of
+	// the cluster benchmarks): MQTTAddrs lists them.
+	MQTT bool
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	c := &Cluster{}
 	for _, s := range specs(t, n) {
 		o := s.options()
 		if n == 1 {
 			o.Cluster, o.Routes = server.ClusterOpts{}, nil
+		}
+		if opts.MQTT {
+			o.MQTT = server.MQTTOpts{Host: "127.0.0.1", Port: FreePort(t)}
+			c.MQTTAddrs = append(c.MQTTAddrs, fmt.Sprintf("127.0.0.1:%d", o.MQTT.Port))
 		}
 		srv, err := server.NewServer(o)
 		if err != nil {
