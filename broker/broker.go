@@ -279,6 +279,7 @@ func (b *Broker) addHooks() error {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	}, b.outboxStore())
+	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	if b.cluster != nil {
 		b.fanout.Refs = b.cluster.MessageRef
@@ -520,6 +521,7 @@ func (b *Broker) httpHandler() http.Handler {
 	groups.register(mux)
 	b.registerConsole(mux, groups)
 	b.registerCluster(mux)
+	b.registerBackup(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
