@@ -142,8 +142,8 @@ type entry struct {
 	pub      *frame.Publish
 	ref      uint64 // the caller's reference of the message (Add)
 	created  int64  // unix seconds
-	deadline int64 // unix seconds past which an unsent message is dropped; 0: never
-	size     int32 // bytes of the frame, counted against the byte bounds
+	deadline int64  // unix seconds past which an unsent message is dropped; 0: never
+	size     int32  // bytes of the frame, counted against the byte bounds
 	id       uint16
 	state    uint8
 	sent     bool  // sent before: the next send carries DUP
