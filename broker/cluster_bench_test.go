@@ -131,16 +131,10 @@ func measureFanout(b *testing.B, tg fanoutTarget, subs, n int, qos byte) fanoutR
 		}
 		return true
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !everyone() {
-		if time.Now().After(deadline) {
-			b.Fatal("subscribers got nothing")
-		}
-		pubs[0].Publish(warm, 1, false, "warm").WaitTimeout(mqtttest.Timeout)
-		<-tick.C
-	}
+	mqtttest.Eventually(b, 20*time.Second, "every subscriber to hear", func() bool {
+		pubs[0].Publish(warm, 1, false, "warm").WaitTimeout(mqtttest.Timeout) // paced by the poll
+		return everyone()
+	})
 	var before uint64
 	if tg.received != nil {
 		before = tg.received()
@@ -155,8 +149,10 @@ func measureFanout(b *testing.B, tg fanoutTarget, subs, n int, qos byte) fanoutR
 			defer wg.Done()
 			var toks []mqtt3.Token
 			for i := p; i < n; i += len(pubs) {
-				for qos == 0 && int64(i)-slowest() > fanoutWindow {
-					<-time.After(50 * time.Microsecond) // a bounded poll: the subscribers catch up
+				if qos == 0 && int64(i)-slowest() > fanoutWindow &&
+					!mqtttest.Within(time.Minute, func() bool { return int64(i)-slowest() <= fanoutWindow }) {
+					errs <- fmt.Errorf("subscribers %d messages behind for a minute", int64(i)-slowest())
+					return
 				}
 				toks = append(toks, pub.Publish(run, qos, false, payload))
 				if len(toks) > fanoutInflight {
@@ -180,12 +176,8 @@ func measureFanout(b *testing.B, tg fanoutTarget, subs, n int, qos byte) fanoutR
 	if err := <-errs; err != nil {
 		b.Fatal(err)
 	}
-	deadline = time.Now().Add(60 * time.Second)
-	for slowest() < int64(n) {
-		if time.Now().After(deadline) {
-			b.Fatalf("slowest subscriber has %d of %d messages", slowest(), n)
-		}
-		<-time.After(time.Millisecond) // a bounded poll for the last deliveries
+	if !mqtttest.Within(time.Minute, func() bool { return slowest() >= int64(n) }) {
+		b.Fatalf("slowest subscriber has %d of %d messages", slowest(), n)
 	}
 	elapsed, cpu := time.Since(start), cpuTime()-cpu0
 	r := fanoutRun{

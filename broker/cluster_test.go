@@ -37,13 +37,7 @@ func startClusterBrokers(t *testing.T, n int, urls []string) []*Broker {
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	mqtttest.Eventually(t, d, what, cond)
 }
 
 func dialV5(t *testing.T, b *Broker, cp *paho.Connect) *mqtttest.V5 {
@@ -68,8 +62,7 @@ func warmCore(t *testing.T, pub *mqtttest.V5, topic string, subs ...*mqtttest.V5
 	t.Helper()
 	got := make([]bool, len(subs))
 	waitFor(t, 10*time.Second, "QoS 0 interest to reach every NATS server", func() bool {
-		pub.Publish(t, &paho.Publish{Topic: topic, QoS: 0, Payload: []byte("probe")})
-		time.Sleep(10 * time.Millisecond)
+		pub.Publish(t, &paho.Publish{Topic: topic, QoS: 0, Payload: []byte("probe")}) // paced by the poll
 		all := true
 		for i, s := range subs {
 			for !got[i] {
@@ -361,11 +354,13 @@ func TestClusterSessionResumeAndTakeover(t *testing.T) {
 	sys.Subscribe(t, paho.SubscribeOptions{Topic: "$SYS/cluster/#", QoS: 0}, paho.SubscribeOptions{Topic: "$SYS/broker/cluster/node", QoS: 0})
 	seen := map[string]string{}
 	waitFor(t, 15*time.Second, "$SYS cluster totals", func() bool {
-		select {
-		case m := <-sys.Msgs:
-			seen[m.Topic] = string(m.Payload)
-		default:
-			time.Sleep(5 * time.Millisecond)
+		for drained := false; !drained; {
+			select {
+			case m := <-sys.Msgs:
+				seen[m.Topic] = string(m.Payload)
+			default:
+				drained = true
+			}
 		}
 		// dev-1 and pub on node b, sys on node c.
 		return seen["$SYS/broker/cluster/node"] == "node-c" && seen["$SYS/cluster/nodes"] == "3" && seen["$SYS/cluster/clients/connected"] == "3"

@@ -24,6 +24,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
 // FreePort returns a loopback TCP port that was free a moment ago. The
@@ -146,13 +148,7 @@ func StartWith(t testing.TB, n int, opts Options) *Cluster {
 		c.Servers = append(c.Servers, srv)
 	}
 	t.Cleanup(c.Shutdown)
-	deadline := time.Now().Add(30 * time.Second)
-	for !c.hasLeader(n) {
-		if time.Now().After(deadline) {
-			t.Fatal("no JetStream meta leader within 30s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	mqtttest.Eventually(t, 30*time.Second, "a JetStream meta leader", func() bool { return c.hasLeader(n) })
 	return c
 }
 
@@ -252,25 +248,24 @@ func (c *ProcCluster) WaitJetStream(t testing.TB) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	last := ""
+	ok := mqtttest.Within(30*time.Second, func() bool { // JetStream has no readiness event to wait on
 		var info struct {
 			Error *struct{} `json:"error"`
 		}
 		m, err := nc.Request("$JS.API.INFO", nil, 2*time.Second)
-		if err == nil && json.Unmarshal(m.Data, &info) == nil && info.Error == nil {
-			return
+		switch {
+		case err != nil:
+			last = err.Error()
+		case json.Unmarshal(m.Data, &info) != nil || info.Error != nil:
+			last = string(m.Data)
+		default:
+			return true
 		}
-		if time.Now().After(deadline) {
-			last := ""
-			if err != nil {
-				last = err.Error()
-			} else {
-				last = string(m.Data)
-			}
-			t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
-		}
-		time.Sleep(20 * time.Millisecond) // a poll with a deadline: JetStream has no readiness event to wait on
+		return false
+	})
+	if !ok {
+		t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
 	}
 }
 
@@ -313,18 +308,13 @@ func ServerBin() string { return os.Getenv("KEYLINE_NATS_SERVER") }
 
 func waitTCP(t testing.TB, port int) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	mqtttest.Eventually(t, 15*time.Second, fmt.Sprintf("the nats server on port %d to listen", port), func() bool {
 		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
 		if err == nil {
 			conn.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats server on port %d not listening", port)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 // URLs returns every server's client URL (killed ones included: clients skip them).
