@@ -56,7 +56,7 @@ func (g *Groups) eachDeadLetter(ctx context.Context, gh string, from uint64, fn 
 		if err != nil {
 			return fmt.Errorf("cluster: dead letters: %w", err)
 		}
-		d, err := persistence.DecodeDeadLetter(m.Data)
+		d, _, err := keyshared.DecodeDeadLetter(m.Data, true)
 		if err != nil {
 			g.log.Warn("key-shared: undecodable dead letter skipped", "id", m.Sequence, "error", err)
 		} else if !fn(m.Sequence, d) {
@@ -115,7 +115,7 @@ func (g *Groups) DeadLetter(group string, id uint64) (persistence.DeadLetterEntr
 	if err != nil {
 		return persistence.DeadLetterEntry{}, err
 	}
-	d, err := persistence.DecodeDeadLetter(m.Data)
+	d, _, err := keyshared.DecodeDeadLetter(m.Data, true)
 	if err != nil {
 		return persistence.DeadLetterEntry{}, err
 	}
@@ -156,7 +156,7 @@ func (g *Groups) ReplayDeadLetter(group string, id uint64) (uint64, error) {
 		err error
 	}
 	ch := make(chan res, 1)
-	g.appends.append(gh, m.Key, "replay-"+gh+"-"+strconv.FormatUint(id, 10), persistence.EncodeMessage(&m), func(off uint64, err error) {
+	g.appends.append(gh, m.Key, "replay-"+gh+"-"+strconv.FormatUint(id, 10), keyshared.EncodeMessage(&m), func(off uint64, err error) {
 		ch <- res{off, err}
 	})
 	r := <-ch

@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Group is a cluster-wide Key-Shared group as one node's broker sees it:
@@ -138,7 +137,7 @@ func (gr *Group) Route(m *keyshared.Message) {
 		return
 	}
 	if _, ok := ng.g.holderOf(ng.gh); ok {
-		_ = ng.g.node.nc.Publish(holderSubject(ng.gh), append([]byte{reqQoS0}, persistence.EncodeMessage(m)...))
+		_ = ng.g.node.nc.Publish(holderSubject(ng.gh), append([]byte{reqQoS0}, keyshared.EncodeMessage(m)...))
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Requests to a holder (kl.k.<hash>), by first byte.
@@ -407,7 +406,7 @@ func (h *holder) onRequest(m *nats.Msg) {
 		data, _ := json.Marshal(sts)
 		_ = m.Respond(data)
 	case reqQoS0:
-		msg, err := persistence.DecodeMessage(m.Data[1:])
+		msg, err := keyshared.DecodeMessage(m.Data[1:], true)
 		if err == nil {
 			h.r.Route(&msg)
 		}

@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
+
+	"github.com/keyline-mq/keyline/internal/wire"
 )
 
 // nodeGroup is a group's side on one node: the members connected here,
@@ -215,8 +216,8 @@ func (ng *nodeGroup) newUpPipe(epoch uint64) *pipe[upItem] {
 			}
 			return
 		}
-		d := wdec{b: reply[1:]}
-		no := d.uvarint()
+		d := wire.NewDecoder(reply[1:], errWire)
+		no := d.Uvarint()
 		if reply[0] != replyOK {
 			for _, it := range items {
 				ng.unsent(it)
@@ -351,7 +352,7 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 		it := &b.items[i]
 		switch it.kind {
 		case downDeliver, downQoS0:
-			msg, err := persistence.DecodeMessage(it.msg)
+			msg, err := keyshared.DecodeMessage(it.msg, true)
 			if err != nil {
 				continue
 			}

@@ -261,7 +261,7 @@ func (g *Groups) AppendMulti(groups []string, m keyshared.Message) []persistence
 // each group's log; done runs once all answered, on a goroutine of the
 // appender (callbacks of different publishes may run concurrently).
 func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]persistence.AppendResult)) {
-	data := persistence.EncodeMessage(&m)
+	data := keyshared.EncodeMessage(&m)
 	rs := make([]persistence.AppendResult, len(groups))
 	var mu sync.Mutex
 	left := len(groups)
@@ -367,7 +367,7 @@ func (l *viewLog) ReadFrom(from uint64, limit int, buf []keyshared.Message) ([]k
 		if m.Sequence <= st.cursor || st.resolved.contains(m.Sequence) {
 			continue
 		}
-		msg, err := persistence.DecodeMessage(m.Data)
+		msg, err := keyshared.DecodeMessage(m.Data, true)
 		if err != nil {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
 )
 
 // The decoders of what other nodes send (up and down batches, a group's

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/wire"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence/seglog"
 )
@@ -92,10 +93,10 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 			return fmt.Errorf("persistence: create groups bucket: %w", err)
 		}
 		if v := tx.Bucket(groupsBucket).Get(keylineKey); v != nil {
-			d := decoder{b: v}
-			s.mu.nextID = d.uvarint()
-			if d.err != nil {
-				return fmt.Errorf("%w: %s: next group id: %w", ErrCorrupt, db.path, d.err)
+			d := wire.NewDecoder(v, errDecode)
+			s.mu.nextID = d.Uvarint()
+			if d.Err() != nil {
+				return fmt.Errorf("%w: %s: next group id: %w", ErrCorrupt, db.path, d.Err())
 			}
 		}
 		s.mu.nextID = max(s.mu.nextID, 1)
@@ -460,7 +461,7 @@ func (s *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done fun
 		done(logResults(names, rs))
 		return
 	}
-	s.log.Append(s.ids(names), encodeMessage(&m), func(rs []seglog.Result) { done(logResults(names, rs)) })
+	s.log.Append(s.ids(names), keyshared.EncodeMessage(&m), func(rs []seglog.Result) { done(logResults(names, rs)) })
 }
 
 // AppendAsync implements GroupStore.

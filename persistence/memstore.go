@@ -256,7 +256,7 @@ func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult
 }
 
 func (s *MemGroups) appendMulti(groups []string, m *keyshared.Message, done func([]AppendResult)) []AppendResult {
-	enc := encodeMessage(m)
+	enc := keyshared.EncodeMessage(m)
 	res := make([]AppendResult, len(groups))
 	s.mu.Lock()
 	if s.mu.closed {
@@ -313,7 +313,7 @@ func (l *memLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keys
 		if !live {
 			continue
 		}
-		m, err := decodeMessage(enc, false)
+		m, err := keyshared.DecodeMessage(enc, false)
 		if err != nil {
 			return buf, fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, l.name, g.order[i], err)
 		}
@@ -355,7 +355,7 @@ func (l *memLog) Resolve(offsets []uint64) {
 
 func (l *memLog) DeadLetter(d keyshared.DeadLetter) error {
 	d.Group = l.name
-	v := appendDeadLetter(nil, &d)
+	v := keyshared.AppendDeadLetter(nil, &d)
 	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return err
@@ -436,7 +436,7 @@ func (s *MemGroups) ReplayDeadLetter(name string, id uint64) (uint64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
 	}
-	_, enc, err := decodeDeadLetter(v, false)
+	_, enc, err := keyshared.DecodeDeadLetter(v, false)
 	if err != nil {
 		return 0, fmt.Errorf("%w: group %q dead letter %d: %w", ErrCorrupt, name, id, err)
 	}

@@ -210,7 +210,7 @@ func testAppendRead(t *testing.T, h *harness) {
 		}
 		var size uint64
 		for i := range want {
-			size += uint64(messageSize(&want[i]))
+			size += uint64(keyshared.MessageSize(&want[i]))
 		}
 		if info.StoredBytes != size {
 			t.Fatalf("StoredBytes = %d, want %d", info.StoredBytes, size)
@@ -356,7 +356,7 @@ func testBacklogReject(t *testing.T, h *harness) {
 
 	// Byte limit.
 	m := msg("t", strings.Repeat("b", 100))
-	size := uint64(messageSize(&m))
+	size := uint64(keyshared.MessageSize(&m))
 	const gb = "bytes/#"
 	ensure(t, h.s, gb, GroupConfig{MaxBytes: 2*size + 1})
 	mustAppend(t, h.s, gb, m)
