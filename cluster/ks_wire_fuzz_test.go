@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"testing"
 	"time"
-
 )
 
 // The decoders of what other nodes send (up and down batches, a group's
