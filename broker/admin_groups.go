@@ -10,7 +10,7 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // The Key-Shared admin API: groups and their dead letters under /api/v1.
@@ -25,8 +25,8 @@ type groupService interface {
 	DeleteGroup(ctx context.Context, name string) error
 	Members(group string) []string
 	MemberInfos(group string) []hooks.MemberInfo
-	DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error)
-	DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error)
+	DeadLetters(group string, after uint64, limit int) ([]keyshared.DeadLetterEntry, error)
+	DeadLetter(group string, id uint64) (keyshared.DeadLetterEntry, error)
 	ReplayDeadLetter(group string, id uint64) (uint64, error)
 	DeleteDeadLetter(group string, id uint64) error
 	PurgeDeadLetters(group string) (int, error)
@@ -258,7 +258,7 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 			break // the client went away: stop between replays, each is atomic
 		}
 		off, err := a.groups.ReplayDeadLetter(name, rl.ID)
-		if errors.Is(err, persistence.ErrDeadLetterNotFound) && !one {
+		if errors.Is(err, keyshared.ErrDeadLetterNotFound) && !one {
 			continue // replayed or purged meanwhile
 		}
 		if err != nil {

@@ -236,16 +236,18 @@ func (b *Broker) addHooks() error {
 			return fmt.Errorf("broker: storage hook: %w", err)
 		}
 	}
-	var store persistence.GroupStore = b.db.Groups()
+	var backend keyshared.Backend
 	if b.clusterMode() {
 		if err := b.joinCluster(); err != nil {
 			return err
 		}
-		store = b.groups
+		backend = b.groups
+	} else {
+		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
-	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
+	b.keyShared = hooks.NewKeyShared(b.server, backend, hooks.KeySharedConfig{
 		KeyProperty: b.cfg.KeyProperty,
-		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
+		GroupSettings: func(name string) (keyshared.Config, keyshared.GroupConfig) {
 			d, g, _ := b.cfg.groupSettings(name) // validated
 			d.Logger = b.log                     // the dispatcher adds group=
 			return d, g
@@ -255,7 +257,6 @@ func (b *Broker) addHooks() error {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
-		Cluster:            b.groups,
 		// The fan-out's session outboxes share each client's packet ids.
 		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
 	})

@@ -16,7 +16,6 @@ import (
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // ClusterConfig turns a node into a member of a cluster of Keyline nodes
@@ -127,7 +126,7 @@ func (b *Broker) joinCluster() error {
 // startGroups joins the cluster's Key-Shared groups (after startCluster).
 func (b *Broker) startGroups(ctx context.Context) error {
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
-		Settings: func(name string) (keyshared.Config, persistence.GroupConfig) {
+		Settings: func(name string) (keyshared.Config, keyshared.GroupConfig) {
 			d, g, _ := b.cfg.groupSettings(name) // validated
 			d.Logger = b.log
 			return d, g

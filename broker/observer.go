@@ -9,7 +9,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // observer is a mochi hook that watches the broker for operators: it samples
@@ -106,7 +106,7 @@ func (o *observer) sample(now time.Time) {
 	})
 	for _, name := range o.samples.watched(now) {
 		st, err := o.b.keyShared.Group(name)
-		if errors.Is(err, persistence.ErrGroupNotFound) {
+		if errors.Is(err, keyshared.ErrGroupNotFound) {
 			o.samples.forget(name)
 			continue
 		}

@@ -15,7 +15,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Key-Shared groups across nodes. A `$share/<share>/<filter>` group is one
@@ -64,7 +63,7 @@ func holderSubject(gh string) string { return subjHolder + gh }
 // GroupsConfig configures Key-Shared groups across nodes.
 type GroupsConfig struct {
 	// Settings returns a group's dispatcher and backlog settings.
-	Settings func(name string) (keyshared.Config, persistence.GroupConfig)
+	Settings func(name string) (keyshared.Config, keyshared.GroupConfig)
 	// LeaseTTL is how long a lease lives without renewal: it must exceed a
 	// NATS leader election (4-9 s) plus a renewal period. Default 15 s.
 	LeaseTTL time.Duration
@@ -106,8 +105,8 @@ func (c *GroupsConfig) withDefaults() GroupsConfig {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Settings == nil {
-		out.Settings = func(string) (keyshared.Config, persistence.GroupConfig) {
-			return keyshared.DefaultConfig(), persistence.GroupConfig{}
+		out.Settings = func(string) (keyshared.Config, keyshared.GroupConfig) {
+			return keyshared.DefaultConfig(), keyshared.GroupConfig{}
 		}
 	}
 	return out
@@ -122,13 +121,13 @@ type GroupsStats struct {
 
 // groupMeta is the value of m.<hash>.
 type groupMeta struct {
-	Name    string                  `json:"name"`
-	Config  persistence.GroupConfig `json:"config"`
-	Created time.Time               `json:"created"`
+	Name    string                `json:"name"`
+	Config  keyshared.GroupConfig `json:"config"`
+	Created time.Time             `json:"created"`
 }
 
 // Groups is a node's part in the cluster's Key-Shared groups: the store the
-// broker's hook appends to and administers through (persistence.GroupStore),
+// broker's hook appends to and administers through (keyshared.Backend),
 // the groups' node sides (Open), and the holders of the leases this node
 // won. Safe for concurrent use.
 type Groups struct {

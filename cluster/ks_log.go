@@ -286,7 +286,11 @@ func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
 	l.mu.pendingDL[d.Message.Offset] = seq
 	l.mu.maxDL = max(l.mu.maxDL, seq)
 	l.mu.Unlock()
-	if f := l.g.cfg.OnDeadLetter; f != nil {
+	// Published live by this node's side of the group (every node opens
+	// every group; one that has not yet is told through OnDeadLetter).
+	if ng := l.g.nodeGroupOf(l.gh); ng != nil {
+		ng.local.DeadLettered(d)
+	} else if f := l.g.cfg.OnDeadLetter; f != nil {
 		f(l.name, d)
 	}
 	return nil

@@ -24,7 +24,7 @@ type nodeGroup struct {
 	g     *Groups
 	name  string
 	gh    string
-	local keyshared.Deliverer // writes to the members' connections
+	local keyshared.Output // writes to the members' connections; publishes dead letters
 
 	// applyMu orders down batches against a change of holder: a batch is
 	// applied (and its deliveries become outstanding) either before the
@@ -66,9 +66,11 @@ type localMember struct {
 	active bool
 }
 
-// Open returns the node side of group name, whose deliveries to members on
-// this node go through local. The group must exist (EnsureGroup).
-func (g *Groups) Open(name string, local keyshared.Deliverer) (*Group, error) {
+// Open implements keyshared.Backend: the node side of group name, whose
+// deliveries to members on this node go through local. The group must exist
+// (EnsureGroup). Its dispatcher runs on the node holding the group's lease,
+// configured by GroupsConfig.Settings there (cfg is not used).
+func (g *Groups) Open(name string, _ keyshared.Config, local keyshared.Output) (keyshared.Group, error) {
 	gh := groupHash(name)
 	g.mu.Lock()
 	if g.mu.stopped {
@@ -419,17 +421,8 @@ func (ng *nodeGroup) close() {
 
 // statsReply is a holder's answer to a stats request.
 type statsReply struct {
-	Stats   keyshared.Stats `json:"stats"`
-	Members []MemberInfo    `json:"members"`
-}
-
-// MemberInfo is what the holder knows of a member.
-type MemberInfo struct {
-	ID         string   `json:"id"`
-	Node       string   `json:"node"`
-	QoS        byte     `json:"qos"`
-	KeyFilters []string `json:"key_filters,omitempty"`
-	Connected  bool     `json:"connected"`
+	Stats   keyshared.Stats        `json:"stats"`
+	Members []keyshared.MemberInfo `json:"members"`
 }
 
 func (h *holder) statsReply() []byte {
@@ -441,7 +434,7 @@ func (h *holder) stats() statsReply {
 	r := statsReply{Stats: h.d.Stats()}
 	h.mu.Lock()
 	for id, m := range h.mu.members {
-		r.Members = append(r.Members, MemberInfo{ID: id, Node: m.node, QoS: m.qos, KeyFilters: m.filters, Connected: m.active})
+		r.Members = append(r.Members, keyshared.MemberInfo{ID: id, Node: m.node, QoS: m.qos, KeyFilters: m.filters, Connected: m.active})
 	}
 	h.mu.Unlock()
 	return r

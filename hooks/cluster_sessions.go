@@ -79,7 +79,7 @@ type clusterSession struct {
 	// below them (clusterOutboxes keeps it).
 	live  map[uint64]uint64
 	acked []uint64 // acknowledged sequences above rec.Floor
-	dirty    bool                  // acks not written yet
+	dirty bool     // acks not written yet
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {

@@ -142,7 +142,7 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 	}
 	s.lg.Debug("message log opened", "segments", rep.Segments, "bytes", rep.Bytes, "live", rep.Live, "took", rep.Took)
 	for _, g := range s.mu.groups {
-		if err := s.log.SetLimits(g.meta.ID, g.meta.Config.limits()); err != nil {
+		if err := s.log.SetLimits(g.meta.ID, g.meta.Config.Limits()); err != nil {
 			_ = s.log.Close()
 			return nil, fmt.Errorf("persistence: group %q: %w", g.name, err)
 		}
@@ -254,7 +254,7 @@ func (s *Groups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
 			return false, err
 		}
 		g.meta = meta
-		return false, s.log.SetLimits(meta.ID, cfg.limits())
+		return false, s.log.SetLimits(meta.ID, cfg.Limits())
 	}
 	s.mu.Lock()
 	id := s.mu.nextID
@@ -289,7 +289,7 @@ func (s *Groups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
 	}
-	if err := s.log.AddGroup(id, seglog.GroupState{}, cfg.limits()); err != nil {
+	if err := s.log.AddGroup(id, seglog.GroupState{}, cfg.Limits()); err != nil {
 		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
 	}
 	g = &group{name: name, meta: meta, lastSeen: st.lastSeen}

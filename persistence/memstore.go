@@ -194,11 +194,9 @@ func (g *memGroup) resolveLocked(off uint64, drop bool) {
 
 // appendLocked applies the group's limits and appends enc.
 func (g *memGroup) appendLocked(name string, enc []byte) (uint64, error) {
-	lim, size := g.meta.Config.limits(), uint64(len(enc))
-	over := func() bool {
-		return (lim.MaxMessages > 0 && uint64(len(g.msgs))+1 > lim.MaxMessages) || (lim.MaxBytes > 0 && g.bytes+size > lim.MaxBytes)
-	}
-	if lim.MaxBytes > 0 && size > lim.MaxBytes {
+	lim, size := g.meta.Config.Limits(), uint64(len(enc))
+	over := func() bool { return lim.Over(uint64(len(g.msgs)), g.bytes, size) }
+	if lim.TooLarge(size) {
 		g.rejected++
 		return 0, fmt.Errorf("%w: group %q: message of %d bytes exceeds the limit of %d bytes", ErrBacklogFull, name, size, lim.MaxBytes)
 	}
