@@ -314,7 +314,7 @@ func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	var errs []error
 	for _, h := range held {
 		h.mu.Lock()
-		idle := len(h.mu.members) == 0 && now.Sub(h.mu.lastSeen) >= ttl
+		idle := len(h.mu.members) == 0 && now.Sub(h.mu.lastSeen) >= ttl && !strings.HasPrefix(h.name, share.InternalPrefix)
 		h.mu.Unlock()
 		if !idle {
 			continue

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/share"
@@ -26,7 +27,8 @@ type GroupStatus struct {
 	Holder string
 }
 
-// Groups returns every stored group's status, sorted by name.
+// Groups returns every stored group's status, sorted by name; the
+// broker's own (internal) groups are left out.
 func (h *KeyShared) Groups() ([]GroupStatus, error) {
 	infos, err := h.backend.Groups()
 	if err != nil {
@@ -34,6 +36,9 @@ func (h *KeyShared) Groups() ([]GroupStatus, error) {
 	}
 	out := make([]GroupStatus, 0, len(infos))
 	for _, gi := range infos {
+		if strings.HasPrefix(gi.Name, share.InternalPrefix) {
+			continue
+		}
 		out = append(out, h.status(gi))
 	}
 	return out, nil
@@ -71,6 +76,9 @@ func (h *KeyShared) status(gi keyshared.GroupInfo) GroupStatus {
 func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 	if n := h.members.count(name); n > 0 {
 		return fmt.Errorf("%w: group %s has %d members; they must unsubscribe first", ErrGroupBusy, name, n)
+	}
+	if g := h.groups.get(name); g != nil && g.ext.Load() != nil {
+		return fmt.Errorf("%w: group %s is the queue of a configured bridge; remove the bridge first", ErrGroupBusy, name)
 	}
 	if g := h.groups.remove(name); g != nil {
 		_ = g.d.Close(ctx)

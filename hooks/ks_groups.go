@@ -20,6 +20,8 @@ type ksGroup struct {
 	name string // "<share>/<filter>"
 	n    share.Name
 	d    keyshared.Group
+	// ext is where an internal group's deliveries go (ks_internal.go).
+	ext atomic.Pointer[internalOut]
 }
 
 // groupRegistry owns the running groups and the index that matches topics to

@@ -47,7 +47,9 @@ import (
 //     stopped is delivered again (at least once).
 //   - Pending lists the unresolved messages after the cursor for operators.
 //   - SweepIdle deletes the groups without members (anywhere) for ttl that
-//     hold no unresolved message and no dead letter.
+//     hold no unresolved message and no dead letter, but never an internal
+//     group (share.InternalPrefix: the broker's own, whose life the
+//     broker's configuration decides).
 //
 // All methods are safe for concurrent use.
 type Backend interface {
@@ -139,6 +141,10 @@ type Group interface {
 	// Holder returns the node dispatching the group ("" on one node) and
 	// whether a dispatcher serves it now.
 	Holder() (node string, dispatching bool)
+	// HeldHere reports whether the group's dispatcher runs on this node now
+	// (in a cluster: by this node's own clock, so that no other node can
+	// dispatch it meanwhile, which a read of the lease cannot tell).
+	HeldHere() bool
 	// States returns where messages stand, as the dispatcher sees them.
 	States(ctx context.Context, offsets []uint64) ([]MessageStatus, error)
 	// Close ends this node's side of the group (the group lives on).

@@ -161,6 +161,7 @@ func (g *localGroup) Route(m *Message) (string, bool) { return g.r.Route(m) }
 func (g *localGroup) Stats() Stats                    { return g.d.Stats() }
 func (g *localGroup) RouterStats() RouterStats        { return g.r.Stats() }
 func (g *localGroup) Holder() (string, bool)          { return "", true }
+func (g *localGroup) HeldHere() bool                  { return true }
 func (g *localGroup) States(ctx context.Context, offsets []uint64) ([]MessageStatus, error) {
 	return g.d.States(ctx, offsets)
 }

@@ -13,6 +13,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/internal/wire"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence/seglog"
@@ -502,6 +503,10 @@ func (s *Groups) MembersChanged(name string, members int, now time.Time) error {
 	return nil
 }
 
+// internalGroup reports whether name is one of the broker's own groups,
+// which no idle sweep deletes (keyshared.Backend's contract).
+func internalGroup(name string) bool { return strings.HasPrefix(name, share.InternalPrefix) }
+
 // SweepIdle implements GroupStore.
 func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	s.shape.Lock()
@@ -512,7 +517,7 @@ func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	s.mu.RLock()
 	var idle []*group
 	for _, g := range s.mu.groups {
-		if g.members == 0 && g.dlq.count == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl {
+		if g.members == 0 && g.dlq.count == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl && !internalGroup(g.name) {
 			idle = append(idle, g)
 		}
 	}
