@@ -273,7 +273,8 @@ func (b *Broker) addHooks() error {
 		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
 	}
 	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
-	if err := b.server.AddHook(&hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil); err != nil {
+	protocol := &hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}
+	if err := b.server.AddHook(protocol, nil); err != nil {
 		return fmt.Errorf("broker: protocol hook: %w", err)
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
@@ -299,6 +300,11 @@ func (b *Broker) addHooks() error {
 	// the fan-out turns an outbox's ack into one mochi ignores.
 	if err := b.server.AddHook(&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
 		return fmt.Errorf("broker: packet-read hook: %w", err)
+	}
+	// The hooks' corrections to packets mochi writes, as one hook, in the
+	// order of the hooks above (see hooks.PacketEncoder).
+	if err := b.server.AddHook(&hooks.PacketEncoder{Auth: b.auth, Storage: storage, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, nil); err != nil {
+		return fmt.Errorf("broker: packet-encode hook: %w", err)
 	}
 	b.ops = b.newOps()
 	// Last: it sees publishes once they are routed (the console's topic streams).

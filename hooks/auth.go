@@ -56,15 +56,10 @@ func NewAuth(server *mqtt.Server, ledger *auth.Ledger) *Auth {
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
-func (h *Auth) Provides(b byte) bool {
-	if b == mqtt.OnPacketEncode && h.ledger == nil {
-		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
-	}
-	return authEvents.has(b)
-}
+func (h *Auth) Provides(b byte) bool { return authEvents.has(b) }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck,
 )
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,
@@ -166,12 +161,14 @@ func (h *Auth) allowed(cl *mqtt.Client, topic string, write bool) bool {
 // CanRead reports whether cl may receive a message published on topic.
 func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.OnACLCheck(cl, topic, false) }
 
-// OnPacketEncode re-checks a resumed session's resent messages against the
-// ACL when its CONNACK goes out (mochi resends them right after, unchecked):
-// what the user may not read now is dropped from its inflight state.
-func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) re-checks a resumed session's resent
+// messages against the ACL when its CONNACK goes out (mochi resends them
+// right after, unchecked): what the user may not read now is dropped from
+// its inflight state. Without a ledger PacketEncoder skips it (the check is
+// of ACL rules).
+func (h *Auth) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || h.ledger == nil {
-		return pk
+		return
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {
 		if m.FixedHeader.Type == packets.Publish && !h.CanRead(cl, m.TopicName) {
@@ -181,5 +178,4 @@ func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			h.Log.Info("dropped a resent message the client may no longer read", "client", clip(cl.ID), "topic", clip(m.TopicName))
 		}
 	}
-	return pk
 }

@@ -19,7 +19,11 @@
 //     QoS 1/2 through each session's outbox;
 //   - PacketReader (packet_read.go): the one hook reading packets as they
 //     arrive, calling the ReadPacket steps of Auth, KeyShared and Fanout in
-//     order (mochi copies a packet into every OnPacketRead hook).
+//     order (mochi copies a packet into every OnPacketRead hook);
+//   - PacketEncoder (packet_encode.go): the one hook correcting packets
+//     mochi writes, calling the EncodePacket steps of Auth, Storage,
+//     Cluster, Protocol and Fanout in order (mochi copies a packet into
+//     every OnPacketEncode hook).
 //
 // encode.go holds the encoders of the frames the hooks queue themselves,
 // topiccache.go the bounded topic cache under the fan-out's routes and the

@@ -111,7 +111,6 @@ var fanoutEvents = eventSet(
 	mqtt.OnSessionEstablished,
 	mqtt.OnStarted,
 	mqtt.OnClientExpired,
-	mqtt.OnPacketEncode,
 	mqtt.OnPacketProcessed,
 	mqtt.OnDisconnect,
 )
@@ -156,22 +155,23 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnPacketEncode attaches the session to its new connection when a
+// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
 // successful CONNACK is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
 // sends from here on (first, what was in flight, in its original order)
 // waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
-// Other acks it marks for the short encoding (shortAck); the broker
-// registers this hook after every other hook that may change an ack.
-func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// Other acks it marks for the short encoding (shortAck); PacketEncoder
+// runs it after every other step that may change an ack.
+func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack {
-		return shortAck(pk)
+		shortAck(pk)
+		return
 	}
 	q := queueOf(cl)
 	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
-		return pk
+		return
 	}
 	var s *fanSession
 	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
@@ -192,7 +192,6 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 	if stale {
 		h.invalidate()
 	}
-	return pk
 }
 
 // ReadPacket (a PacketReader step) hands the client's PUBACK, PUBREC and

@@ -59,7 +59,6 @@ var storageEvents = eventSet(
 	mqtt.OnQosComplete,
 	mqtt.OnQosDropped,
 	mqtt.OnSysInfoTick,
-	mqtt.OnPacketEncode,
 	mqtt.OnClientExpired,
 	mqtt.OnRetainedExpired,
 	mqtt.StoredClients,
@@ -279,16 +278,15 @@ type packetKey struct {
 	id     uint16
 }
 
-// OnPacketEncode turns the acknowledgement of a publish whose retained
-// message was not stored into a failure (0x80).
-func (h *Storage) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) turns the acknowledgement of a publish
+// whose retained message was not stored into a failure (0x80).
+func (h *Storage) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if t := pk.FixedHeader.Type; (t == packets.Puback || t == packets.Pubrec) && h.failedRetains.Load() > 0 {
 		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
 			h.failedRetains.Add(-1)
 			pk.ReasonCode = packets.ErrUnspecifiedError.Code
 		}
 	}
-	return pk
 }
 
 // OnRetainedExpired deletes an expired retained message.
