@@ -66,10 +66,10 @@ func (e *fanoutEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packet
 // against the one PacketEncoder, in the same run.
 func BenchmarkPacketEncode(b *testing.B) {
 	server := mqtt.New(nil)
-	a := NewAuth(server, &auth.Ledger{Auth: auth.AuthRules{{Allow: true}}})
-	s := NewStorage(server, nil)
+	a := NewAuth(server, NewACL(&auth.Ledger{Auth: auth.AuthRules{{Allow: true}}}), AuthConfig{})
+	s := NewStorage(server, nil, nil)
 	p := &Protocol{}
-	f := NewFanout(server, nil, nil, nil)
+	f := NewFanout(server, FanoutConfig{})
 	cl := server.NewClient(nil, "t", "c1", false)
 	cl.Properties.ProtocolVersion = 5
 	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Puback}, PacketID: 7, ProtocolVersion: 5, ReasonCode: 1}
