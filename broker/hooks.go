@@ -34,7 +34,7 @@ func (b *Broker) hookTable(protocol *hooks.Protocol) []hookRow {
 		{b.storage, single, "before Key-Shared: a subscription that cannot be stored is refused before Key-Shared makes the client a member"},
 		{b.keySharedHook(), true, "before the cluster and the fan-out: it takes the $share part of every publish before the fan-out's OnPublish ends the chain"},
 		{b.cluster, clustered, "before the fan-out: forwarding to other nodes must not depend on mochi's routing, which the fan-out's OnPublish ends"},
-		{protocol, true, "its OnConnect (max keep alive) only reads the CONNECT; its CONNACK and ack corrections run in the packet-encode hook"},
+		{protocol, true, "anywhere: its OnConnect (max keep alive) depends on no other hook; its CONNACK and ack corrections run in the packet-encode hook"},
 		{b.fanout, true, "after every hook that must see a publish: its OnPublish answers CodeSuccessIgnore for the deliveries it makes itself"},
 		{&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, true, "the only OnPacketRead hook (mochi copies a packet per hook): Auth renames $SYS publishes for the ACL check, Key-Shared takes its members' acks before the fan-out takes its outboxes'"},
 		{&hooks.PacketEncoder{Auth: b.auth, Storage: b.storage, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
