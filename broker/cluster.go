@@ -9,6 +9,7 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keyline-mq/keyline/broker/ops"
@@ -175,6 +176,15 @@ func (b *Broker) outboxStore() outbox.Store {
 		return b.cluster.OutboxStore()
 	}
 	return hooks.NewOutboxStore(b.sessions)
+}
+
+// messageRefs is what the fan-out records with each outbox copy of a
+// QoS 1/2 message: its JetStream sequence in cluster mode, nothing on one node.
+func (b *Broker) messageRefs() func(packets.Packet) uint64 {
+	if b.cluster != nil {
+		return b.cluster.MessageRef
+	}
+	return nil
 }
 
 // clusterReady reports whether the cluster side lets the node serve.

@@ -131,8 +131,7 @@ var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
 	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
-	mqtt.OnClientExpired,
-	mqtt.OnPacketEncode, mqtt.OnPacketSent,
+	mqtt.OnClientExpired, mqtt.OnPacketSent,
 )
 
 // Stop ends the flusher after a last flush of every session.

@@ -487,11 +487,11 @@ func (h *Cluster) dropCopy(s *clusterSession) {
 	}
 }
 
-// OnPacketEncode turns the CONNACK of a connection whose session ownership
-// could not be settled into a refusal.
-func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) turns the CONNACK of a connection
+// whose session ownership could not be settled into a refusal.
+func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode != 0 {
-		return pk
+		return
 	}
 	if _, refused := h.refused.Load(cl); refused {
 		pk.SessionPresent = false
@@ -500,7 +500,6 @@ func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pac
 			pk.ReasonCode = packets.Err3ServerUnavailable.Code
 		}
 	}
-	return pk
 }
 
 // OnPacketSent closes a refused connection once its CONNACK is out.

@@ -15,7 +15,7 @@ type pubDelivery struct {
 	h        *Fanout
 	pk       packets.Packet
 	deadline int64  // unix seconds after which a queued QoS 1/2 copy is dropped unsent; 0: never
-	ref      uint64 // the backend's reference of the message (Fanout.Refs), kept with outbox copies
+	ref      uint64 // the backend's reference of the message (FanoutConfig.Refs), kept with outbox copies
 	// retained: a retained message sent on SUBSCRIBE, whose RETAIN flag
 	// stays set whatever the subscription says [MQTT-3.3.1-9].
 	retained bool
@@ -94,8 +94,8 @@ func (h *Fanout) newDelivery(pk packets.Packet) *pubDelivery {
 // backend's reference of it (Refs).
 func (h *Fanout) newPublishDelivery(pk packets.Packet) *pubDelivery {
 	d := h.newDelivery(pk)
-	if h.Refs != nil && pk.FixedHeader.Qos > 0 {
-		d.ref = h.Refs(pk)
+	if h.refs != nil && pk.FixedHeader.Qos > 0 {
+		d.ref = h.refs(pk)
 	}
 	return d
 }

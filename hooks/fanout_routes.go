@@ -69,7 +69,7 @@ func (h *Fanout) routesFor(topic string) *routes {
 	}
 	subs := h.server.Topics.Subscribers(topic)
 	delete(subs.Shared, placeholderFilter)
-	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.SharedElsewhere)}
+	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.sharedElsewhere)}
 	for id, sub := range subs.Subscriptions {
 		cl, ok := h.server.Clients.Get(id)
 		if !ok || cl.Net.Inline {
