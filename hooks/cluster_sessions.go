@@ -369,7 +369,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	}
 	s.replayedTo.Store(last)
 	if h.Outboxes != nil {
-		h.Stats.Restored.Add(uint64(h.Outboxes.PrependSession(cl.ID, queued)))
+		h.Stats.Restored.Add(uint64(h.Outboxes.PrependSession(cl.ID, queued, last)))
 	}
 }
 

@@ -201,13 +201,14 @@ func (h *Fanout) RequeueSession(id string, version byte, msgs []outbox.Queued) i
 }
 
 // PrependSession implements SessionOutboxes: msgs go, in order, ahead of
-// what client id's session (made by RequeueSession) got meanwhile.
-func (h *Fanout) PrependSession(id string, msgs []outbox.Queued) int {
+// what client id's session (made by RequeueSession) got meanwhile; they
+// are every message it takes with a reference up to upTo.
+func (h *Fanout) PrependSession(id string, msgs []outbox.Queued, upTo uint64) int {
 	s := h.sessions.get(id)
 	if s == nil {
 		return 0
 	}
-	return s.out.Prepend(msgs)
+	return s.out.Prepend(msgs, upTo)
 }
 
 // RoutesChanged implements SessionOutboxes.

@@ -380,32 +380,40 @@ type Renumberer interface {
 // Prepend loads msgs, in their order, ahead of every message the outbox
 // holds: a session rebuilt from a backend that keeps messages elsewhere
 // (the cluster replays them from JetStream) while newer messages were
-// already being delivered to it. A message whose Ref (non-zero) the outbox
-// already holds is skipped: it arrived live during the replay. What it
-// holds must not have been on a connection yet (no Attach since New); the
-// messages are renumbered, after every sequence used before. Past Max or
-// the byte bounds the rest of msgs are dropped and counted, as Add does.
-// It returns how many it took.
-func (o *Outbox) Prepend(msgs []Queued) int {
+// already being delivered to it. msgs are every message with a reference
+// (Ref, non-zero) up to upTo: a held message with such a reference (it
+// arrived live during the replay) goes, and so does one Added later. What
+// the outbox holds must not have been on a connection yet (no Attach since
+// New); the messages are renumbered, after every sequence used before.
+// Past Max or the byte bounds the rest of msgs are dropped and counted, as
+// Add does. It returns how many it took.
+func (o *Outbox) Prepend(msgs []Queued, upTo uint64) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.mu.gone {
 		return 0
 	}
+	o.mu.skipTo = max(o.mu.skipTo, upTo)
 	var held []entry
-	refs := map[uint64]bool{}
 	for i := o.mu.head; i < len(o.mu.q); i++ {
-		if e := o.mu.q[i]; e.pub != nil {
-			held = append(held, e)
-			if e.ref != 0 {
-				refs[e.ref] = true
+		e := o.mu.q[i]
+		switch {
+		case e.pub == nil:
+		case e.ref != 0 && e.ref <= upTo: // replayed: in msgs, in its place
+			if e.id != 0 {
+				o.mu.ids.del(e.id)
 			}
+			o.forgetBytesLocked(&e)
+			o.mu.live--
+			addInfo(o.cfg.Stats.InfoInflight, -1)
+		default:
+			held = append(held, e)
 		}
 	}
 	o.mu.q, o.mu.head, o.mu.cursor, o.mu.base = nil, 0, 0, o.mu.next
 	n := 0
 	for _, m := range msgs {
-		if m.Pub == nil || m.Pub.QoS == 0 || (m.Ref != 0 && refs[m.Ref]) {
+		if m.Pub == nil || m.Pub.QoS == 0 {
 			continue
 		}
 		size := int64(len(m.Pub.B))
