@@ -146,7 +146,8 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 }
 
 // OnPacketEncode attaches the session to its new connection when a
-// successful CONNACK is about to be written: mochi has decided by now whether
+// successful CONNACK (reason code 0, in both protocol versions) is about to
+// be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
@@ -159,7 +160,12 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 		return shortAck(pk)
 	}
 	q := queueOf(cl)
-	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+	if pk.ReasonCode != packets.CodeSuccess.Code || cl.Closed() || q == nil {
+		// A refusal: MQTT 5's codes are 0x80 and above, MQTT 3.1.1's 0x01
+		// to 0x05; a 3.1.1 CONNECT that breaks the protocol is stopped
+		// (hooks.Protocol) and its CONNACK never sent. A refused
+		// connection never reaches OnDisconnect, so nothing may be attached
+		// to it: the session it names stays whoever's it is.
 		return pk
 	}
 	var s *fanSession
@@ -320,3 +326,6 @@ func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Inf
 	held, inflight = s.out.Len()
 	return held, inflight, s.out.Snapshot(n)
 }
+
+// Sessions returns how many sessions the fan-out holds, connected or not.
+func (h *Fanout) Sessions() int { return len(h.sessions.ids()) }
