@@ -54,7 +54,13 @@ type Config struct {
 	// 0: no cap, and 3.1.1 sessions never expire.
 	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"`
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
-	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
+	// TopicAliasMaximum is the Topic Alias Maximum offered to MQTT 5
+	// clients in CONNACK: how many inbound aliases a connection may set (0:
+	// none). TopicAliasBytes bounds the bytes of topics they hold (0: no
+	// limit); a publish past either is answered DISCONNECT 0x94 or 0x97.
+	TopicAliasMaximum uint16        `yaml:"topic-alias-maximum"`
+	TopicAliasBytes   ByteSize      `yaml:"topic-alias-bytes"`
+	ShutdownTimeout   time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -136,6 +142,14 @@ type ConnQueueOverride struct {
 	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
 }
 
+// DefaultTopicAliasMaximum and DefaultTopicAliasBytes bound one
+// connection's inbound topic aliases: as many as mosquitto's default (10)
+// and then some, and 64 KiB of topics (16 topics of 4 KiB).
+const (
+	DefaultTopicAliasMaximum = 16
+	DefaultTopicAliasBytes   = 64 << 10
+)
+
 // DefaultMaxSessionExpiry is how long a disconnected persistent session is
 // kept unless configured: a week, so devices offline over a long weekend
 // keep their sessions and abandoned ones do not pile up for ever.
@@ -154,6 +168,8 @@ func DefaultConfig() Config {
 		MaxPacketSize:      1 << 20,
 		MaxInflight:        8192,
 		ReceiveMaximum:     1024,
+		TopicAliasMaximum:  DefaultTopicAliasMaximum,
+		TopicAliasBytes:    DefaultTopicAliasBytes,
 		MaxSessionExpiry:   DefaultMaxSessionExpiry,
 		ShutdownTimeout:    10 * time.Second,
 		SlowPolicy:         connq.DropOldest,
@@ -229,6 +245,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:
+		return fmt.Errorf("%w: topic-alias-bytes must be between 0 and 1GiB", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPReadTimeout <= 0:

@@ -94,6 +94,7 @@ type Connack struct {
 	SessionPresent   bool
 	ReasonCode       byte
 	ReceiveMaximum   uint16 // the broker's; 0 when not sent (65535)
+	TopicAliasMax    uint16 // the broker's Topic Alias Maximum; 0 when not sent
 	ServerKeepAlive  uint16 // 0 when not sent
 	MaximumQoS       byte   // 2 when not sent
 	AssignedClientID string
@@ -344,6 +345,7 @@ type Outgoing struct {
 	QoS           byte
 	Retain        bool
 	MessageExpiry uint32 // seconds; 0: none
+	TopicAlias    uint16 // 0: none
 	User          []UserProperty
 }
 

@@ -54,6 +54,7 @@ type Capabilities struct {
 	ReceiveMaximum               uint16          `yaml:"receive_maximum" json:"receive_maximum"`                   // maximum number of concurrent qos messages per client
 	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                 // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
 	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`           // maximum topic alias value
+	TopicAliasBytes              int             `yaml:"topic_alias_bytes" json:"topic_alias_bytes"`               // bytes of topics one connection's inbound aliases may hold; 0: no limit
 	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`         // support of shared subscriptions
 	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"` // minimum supported mqtt version
 	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                   // version compatibilities the server provides
@@ -75,6 +76,7 @@ func NewDefaultServerCapabilities() *Capabilities {
 		ReceiveMaximum:               1024,           // maximum number of concurrent qos messages per client
 		MaximumInflight:              1024 * 8,       // maximum number of qos > 0 messages can be stored
 		TopicAliasMaximum:            math.MaxUint16, // maximum topic alias value
+		TopicAliasBytes:              1 << 20,        // bytes of topics one connection's inbound aliases may hold
 		SharedSubAvailable:           1,              // shared subscriptions are available
 		MinimumProtocolVersion:       3,              // minimum supported mqtt version (3.0.0)
 		MaximumQos:                   2,              // maximum qos value available to clients
@@ -636,6 +638,8 @@ func (s *Server) SendConnack(cl *Client, reason packets.Code, present bool, prop
 		return cl.WritePacket(ack)
 	}
 
+	properties.TopicAliasMaximum = s.Options.Capabilities.TopicAliasMaximum // [MQTT-3.2.2-17]: absent means 0, and a client then sends none
+
 	if s.Options.Capabilities.MaximumQos < 2 {
 		properties.MaximumQos = s.Options.Capabilities.MaximumQos // [MQTT-3.2.2-9]
 		properties.MaximumQosFlag = true
@@ -903,7 +907,11 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
-		pk.TopicName = cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, pk.TopicName)
+		var code packets.Code
+		pk.TopicName, code = cl.State.TopicAliases.Inbound.Resolve(pk.Properties.TopicAlias, pk.TopicName, s.Options.Capabilities.TopicAliasBytes)
+		if code != packets.CodeSuccess {
+			return code
+		}
 	}
 
 	if pk.FixedHeader.Qos > s.Options.Capabilities.MaximumQos {

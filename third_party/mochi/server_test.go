@@ -564,6 +564,7 @@ func TestEstablishConnectionAckFailure(t *testing.T) {
 
 func TestEstablishConnectionReadError(t *testing.T) {
 	s := newServer()
+	s.Options.Capabilities.TopicAliasMaximum = 0 // keyline: the CONNACK now carries it; the fixture has none
 	defer s.Close()
 
 	r, w := net.Pipe()
@@ -1081,6 +1082,7 @@ func TestServerEstablishConnectionOnConnectError(t *testing.T) {
 
 func TestServerSendConnack(t *testing.T) {
 	s := newServer()
+	s.Options.Capabilities.TopicAliasMaximum = 0 // keyline: the CONNACK now carries it; the fixture has none
 	cl, r, w := newTestClient()
 	cl.Properties.ProtocolVersion = 5
 	s.Options.Capabilities.MaximumQos = 1
@@ -1096,6 +1098,27 @@ func TestServerSendConnack(t *testing.T) {
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
 	require.Equal(t, packets.TPacketData[packets.Connack].Get(packets.TConnackMinMqtt5).RawBytes, buf)
+}
+
+// keyline: a successful CONNACK carries the server's Topic Alias Maximum
+// (absent means 0 [MQTT-3.2.2-17], so no client could use an alias).
+func TestServerSendConnackTopicAliasMaximum(t *testing.T) {
+	s := newServer()
+	s.Options.Capabilities.TopicAliasMaximum = 16
+	cl, r, w := newTestClient()
+	cl.Properties.ProtocolVersion = 5
+	go func() {
+		err := s.SendConnack(cl, packets.CodeSuccess, false, nil)
+		require.NoError(t, err)
+		_ = w.Close()
+	}()
+
+	buf, err := io.ReadAll(r)
+	require.NoError(t, err)
+	pk := packets.Packet{ProtocolVersion: 5}
+	require.NoError(t, pk.FixedHeader.Decode(buf[0]))
+	require.NoError(t, pk.ConnackDecode(buf[2:]))
+	require.Equal(t, uint16(16), pk.Properties.TopicAliasMaximum)
 }
 
 func TestServerSendConnackFailureReason(t *testing.T) {
@@ -1115,6 +1138,7 @@ func TestServerSendConnackFailureReason(t *testing.T) {
 
 func TestServerSendConnackWithServerKeepalive(t *testing.T) {
 	s := newServer()
+	s.Options.Capabilities.TopicAliasMaximum = 0 // keyline: the CONNACK now carries it; the fixture has none
 	cl, r, w := newTestClient()
 	cl.Properties.ProtocolVersion = 5
 	cl.State.Keepalive = 10
@@ -1194,6 +1218,7 @@ func TestServerValidateConnect(t *testing.T) {
 
 func TestServerSendConnackAdjustedExpiryInterval(t *testing.T) {
 	s := newServer()
+	s.Options.Capabilities.TopicAliasMaximum = 0 // keyline: the CONNACK now carries it; the fixture has none
 	cl, r, w := newTestClient()
 	cl.Properties.ProtocolVersion = 5
 	cl.Properties.Props.SessionExpiryInterval = uint32(300)

@@ -39,28 +39,73 @@ func NewInboundTopicAliases(topicAliasMaximum uint16) *InboundTopicAliases {
 	}
 }
 
+var (
+	// ErrTopicAliasUnknown refuses a PUBLISH with no topic and an alias the
+	// connection has not given a topic.
+	ErrTopicAliasUnknown = packets.Code{Code: packets.ErrProtocolViolation.Code, Reason: "protocol violation: unknown topic alias"}
+	// ErrTopicAliasBytes refuses a PUBLISH whose topic would take the
+	// connection's aliases past Capabilities.TopicAliasBytes.
+	ErrTopicAliasBytes = packets.Code{Code: packets.ErrQuotaExceeded.Code, Reason: "quota exceeded: topic aliases hold too many bytes"}
+)
+
 // InboundTopicAliases contains a map of topic aliases received from the client.
 type InboundTopicAliases struct {
 	internal map[uint16]string
 	sync.RWMutex
 	maximum uint16
+	bytes   int // bytes of the topics in internal
 }
 
 // Set sets a new alias for a specific topic.
 func (a *InboundTopicAliases) Set(id uint16, topic string) string {
+	topic, _ = a.Resolve(id, topic, 0)
+	return topic
+}
+
+// Resolve applies the Topic Alias id of a PUBLISH whose topic is topic: an
+// empty topic takes the one recorded for id, any other is recorded for id
+// (a copy: topic is a view into the packet, payload included, which the
+// table would otherwise keep alive). It refuses an empty topic for an alias
+// it has no topic for (a protocol error, [MQTT-3.3.2-12] ~[MQTT-3.3.4]) and
+// a topic that would take the table past maxBytes bytes of topics (0: no
+// limit), so a connection's aliases hold at most maxBytes.
+func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (string, packets.Code) {
 	a.Lock()
 	defer a.Unlock()
 
 	if a.maximum == 0 {
-		return topic // ?
+		return topic, packets.CodeSuccess // ?
 	}
 
-	if existing, ok := a.internal[id]; ok && topic == "" {
-		return existing
+	existing, ok := a.internal[id]
+	if topic == "" {
+		if !ok {
+			return "", ErrTopicAliasUnknown
+		}
+		return existing, packets.CodeSuccess
 	}
 
+	if ok && existing == topic {
+		return existing, packets.CodeSuccess
+	}
+
+	if maxBytes > 0 && a.bytes-len(existing)+len(topic) > maxBytes {
+		return topic, ErrTopicAliasBytes
+	}
+
+	topic = strings.Clone(topic)
+	a.bytes += len(topic) - len(existing)
 	a.internal[id] = topic
-	return topic
+	return topic, packets.CodeSuccess
+}
+
+// Reset forgets every alias: topic aliases last as long as the network
+// connection [MQTT-3.3.2-7], while the client (an offline session) may stay.
+func (a *InboundTopicAliases) Reset() {
+	a.Lock()
+	defer a.Unlock()
+	a.internal = map[uint16]string{}
+	a.bytes = 0
 }
 
 // OutboundTopicAliases contains a map of topic aliases sent from the broker to the client.
