@@ -128,6 +128,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
+	f.IntVar(&cfg.MaxTopicLevels, "max-topic-levels", cfg.MaxTopicLevels, "most levels of a topic or filter a client sends; deeper: SUBACK 0x8F, PUBACK 0x90, 3.1.1 disconnect, QoS 0 dropped (0: no limit)")
 	f.Uint16Var(&cfg.TopicAliasMaximum, "topic-alias-maximum", cfg.TopicAliasMaximum, "inbound topic aliases an MQTT 5 connection may set (its CONNACK says so); past it DISCONNECT 0x94 (0: none)")
 	f.Var(&cfg.TopicAliasBytes, "topic-alias-bytes", "bytes of topics one connection's inbound aliases may hold; past it DISCONNECT 0x97 (0: no limit)")
 

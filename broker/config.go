@@ -58,9 +58,12 @@ type Config struct {
 	// clients in CONNACK: how many inbound aliases a connection may set (0:
 	// none). TopicAliasBytes bounds the bytes of topics they hold (0: no
 	// limit); a publish past either is answered DISCONNECT 0x94 or 0x97.
-	TopicAliasMaximum uint16        `yaml:"topic-alias-maximum"`
-	TopicAliasBytes   ByteSize      `yaml:"topic-alias-bytes"`
-	ShutdownTimeout   time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
+	TopicAliasMaximum uint16   `yaml:"topic-alias-maximum"`
+	TopicAliasBytes   ByteSize `yaml:"topic-alias-bytes"`
+	// MaxTopicLevels bounds the levels of a topic a client publishes to (or
+	// names in its will) and of a filter it subscribes to (0: no limit).
+	MaxTopicLevels  int           `yaml:"max-topic-levels"`
+	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -150,6 +153,12 @@ const (
 	DefaultTopicAliasBytes   = 64 << 10
 )
 
+// DefaultMaxTopicLevels is the most levels a client's topic or filter may
+// have unless configured: EMQX's default, far above what real topic schemes
+// use (AWS IoT allows 8, Sparkplug B uses 5), and a small bound on what a
+// topic walk costs.
+const DefaultMaxTopicLevels = 128
+
 // DefaultMaxSessionExpiry is how long a disconnected persistent session is
 // kept unless configured: a week, so devices offline over a long weekend
 // keep their sessions and abandoned ones do not pile up for ever.
@@ -170,6 +179,7 @@ func DefaultConfig() Config {
 		ReceiveMaximum:     1024,
 		TopicAliasMaximum:  DefaultTopicAliasMaximum,
 		TopicAliasBytes:    DefaultTopicAliasBytes,
+		MaxTopicLevels:     DefaultMaxTopicLevels,
 		MaxSessionExpiry:   DefaultMaxSessionExpiry,
 		ShutdownTimeout:    10 * time.Second,
 		SlowPolicy:         connq.DropOldest,
@@ -245,6 +255,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.MaxTopicLevels < 0:
+		return fmt.Errorf("%w: max-topic-levels must not be negative", ErrInvalidConfig)
 	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:
 		return fmt.Errorf("%w: topic-alias-bytes must be between 0 and 1GiB", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:

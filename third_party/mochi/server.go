@@ -55,6 +55,7 @@ type Capabilities struct {
 	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                 // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
 	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`           // maximum topic alias value
 	TopicAliasBytes              int             `yaml:"topic_alias_bytes" json:"topic_alias_bytes"`               // bytes of topics one connection's inbound aliases may hold; 0: no limit
+	MaximumTopicLevels           int             `yaml:"maximum_topic_levels" json:"maximum_topic_levels"`         // levels a client's topic or filter may have; 0: no limit
 	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`         // support of shared subscriptions
 	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"` // minimum supported mqtt version
 	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                   // version compatibilities the server provides
@@ -553,6 +554,8 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 		return packets.ErrQosNotSupported // [MQTT-3.2.2-12]
 	} else if cl.Properties.Will.Retain && s.Options.Capabilities.RetainAvailable == 0x00 {
 		return packets.ErrRetainNotSupported // [MQTT-3.2.2-13]
+	} else if s.tooDeep(cl.Properties.Will.TopicName) {
+		return packets.ErrTopicNameInvalid
 	}
 
 	return code
@@ -868,6 +871,20 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		return s.DisconnectClient(cl, packets.ErrReceiveMaximum) // ~[MQTT-3.3.4-7] ~[MQTT-3.3.4-8]
 	}
 
+	// The alias is resolved before the ACL check, which must see the topic
+	// (v2.7.9 checked an alias-only publish against the empty topic).
+	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
+		var code packets.Code
+		pk.TopicName, code = cl.State.TopicAliases.Inbound.Resolve(pk.Properties.TopicAlias, pk.TopicName, s.Options.Capabilities.TopicAliasBytes)
+		if code != packets.CodeSuccess {
+			return code
+		}
+	}
+
+	if !cl.Net.Inline && s.tooDeep(pk.TopicName) {
+		return s.refusePublish(cl, pk, packets.ErrTopicNameInvalid)
+	}
+
 	if !cl.Net.Inline && !s.hooks.OnACLCheck(cl, pk.TopicName, true) {
 		if pk.FixedHeader.Qos == 0 {
 			return nil
@@ -903,14 +920,6 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
 				atomic.AddInt64(&s.Info.Inflight, -1)
 			}
-		}
-	}
-
-	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
-		var code packets.Code
-		pk.TopicName, code = cl.State.TopicAliases.Inbound.Resolve(pk.Properties.TopicAlias, pk.TopicName, s.Options.Capabilities.TopicAliasBytes)
-		if code != packets.CodeSuccess {
-			return code
 		}
 	}
 
@@ -974,6 +983,38 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	s.hooks.OnPublished(cl, pk)
 
 	return nil
+}
+
+// tooDeep reports whether a client's topic or filter has more levels than
+// Capabilities.MaximumTopicLevels allows (a shared subscription's are its
+// filter's, after $share/<group>/).
+func (s *Server) tooDeep(topic string) bool {
+	max := s.Options.Capabilities.MaximumTopicLevels
+	if max <= 0 || len(topic) < max {
+		return false // each level after the first takes a '/'
+	}
+	levels := TopicLevels(topic)
+	if IsSharedFilter(topic) {
+		levels -= 2
+	}
+	return levels > max
+}
+
+// refusePublish answers a PUBLISH the server will not take: dropped at QoS
+// 0, PUBACK/PUBREC with code for MQTT 5, and for MQTT 3.1.1, which cannot
+// refuse a publish, the connection is closed.
+func (s *Server) refusePublish(cl *Client, pk packets.Packet, code packets.Code) error {
+	if pk.FixedHeader.Qos == 0 {
+		return nil
+	}
+	if cl.Properties.ProtocolVersion != 5 {
+		return s.DisconnectClient(cl, code)
+	}
+	ackType := packets.Puback
+	if pk.FixedHeader.Qos == 2 {
+		ackType = packets.Pubrec
+	}
+	return cl.WritePacket(s.buildAck(pk.PacketID, ackType, 0, pk.Properties, code))
 }
 
 // retainMessage adds a message to a topic, and if a persistent store is provided,
@@ -1259,7 +1300,7 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		if code != packets.CodeSuccess {
 			reasonCodes[i] = code.Code // NB 3.9.3 Non-normative 0x91
 			continue
-		} else if !IsValidFilter(sub.Filter, false) {
+		} else if !IsValidFilter(sub.Filter, false) || s.tooDeep(sub.Filter) {
 			reasonCodes[i] = packets.ErrTopicFilterInvalid.Code
 		} else if sub.NoLocal && IsSharedFilter(sub.Filter) {
 			reasonCodes[i] = packets.ErrProtocolViolationInvalidSharedNoLocal.Code // [MQTT-3.8.3-4]
