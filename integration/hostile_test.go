@@ -3,6 +3,8 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
 
 // The tests in this file are the attacks of "Hostile clients II", run
@@ -154,5 +157,162 @@ func TestTopicDepthIsCapped(t *testing.T) {
 	tok.WaitTimeout(mqtttest.Timeout)
 	if tok.Error() == nil && v3.Client.IsConnectionOpen() {
 		t.Fatal("MQTT 3.1.1 PUBLISH to 129 levels: still connected")
+	}
+}
+
+// rawConn is a raw MQTT connection, for what no client library sends.
+type rawConn struct {
+	t       *testing.T
+	c       net.Conn
+	r       *mqttwire.Reader
+	version byte
+}
+
+func dialRawConn(t *testing.T, addr, id string, version byte) *rawConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, mqtttest.Timeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rc := &rawConn{t: t, c: c, r: mqttwire.NewReader(c, 0), version: version}
+	rc.write(mqttwire.AppendConnect(nil, &mqttwire.Connect{Version: version, ClientID: id, CleanStart: true, KeepAlive: 60}))
+	if p := rc.next(); p.Type != mqttwire.TypeConnack {
+		t.Fatalf("%s: got %s, want CONNACK", id, mqttwire.TypeName(p.Type))
+	}
+	return rc
+}
+
+func (rc *rawConn) write(frame []byte) {
+	rc.t.Helper()
+	if _, err := rc.c.Write(frame); err != nil {
+		rc.t.Fatal(err)
+	}
+}
+
+func (rc *rawConn) next() mqttwire.Packet {
+	rc.t.Helper()
+	_ = rc.c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+	p, err := rc.r.Next()
+	if err != nil {
+		rc.t.Fatalf("read: %v", err)
+	}
+	return p
+}
+
+// closedSilently checks that the broker closes the connection without
+// sending anything more (MQTT 3.1.1 has no DISCONNECT from the server).
+func (rc *rawConn) closedSilently() {
+	rc.t.Helper()
+	_ = rc.c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+	p, err := rc.r.Next()
+	if err == nil {
+		rc.t.Fatalf("the broker sent %s before closing, want nothing", mqttwire.TypeName(p.Type))
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		rc.t.Fatal("the broker did not close the connection")
+	}
+}
+
+// TestMQTT311GetsNoDisconnect: MQTT 3.1.1 has no DISCONNECT from the server;
+// mochi sent one (with an MQTT 5 reason code) whenever it closed a 3.1.1
+// client: a publish it refused, a session taken over, an operator's
+// disconnect.
+func TestMQTT311GetsNoDisconnect(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	refused := dialRawConn(t, addr, "refused", mqttwire.Version311)
+	refused.write(mqttwire.AppendPublish(nil, mqttwire.Version311, &mqttwire.Publish{Topic: "$dlq/x", QoS: 1, PacketID: 1, Payload: []byte("x")}))
+	refused.closedSilently()
+
+	old := dialRawConn(t, addr, "taken", mqttwire.Version311)
+	dialRawConn(t, addr, "taken", mqttwire.Version311)
+	old.closedSilently()
+
+	kicked := dialRawConn(t, addr, "kicked", mqttwire.Version311)
+	resp, err := http.Post("http://"+p.addrs["http"]+"/api/v1/clients/kicked/disconnect", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST disconnect: %s", resp.Status)
+	}
+	kicked.closedSilently()
+}
+
+// TestQoS2RetransmitGetsPubrecSuccess: a QoS 2 PUBLISH sent again with DUP
+// before the PUBREL (the client did not see the PUBREC) gets PUBREC 0x00
+// again and is delivered once; mochi answered 0x91, which tells the client
+// the message was refused.
+func TestQoS2RetransmitGetsPubrecSuccess(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	sub := dialWorker(t, addr, "sub")
+	subscribeWorker(t, sub, "q2/#")
+	for _, version := range []byte{mqttwire.Version311, mqttwire.Version5} {
+		pub := dialRawConn(t, addr, fmt.Sprintf("pub-%d", version), version)
+		msg := &mqttwire.Publish{Topic: fmt.Sprintf("q2/%d", version), QoS: 2, PacketID: 9, Payload: []byte("once")}
+		for i := range 2 {
+			msg.Dup = i > 0
+			pub.write(mqttwire.AppendPublish(nil, version, msg))
+			p := pub.next()
+			ack, err := mqttwire.DecodeAck(version, p)
+			if err != nil || p.Type != mqttwire.TypePubrec || ack.PacketID != 9 || ack.ReasonCode != 0 {
+				t.Fatalf("v%d, publish %d (DUP %v): %s %+v %v, want PUBREC 9 0x00", version, i+1, msg.Dup, mqttwire.TypeName(p.Type), ack, err)
+			}
+		}
+		pub.write(mqttwire.AppendAck(nil, mqttwire.TypePubrel, 9, 0))
+		if p := pub.next(); p.Type != mqttwire.TypePubcomp {
+			t.Fatalf("v%d: got %s after PUBREL, want PUBCOMP", version, mqttwire.TypeName(p.Type))
+		}
+		if m := sub.Next(mqtttest.Timeout); m == nil || m.Topic != msg.Topic {
+			t.Fatalf("v%d: subscriber got %+v, want the message", version, m)
+		}
+	}
+	// A second delivery would have been queued before this marker.
+	if rc, err := sub.Publish("q2/end", []byte("end"), 1); err != nil || rc != 0 {
+		t.Fatalf("marker: %#x %v", rc, err)
+	}
+	if m := sub.Next(mqtttest.Timeout); m == nil || m.Topic != "q2/end" {
+		t.Fatalf("got %+v, want the marker: a retransmission was delivered twice", m)
+	}
+}
+
+// TestSubscribeOptionsAreChecked: reserved subscription option bits
+// (DISCONNECT 0x81), Retain Handling 3 and a Subscription Identifier of 0
+// (0x82) are refused; mochi granted them. A SUBSCRIBE whose last filter
+// lacks its options byte made mochi read past the packet: the panic ended
+// the broker.
+func TestSubscribeOptionsAreChecked(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	str, props := mqtttest.Str, mqtttest.Props
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+		want  byte // DISCONNECT reason code; 0: the connection just closes
+	}{
+		{"reserved bit 6", mqtttest.Frame(mqttwire.TypeSubscribe, 2, mqtttest.U16(1), props(), str("a"), []byte{0x41}), 0x81},
+		{"reserved bit 7", mqtttest.Frame(mqttwire.TypeSubscribe, 2, mqtttest.U16(1), props(), str("a"), []byte{0x81}), 0x81},
+		{"retain handling 3", mqtttest.Frame(mqttwire.TypeSubscribe, 2, mqtttest.U16(1), props(), str("a"), []byte{0x31}), 0x82},
+		{"subscription identifier 0", mqtttest.Frame(mqttwire.TypeSubscribe, 2, mqtttest.U16(1), props([]byte{mqttwire.PropSubscriptionID, 0}), str("a"), []byte{1}), 0x82},
+		{"no options byte", mqtttest.Frame(mqttwire.TypeSubscribe, 2, mqtttest.U16(1), props(), str("a")), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rc := dialRawConn(t, addr, "opts", mqttwire.Version5)
+			rc.write(tc.frame)
+			if tc.want == 0 {
+				rc.closedSilently()
+			} else {
+				p := rc.next()
+				d, err := mqttwire.DecodeDisconnect(mqttwire.Version5, p)
+				if err != nil || p.Type != mqttwire.TypeDisconnect || d.ReasonCode != tc.want {
+					t.Fatalf("got %s %+v %v, want DISCONNECT %#x", mqttwire.TypeName(p.Type), d, err, tc.want)
+				}
+			}
+			dialRawConn(t, addr, "after", mqttwire.Version5) // the broker is still there
+		})
 	}
 }

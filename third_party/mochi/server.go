@@ -914,7 +914,16 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if !cl.Net.Inline {
 		if pki, ok := cl.State.Inflight.Get(pk.PacketID); ok {
 			if pki.FixedHeader.Type == packets.Pubrec { // [MQTT-4.3.3-10]
-				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.ErrPacketIdentifierInUse)
+				code := packets.ErrPacketIdentifierInUse
+				if pk.FixedHeader.Qos == 2 {
+					// keyline: a QoS 2 PUBLISH whose PUBREC was sent and whose
+					// PUBREL has not come is a retransmission (DUP set): it gets
+					// the same PUBREC again, success, and is not delivered twice.
+					// v2.7.9 answered 0x91 (packet identifier in use), which says
+					// the message was not accepted.
+					code = packets.CodeSuccess
+				}
+				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, code)
 				return cl.WritePacket(ack)
 			}
 			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
@@ -1475,7 +1484,12 @@ func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {
 
 	// We already have a code we are using to disconnect the client, so we are not
 	// interested if the write packet fails due to a closed connection (as we are closing it).
-	err := cl.WritePacket(out)
+	// MQTT 3.1.1 has no server-to-client DISCONNECT: the connection is just closed
+	// (keyline: v2.7.9 sent one, with an MQTT 5 reason code).
+	var err error
+	if cl.Properties.ProtocolVersion == 5 {
+		err = cl.WritePacket(out)
+	}
 	if !s.Options.Capabilities.Compatibilities.PassiveClientDisconnect {
 		cl.Stop(code)
 		if code.Code >= packets.ErrUnspecifiedError.Code {

@@ -812,6 +812,7 @@ func TestEstablishConnectionInheritExistingClean(t *testing.T) {
 	cl, r0, _ := newTestClient()
 	cl.ID = packets.TPacketData[packets.Connect].Get(packets.TConnectMqtt311).Packet.Connect.ClientIdentifier
 	cl.Properties.Clean = true
+	cl.Properties.ProtocolVersion = 4 // keyline: an MQTT 3.1.1 session, taken over by an MQTT 3.1.1 CONNECT
 	cl.State.Subscriptions.Add("a/b/c", packets.Subscription{Filter: "a/b/c", Qos: 1})
 	s.Clients.Add(cl)
 
@@ -851,7 +852,7 @@ func TestEstablishConnectionInheritExistingClean(t *testing.T) {
 	require.ErrorIs(t, retrievedCl.StopCause(), packets.CodeDisconnect) // true error is disconnect
 
 	require.Equal(t, packets.TPacketData[packets.Connack].Get(packets.TConnackAcceptedNoSession).RawBytes, <-recv)
-	require.Equal(t, packets.TPacketData[packets.Disconnect].Get(packets.TDisconnect).RawBytes, <-takeover)
+	require.Empty(t, <-takeover) // keyline: MQTT 3.1.1 has no DISCONNECT from the server; the connection is closed
 
 	require.True(t, cl.IsTakenOver())
 
@@ -1814,22 +1815,38 @@ func TestServerProcessPacketPublishQos1PacketIDInUse(t *testing.T) {
 	require.Equal(t, int64(0), atomic.LoadInt64(&s.Info.Inflight))
 }
 
+// keyline: a QoS 2 PUBLISH whose PUBREC is out and whose PUBREL has not come
+// is a retransmission: PUBREC success again (v2.7.9: 0x91), and the message is
+// not delivered a second time.
 func TestServerProcessPacketPublishQos2PacketIDInUse(t *testing.T) {
 	s := newServer()
 	cl, r, w := newTestClient()
 	cl.Properties.ProtocolVersion = 5
 	cl.State.Inflight.Set(packets.Packet{PacketID: 7, FixedHeader: packets.FixedHeader{Type: packets.Pubrec}})
 	atomic.StoreInt64(&s.Info.Inflight, 1)
+	sub, sr, sw := newTestClient()
+	sub.ID = "sub"
+	s.Clients.Add(sub)
+	s.Topics.Subscribe(sub.ID, packets.Subscription{Filter: "#"})
 
 	go func() {
-		err := s.processPacket(cl, *packets.TPacketData[packets.Publish].Get(packets.TPublishQos2Mqtt5).Packet)
+		pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos2Mqtt5).Packet
+		pk.FixedHeader.Dup = true
+		err := s.processPacket(cl, pk)
 		require.NoError(t, err)
 		_ = w.Close()
+		_ = sw.Close()
 	}()
 
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
-	require.Equal(t, packets.TPacketData[packets.Pubrec].Get(packets.TPubrecMqtt5IDInUse).RawBytes, buf)
+	delivered, err := io.ReadAll(sr)
+	require.NoError(t, err)
+	ack := readPacket(t, 5, buf)
+	require.Equal(t, packets.Pubrec, ack.FixedHeader.Type)
+	require.Equal(t, uint16(7), ack.PacketID)
+	require.Equal(t, packets.CodeSuccess.Code, ack.ReasonCode)
+	require.Empty(t, delivered)
 	require.Equal(t, int64(1), atomic.LoadInt64(&s.Info.Inflight))
 }
 
@@ -3128,6 +3145,7 @@ func TestServerRecievePacketDisconnectClientZeroNonZero(t *testing.T) {
 func TestServerRecievePacketDisconnectClient(t *testing.T) {
 	s := newServer()
 	cl, r, w := newTestClient()
+	cl.Properties.ProtocolVersion = 5 // keyline: only MQTT 5 clients get a DISCONNECT
 
 	go func() {
 		err := s.DisconnectClient(cl, packets.CodeDisconnect)
@@ -3137,7 +3155,25 @@ func TestServerRecievePacketDisconnectClient(t *testing.T) {
 
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
-	require.Equal(t, packets.TPacketData[packets.Disconnect].Get(packets.TDisconnect).RawBytes, buf)
+	require.Equal(t, []byte{packets.Disconnect << 4, 2, 0, 0}, buf) // keyline: MQTT 5 encoding, reason 0, no properties
+}
+
+// keyline: an MQTT 3.1.1 client is disconnected by closing its connection:
+// 3.1.1 has no DISCONNECT from the server.
+func TestServerDisconnectClientMQTT311(t *testing.T) {
+	s := newServer()
+	cl, r, w := newTestClient()
+	cl.Properties.ProtocolVersion = 4
+	go func() {
+		err := s.DisconnectClient(cl, packets.ErrNotAuthorized)
+		require.ErrorIs(t, err, packets.ErrNotAuthorized)
+		_ = w.Close()
+	}()
+
+	buf, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Empty(t, buf)
+	require.True(t, cl.Closed())
 }
 
 func TestServerProcessPacketDisconnect(t *testing.T) {
