@@ -62,7 +62,10 @@ type Config struct {
 	TopicAliasBytes   ByteSize `yaml:"topic-alias-bytes"`
 	// MaxTopicLevels bounds the levels of a topic a client publishes to (or
 	// names in its will) and of a filter it subscribes to (0: no limit).
-	MaxTopicLevels  int           `yaml:"max-topic-levels"`
+	MaxTopicLevels int `yaml:"max-topic-levels"`
+	// MaxClientID bounds the bytes of a client id (CONNACK 0x85, 3.1.1:
+	// 0x02); at most MaxStorableClientID, what the session store can key.
+	MaxClientID     ByteSize      `yaml:"max-client-id"`
 	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
@@ -159,6 +162,17 @@ const (
 // topic walk costs.
 const DefaultMaxTopicLevels = 128
 
+// DefaultMaxClientID is the longest client id accepted unless configured:
+// eight times what AWS IoT and Azure IoT Hub allow (128), room for the
+// longest naming schemes in use (Google's projects/.../devices/... paths),
+// and far below MaxStorableClientID.
+const DefaultMaxClientID = 1 << 10
+
+// MaxStorableClientID is the longest client id whose session the store can
+// key: bbolt's keys are at most 32 KiB, and a session's keys hold the id and
+// a filter or packet id.
+const MaxStorableClientID = 16 << 10
+
 // DefaultMaxSessionExpiry is how long a disconnected persistent session is
 // kept unless configured: a week, so devices offline over a long weekend
 // keep their sessions and abandoned ones do not pile up for ever.
@@ -180,6 +194,7 @@ func DefaultConfig() Config {
 		TopicAliasMaximum:  DefaultTopicAliasMaximum,
 		TopicAliasBytes:    DefaultTopicAliasBytes,
 		MaxTopicLevels:     DefaultMaxTopicLevels,
+		MaxClientID:        DefaultMaxClientID,
 		MaxSessionExpiry:   DefaultMaxSessionExpiry,
 		ShutdownTimeout:    10 * time.Second,
 		SlowPolicy:         connq.DropOldest,
@@ -255,6 +270,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.MaxClientID < 23 || c.MaxClientID > MaxStorableClientID:
+		return fmt.Errorf("%w: max-client-id must be between 23 bytes (what MQTT requires every server to take) and %v", ErrInvalidConfig, ByteSize(MaxStorableClientID))
 	case c.MaxTopicLevels < 0:
 		return fmt.Errorf("%w: max-topic-levels must not be negative", ErrInvalidConfig)
 	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:

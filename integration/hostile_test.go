@@ -316,3 +316,43 @@ func TestSubscribeOptionsAreChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestLongClientIDsAreRefused: a client id longer than --max-client-id (1
+// KiB) is refused, CONNACK 0x85 (3.1.1: 0x02); one at the cap keeps its
+// session. A 40,000-byte id with clean start 0 once got CONNACK 0 and a
+// session that could never be stored (bbolt keys are at most 32 KiB).
+func TestLongClientIDsAreRefused(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	long, atCap := strings.Repeat("x", 40_000), strings.Repeat("y", 1024)
+	for _, version := range []byte{mqttwire.Version311, mqttwire.Version5} {
+		c, err := net.DialTimeout("tcp", addr, mqtttest.Timeout)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(mqttwire.AppendConnect(nil, &mqttwire.Connect{Version: version, ClientID: long, KeepAlive: 30})); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+		pk, err := mqttwire.NewReader(c, 0).Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := mqttwire.DecodeConnack(version, pk)
+		want := map[byte]byte{mqttwire.Version311: 0x02, mqttwire.Version5: 0x85}[version]
+		if err != nil || ack.ReasonCode != want {
+			t.Fatalf("v%d CONNACK for a 40,000-byte id: %+v %v, want %#x", version, ack, err, want)
+		}
+	}
+	for i := range 2 {
+		w, err := mqtttest.DialWorker(addr, atCap, mqtttest.WorkerOptions{SessionExpiry: 3600})
+		if err != nil {
+			t.Fatalf("a 1 KiB id: %v", err)
+		}
+		if present := w.Connack().SessionPresent; present != (i == 1) {
+			t.Fatalf("connection %d of a 1 KiB id: session present %v", i+1, present)
+		}
+		w.Close()
+	}
+}

@@ -152,6 +152,17 @@ func TestServerProcessPublishTooDeep(t *testing.T) {
 	}
 }
 
+func TestServerValidateConnectClientIDTooLong(t *testing.T) {
+	s := newServer()
+	s.Options.Capabilities.MaximumClientIDLength = 8
+	cl, _, _ := newTestClient()
+	pk := *packets.TPacketData[packets.Connect].Get(packets.TConnectMqtt311).Packet
+	cl.ID = "12345678"
+	require.Equal(t, packets.CodeSuccess, s.validateConnect(cl, pk))
+	cl.ID = "123456789"
+	require.Equal(t, packets.ErrClientIdentifierTooLong, s.validateConnect(cl, pk))
+}
+
 func TestServerValidateConnectWillTooDeep(t *testing.T) {
 	s := newServer()
 	s.Options.Capabilities.MaximumTopicLevels = 4

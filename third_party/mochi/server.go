@@ -56,6 +56,7 @@ type Capabilities struct {
 	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`           // maximum topic alias value
 	TopicAliasBytes              int             `yaml:"topic_alias_bytes" json:"topic_alias_bytes"`               // bytes of topics one connection's inbound aliases may hold; 0: no limit
 	MaximumTopicLevels           int             `yaml:"maximum_topic_levels" json:"maximum_topic_levels"`         // levels a client's topic or filter may have; 0: no limit
+	MaximumClientIDLength        int             `yaml:"maximum_client_id_length" json:"maximum_client_id_length"` // bytes of a client id; 0: no limit
 	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`         // support of shared subscriptions
 	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"` // minimum supported mqtt version
 	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                   // version compatibilities the server provides
@@ -556,6 +557,8 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 		return packets.ErrRetainNotSupported // [MQTT-3.2.2-13]
 	} else if s.tooDeep(cl.Properties.Will.TopicName) {
 		return packets.ErrTopicNameInvalid
+	} else if max := s.Options.Capabilities.MaximumClientIDLength; max > 0 && len(cl.ID) > max {
+		return packets.ErrClientIdentifierTooLong // keyline: an id the session store could not hold
 	}
 
 	return code

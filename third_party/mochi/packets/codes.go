@@ -144,6 +144,7 @@ var (
 	V5CodesToV3 = map[Code]Code{
 		ErrUnsupportedProtocolVersion: Err3UnsupportedProtocolVersion,
 		ErrClientIdentifierNotValid:   Err3ClientIdentifierNotValid,
+		ErrClientIdentifierTooLong:    Err3ClientIdentifierNotValid, // keyline
 		ErrServerUnavailable:          Err3ServerUnavailable,
 		ErrMalformedUsername:          ErrMalformedUsernameOrPassword,
 		ErrMalformedPassword:          ErrMalformedUsernameOrPassword,
