@@ -192,6 +192,8 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	c.TopicAliasBytes = int(b.cfg.TopicAliasBytes)
 	c.MaximumTopicLevels = b.cfg.MaxTopicLevels
 	c.MaximumClientIDLength = int(b.cfg.MaxClientID)
+	c.MaximumClientSubscriptions = b.cfg.MaxSubscriptionsPerClient
+	c.MaximumSubscriptions = b.cfg.MaxSubscriptions
 	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
 	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
 	// is not a valid PUBACK reason: acks carry no properties and mean success.

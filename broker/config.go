@@ -65,8 +65,13 @@ type Config struct {
 	MaxTopicLevels int `yaml:"max-topic-levels"`
 	// MaxClientID bounds the bytes of a client id (CONNACK 0x85, 3.1.1:
 	// 0x02); at most MaxStorableClientID, what the session store can key.
-	MaxClientID     ByteSize      `yaml:"max-client-id"`
-	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
+	MaxClientID ByteSize `yaml:"max-client-id"`
+	// MaxSubscriptionsPerClient and MaxSubscriptions bound the subscriptions
+	// one client, and all clients together, may hold (SUBACK 0x97; 0: no
+	// limit).
+	MaxSubscriptionsPerClient int           `yaml:"max-subscriptions-per-client"`
+	MaxSubscriptions          int64         `yaml:"max-subscriptions"`
+	ShutdownTimeout           time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -162,6 +167,16 @@ const (
 // topic walk costs.
 const DefaultMaxTopicLevels = 128
 
+// DefaultMaxSubscriptionsPerClient and DefaultMaxSubscriptions bound
+// subscriptions unless configured. A subscription costs about 1.2 KiB (topic
+// index, session, fan-out routes; more with a persistent session's stored
+// copy), so the global default holds about 1.2 GiB; a dashboard that watches
+// a thousand topics one by one still fits in one client's share.
+const (
+	DefaultMaxSubscriptionsPerClient = 1000
+	DefaultMaxSubscriptions          = 1_000_000
+)
+
 // DefaultMaxClientID is the longest client id accepted unless configured:
 // eight times what AWS IoT and Azure IoT Hub allow (128), room for the
 // longest naming schemes in use (Google's projects/.../devices/... paths),
@@ -181,35 +196,37 @@ const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:                ":1883",
-		HTTP:               "127.0.0.1:9883",
-		DataDir:            "./data",
-		Fsync:              true,
-		SegmentSize:        persistence.DefaultSegmentSize,
-		LogLevel:           LogInfo,
-		LogFormat:          LogText,
-		MaxPacketSize:      1 << 20,
-		MaxInflight:        8192,
-		ReceiveMaximum:     1024,
-		TopicAliasMaximum:  DefaultTopicAliasMaximum,
-		TopicAliasBytes:    DefaultTopicAliasBytes,
-		MaxTopicLevels:     DefaultMaxTopicLevels,
-		MaxClientID:        DefaultMaxClientID,
-		MaxSessionExpiry:   DefaultMaxSessionExpiry,
-		ShutdownTimeout:    10 * time.Second,
-		SlowPolicy:         connq.DropOldest,
-		ConnQueueSoft:      1 << 20,
-		ConnQueueHard:      8 << 20,
-		ConnQueueGrace:     10 * time.Second,
-		KeyProperty:        "key",
-		MaxKeySize:         1 << 10,
-		MaxGroups:          10_000,
-		MaxGroupsPerClient: 100,
-		GroupIdleTTL:       time.Hour,
-		SessionOwnership:   OwnershipRefuse,
-		HTTPReadTimeout:    10 * time.Second,
-		HTTPMaxConns:       256,
-		Cluster:            DefaultClusterConfig(),
+		TCP:                       ":1883",
+		HTTP:                      "127.0.0.1:9883",
+		DataDir:                   "./data",
+		Fsync:                     true,
+		SegmentSize:               persistence.DefaultSegmentSize,
+		LogLevel:                  LogInfo,
+		LogFormat:                 LogText,
+		MaxPacketSize:             1 << 20,
+		MaxInflight:               8192,
+		ReceiveMaximum:            1024,
+		TopicAliasMaximum:         DefaultTopicAliasMaximum,
+		TopicAliasBytes:           DefaultTopicAliasBytes,
+		MaxTopicLevels:            DefaultMaxTopicLevels,
+		MaxClientID:               DefaultMaxClientID,
+		MaxSubscriptionsPerClient: DefaultMaxSubscriptionsPerClient,
+		MaxSubscriptions:          DefaultMaxSubscriptions,
+		MaxSessionExpiry:          DefaultMaxSessionExpiry,
+		ShutdownTimeout:           10 * time.Second,
+		SlowPolicy:                connq.DropOldest,
+		ConnQueueSoft:             1 << 20,
+		ConnQueueHard:             8 << 20,
+		ConnQueueGrace:            10 * time.Second,
+		KeyProperty:               "key",
+		MaxKeySize:                1 << 10,
+		MaxGroups:                 10_000,
+		MaxGroupsPerClient:        100,
+		GroupIdleTTL:              time.Hour,
+		SessionOwnership:          OwnershipRefuse,
+		HTTPReadTimeout:           10 * time.Second,
+		HTTPMaxConns:              256,
+		Cluster:                   DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -272,6 +289,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
 	case c.MaxClientID < 23 || c.MaxClientID > MaxStorableClientID:
 		return fmt.Errorf("%w: max-client-id must be between 23 bytes (what MQTT requires every server to take) and %v", ErrInvalidConfig, ByteSize(MaxStorableClientID))
+	case c.MaxSubscriptionsPerClient < 0 || c.MaxSubscriptions < 0:
+		return fmt.Errorf("%w: max-subscriptions-per-client and max-subscriptions must not be negative", ErrInvalidConfig)
 	case c.MaxTopicLevels < 0:
 		return fmt.Errorf("%w: max-topic-levels must not be negative", ErrInvalidConfig)
 	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:

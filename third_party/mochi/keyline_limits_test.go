@@ -173,3 +173,44 @@ func TestServerValidateConnectWillTooDeep(t *testing.T) {
 	cl.Properties.Will.TopicName = "a/b/c/d/e"
 	require.Equal(t, packets.ErrTopicNameInvalid, s.validateConnect(cl, pk))
 }
+
+func TestServerProcessSubscribeQuota(t *testing.T) {
+	for _, version := range []byte{4, 5} {
+		t.Run(fmt.Sprintf("v%d", version), func(t *testing.T) {
+			s := newServer()
+			s.Options.Capabilities.MaximumClientSubscriptions = 2
+			s.Options.Capabilities.MaximumSubscriptions = 3
+			subscribe := func(cl *Client, r io.Reader, w io.Closer, filters ...string) []byte {
+				pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Subscribe, Qos: 1}, PacketID: 7, ProtocolVersion: version}
+				for _, f := range filters {
+					pk.Filters = append(pk.Filters, packets.Subscription{Filter: f})
+				}
+				go func() {
+					require.NoError(t, s.processSubscribe(cl, pk))
+					_ = w.Close()
+				}()
+				buf, err := io.ReadAll(r)
+				require.NoError(t, err)
+				return readPacket(t, version, buf).ReasonCodes
+			}
+			refused := packets.ErrQuotaExceeded.Code
+			if version < 5 {
+				refused = packets.ErrUnspecifiedError.Code
+			}
+			a, ra, wa := newTestClient()
+			a.Properties.ProtocolVersion = version
+			// The third filter is one too many for a; a filter it holds is a replacement.
+			require.Equal(t, []byte{0, 0, refused}, subscribe(a, ra, wa, "a", "b", "c"))
+			a, ra, wa = newTestClient()
+			a.Properties.ProtocolVersion = version
+			a.State.Subscriptions.Add("a", packets.Subscription{Filter: "a"})
+			a.State.Subscriptions.Add("b", packets.Subscription{Filter: "b"})
+			require.Equal(t, []byte{0}, subscribe(a, ra, wa, "a"))
+			b, rb, wb := newTestClient()
+			b.ID = "b"
+			b.Properties.ProtocolVersion = version
+			// Two held by a, one more for b, then the server is full.
+			require.Equal(t, []byte{0, refused}, subscribe(b, rb, wb, "x", "y"))
+		})
+	}
+}
