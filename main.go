@@ -133,7 +133,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Var(&cfg.MaxClientID, "max-client-id", "longest client id accepted, in bytes (23 to 16KiB); longer: CONNACK 0x85, 3.1.1: 0x02")
 	f.IntVar(&cfg.MaxTopicLevels, "max-topic-levels", cfg.MaxTopicLevels, "most levels of a topic or filter a client sends; deeper: SUBACK 0x8F, PUBACK 0x90, 3.1.1 disconnect, QoS 0 dropped (0: no limit)")
 	f.Uint16Var(&cfg.TopicAliasMaximum, "topic-alias-maximum", cfg.TopicAliasMaximum, "inbound topic aliases an MQTT 5 connection may set (its CONNACK says so); past it DISCONNECT 0x94 (0: none)")
-	f.Var(&cfg.TopicAliasBytes, "topic-alias-bytes", "bytes of topics one connection's inbound aliases may hold; past it DISCONNECT 0x97 (0: no limit)")
+	f.Var(&cfg.TopicAliasBytes, "topic-alias-bytes", "bytes of topics one connection's topic aliases may hold, each way; inbound past it DISCONNECT 0x97, outbound topics go without an alias (0: no limit)")
 
 	f = fanout.fs
 	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest, disconnect, or conflate (keep the newest per topic)")

@@ -129,6 +129,7 @@ func (h *Fanout) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	s := connq.Session{Version: cl.Properties.ProtocolVersion, MaxPacketSize: props.MaximumPacketSize}
 	if s.Version == 5 {
 		s.TopicAliasMax = props.TopicAliasMaximum
+		s.TopicAliasBytes = h.server.Options.Capabilities.TopicAliasBytes // the inbound table's bound, for this one too
 		for _, u := range pk.Properties.User {
 			s.DropSignal = s.DropSignal || (u.Key == DropSignalProperty && u.Val == "1")
 		}

@@ -418,3 +418,63 @@ func TestSubscriptionsAreBounded(t *testing.T) {
 		t.Fatalf("MQTT 3.1.1 subscription 1,001: %#x, want 0x80", rc)
 	}
 }
+
+// TestOutboundTopicAliasesAreBounded: the topics the broker gives aliases to
+// a subscriber take at most --topic-alias-bytes (64 KiB) of its connection;
+// later topics go without an alias. The table once held every topic up to
+// the client's Topic Alias Maximum: 1,000 topics of 30 KB kept 31 MB per
+// subscriber.
+func TestOutboundTopicAliasesAreBounded(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--pprof")
+	addr := p.addrs["tcp"]
+	pub := dialWorker(t, addr, "alias-pub")
+	pad := strings.Repeat("t", 30_000)
+	// round sends 1,000 topics of 30 KB to a new subscriber that allows
+	// aliasMax aliases, one at a time (nothing is dropped), and counts the
+	// deliveries that carried an alias.
+	round := func(id string, aliasMax uint16) (aliased int) {
+		sub := dialRawConnect(t, addr, &mqttwire.Connect{Version: mqttwire.Version5, ClientID: id, CleanStart: true, KeepAlive: 60,
+			Props: mqttwire.Properties{TopicAliasMaximum: aliasMax}})
+		sub.write(mqttwire.AppendSubscribe(nil, mqttwire.Version5, &mqttwire.Subscribe{PacketID: 1, Filters: []mqttwire.Subscription{{Filter: "big/#"}}}))
+		if p := sub.next(); p.Type != mqttwire.TypeSuback {
+			t.Fatalf("got %s, want SUBACK", mqttwire.TypeName(p.Type))
+		}
+		for i := range 1000 {
+			topic := fmt.Sprintf("big/%d/%s", i, pad)
+			if rc, err := pub.Publish(topic, []byte("x"), 1); err != nil || rc != 0 {
+				t.Fatalf("publish %d: %#x %v", i, rc, err)
+			}
+			v, err := mqttwire.DecodePublish(mqttwire.Version5, sub.next())
+			if err != nil {
+				t.Fatal(err)
+			}
+			props, err := v.Props.Parse()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(v.Topic) != topic {
+				t.Fatalf("publish %d arrived on %.20q...", i, v.Topic)
+			}
+			if props.TopicAlias != 0 {
+				aliased++
+			}
+		}
+		return aliased
+	}
+	// A first subscriber without aliases fills the broker's topic caches
+	// (bounded on their own, in entries and bytes), so that what follows
+	// measures the alias table alone.
+	round("warm-up", 0)
+	before := sampleHeap(t, p)
+	aliased := round("alias-sub", 1000) // stays connected: its table lives with the connection
+	after := sampleHeap(t, p)
+	const bound = 8 << 20
+	t.Logf("heap %.1f MiB before, %.1f MiB after a subscriber allowing 1,000 aliases got 1,000 topics of 30 KB (bound +%.0f MiB; +35.7 MiB before the bound); %d got an alias",
+		mib(before.heap), mib(after.heap), mib(bound), aliased)
+	if after.heap > before.heap+bound {
+		t.Fatalf("heap grew by %.1f MiB: the alias table keeps every topic", mib(after.heap-before.heap))
+	}
+	if aliased != 2 {
+		t.Fatalf("%d topics of 30 KB got an alias, want 2 (64 KiB)", aliased)
+	}
+}

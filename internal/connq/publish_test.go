@@ -280,6 +280,29 @@ func TestTopicAliasesAreAssignedInWriteOrder(t *testing.T) {
 	}
 }
 
+// TestTopicAliasesAreBoundedInBytes: topics go without an alias once the
+// table holds TopicAliasBytes of topics; those that have one keep it.
+func TestTopicAliasesAreBoundedInBytes(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Soft: 1 << 20, Hard: 8 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	c.SetSession(Session{Version: 5, TopicAliasMax: 100, TopicAliasBytes: 20})
+	for _, topic := range []string{"sensors/a", "sensors/b", "sensors/c", "s/d", "sensors/a"} {
+		c.Enqueue(encodePub(t, 5, 0, topic, "x"))
+	}
+	r := newWireReader(b, 5)
+	want := []struct {
+		topic string
+		alias uint16
+	}{{"sensors/a", 1}, {"sensors/b", 2}, {"sensors/c", 0}, {"s/d", 0}, {"", 1}}
+	for i, w := range want {
+		pk := r.next(t)
+		if pk.TopicName != w.topic || pk.Properties.TopicAlias != w.alias {
+			t.Errorf("publish %d: topic %q alias %d, want %q alias %d", i, pk.TopicName, pk.Properties.TopicAlias, w.topic, w.alias)
+		}
+	}
+}
+
 func TestEditsRespectTheMaximumPacketSize(t *testing.T) {
 	a, b := tcpPair(t)
 	c := New(a, Limits{Hard: 1 << 20, Policy: DropNewest}, nil, nil)
