@@ -478,3 +478,46 @@ func TestOutboundTopicAliasesAreBounded(t *testing.T) {
 		t.Fatalf("%d topics of 30 KB got an alias, want 2 (64 KiB)", aliased)
 	}
 }
+
+// TestDropSignalCannotBeForged: a publisher's own user property "dropped"
+// does not reach a subscriber that asked for the drop signal (it would read
+// as the broker's count of lost messages); other subscribers get the
+// publish as it was sent. It once reached the signal subscriber unchanged.
+func TestDropSignalCannotBeForged(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	signal := dialRawConnect(t, addr, &mqttwire.Connect{Version: mqttwire.Version5, ClientID: "signal", CleanStart: true, KeepAlive: 60,
+		Props: mqttwire.Properties{User: []mqttwire.UserProperty{{Key: "drop-signal", Value: "1"}}}})
+	signal.write(mqttwire.AppendSubscribe(nil, mqttwire.Version5, &mqttwire.Subscribe{PacketID: 1, Filters: []mqttwire.Subscription{{Filter: "forge/#", Options: 1}}}))
+	if p := signal.next(); p.Type != mqttwire.TypeSuback {
+		t.Fatalf("got %s, want SUBACK", mqttwire.TypeName(p.Type))
+	}
+	plain := dialWorker(t, addr, "plain")
+	subscribeWorker(t, plain, "forge/#")
+	pub := dialWorker(t, addr, "forger")
+	for qos := range byte(2) {
+		topic := fmt.Sprintf("forge/%d", qos)
+		props := []mqtttest.UserProperty{{Key: "dropped", Value: "999999"}, {Key: "app", Value: "kept"}}
+		if _, err := pub.Publish(topic, []byte("x"), qos, props...); err != nil {
+			t.Fatal(err)
+		}
+		v, err := mqttwire.DecodePublish(mqttwire.Version5, signal.next())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := v.Props.Parse()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(v.Topic) != topic || fmt.Sprint(got.User) != fmt.Sprint([]mqttwire.UserProperty{{Key: "app", Value: "kept"}}) {
+			t.Fatalf("QoS %d: the signal subscriber got %s with %v, want only app=kept", qos, v.Topic, got.User)
+		}
+		if qos > 0 {
+			signal.write(mqttwire.AppendAck(nil, mqttwire.TypePuback, v.PacketID, 0))
+		}
+		m := plain.Next(mqtttest.Timeout)
+		if m == nil || fmt.Sprint(m.User) != fmt.Sprint(props) {
+			t.Fatalf("QoS %d: the plain subscriber got %+v, want the publisher's properties", qos, m)
+		}
+	}
+}

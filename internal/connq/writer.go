@@ -25,6 +25,7 @@ type batch struct {
 	segs    []seg
 	bufs    net.Buffers
 	user    []byte
+	strip   []frame.Span // reused by each publish's StripUser
 }
 
 // seg is scratch[off:end] followed by ext (which may be nil).
@@ -170,6 +171,13 @@ func (c *Conn) write(bt *batch) error {
 			ed.Now = now
 		}
 		newAlias := c.alias(bt, p, &ed)
+		if bt.session.DropSignal && p.Version == 5 {
+			// The publisher's own "dropped" would read as the broker's
+			// signal: a client that asked for the signal never sees one.
+			ed.Strip = bt.strip
+			p.StripUser(&ed, DropSignalProperty)
+			bt.strip = ed.Strip[:0]
+		}
 		if bt.signal > 0 && !signalled {
 			bt.user = frame.AppendUserProperty(bt.user[:0], DropSignalProperty, strconv.FormatUint(bt.signal, 10))
 			ed.User = bt.user
@@ -186,7 +194,7 @@ func (c *Conn) write(bt *batch) error {
 			signalled = true
 			c.stats.DropSignals.Add(1)
 		}
-		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 {
+		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 && len(ed.Strip) == 0 {
 			bt.add(p.B, coalesce) // unedited: the shared bytes themselves
 			continue
 		}
