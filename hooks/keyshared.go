@@ -276,6 +276,13 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
+	if max, version := maxPacketSize(cl), cl.Properties.ProtocolVersion; max > 0 {
+		// A message larger than the member's Maximum Packet Size is not for
+		// it: another member gets it, or it waits (it was dead-lettered).
+		opts.Fits = func(msg *keyshared.Message) bool {
+			return fits(max, deliveryLen(msg, version, min(msg.QoS, m.qos)))
+		}
+	}
 	if cg, ok := g.d.(*cluster.Group); ok {
 		err = cg.AddMemberQoS(cl.ID, opts, m.qos)
 	} else {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
@@ -519,5 +520,65 @@ func TestDropSignalCannotBeForged(t *testing.T) {
 		if m == nil || fmt.Sprint(m.User) != fmt.Sprint(props) {
 			t.Fatalf("QoS %d: the plain subscriber got %+v, want the publisher's properties", qos, m)
 		}
+	}
+}
+
+// TestTooLargeForAMemberMeansNotEligible: a member whose Maximum Packet
+// Size a message does not fit is not offered it: another member gets it, or
+// it waits for one, as for a topic it may not read. Such messages were
+// dead-lettered (0x95) at the first attempt: 37 of 100 of another tenant's.
+func TestTooLargeForAMemberMeansNotEligible(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["tcp"]
+	small, err := mqtttest.DialWorker(addr, "small", mqtttest.WorkerOptions{CleanStart: true, KeepAlive: 30, MaximumPacketSize: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(small.Close)
+	subscribeWorker(t, small, "$share/sized/jobs/#")
+	pub := dialWorker(t, addr, "pub")
+	const n = 100
+	bigPayload, smallPayload := make([]byte, 2000), []byte("small")
+	for i := range n {
+		payload := smallPayload
+		if i%2 == 0 {
+			payload = bigPayload
+		}
+		if rc, err := pub.Publish(fmt.Sprintf("jobs/%d", i), payload, 1, mqtttest.UserProperty{Key: "key", Value: fmt.Sprint(i)}); err != nil || rc != 0 {
+			t.Fatalf("publish %d: %#x %v", i, rc, err)
+		}
+	}
+	for range n / 2 {
+		m := small.Next(mqtttest.Timeout)
+		if m == nil || len(m.Payload) != len(smallPayload) {
+			t.Fatalf("the small member got %+v, want a small message", m)
+		}
+		if err := small.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v := waitGroup(t, p, "sized/jobs/#", "the large messages waiting for a member that takes them", func(v adminapi.GroupView) bool {
+		return v.UnroutableKeys == n/2
+	})
+	if v.DeadLetters != 0 {
+		t.Fatalf("%d dead letters, want none: the large ones wait", v.DeadLetters)
+	}
+	large := dialWorker(t, addr, "large")
+	subscribeWorker(t, large, "$share/sized/jobs/#")
+	for range n / 2 {
+		m := large.Next(mqtttest.Timeout)
+		if m == nil || len(m.Payload) != len(bigPayload) {
+			t.Fatalf("the large member got %+v, want a large message", m)
+		}
+		if err := large.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	v = waitGroup(t, p, "sized/jobs/#", "every message acknowledged", func(v adminapi.GroupView) bool { return v.Backlog == 0 })
+	if v.DeadLetters != 0 {
+		t.Fatalf("%d dead letters, want none", v.DeadLetters)
+	}
+	if m := small.Next(0); m != nil {
+		t.Fatalf("the small member got %d bytes", len(m.Payload))
 	}
 }

@@ -430,6 +430,31 @@ func TestMemberThatMayNotReadIsNotEligible(t *testing.T) {
 	}
 }
 
+// TestMemberThatCannotTakeIsNotEligible: a message a member cannot take (its
+// Maximum Packet Size) is not offered to it, like one it may not read: it
+// goes to another member or waits, and is never dead-lettered for it (it
+// was, with 0x95, at the first attempt).
+func TestMemberThatCannotTakeIsNotEligible(t *testing.T) {
+	h := newHarness(t, nil)
+	small := func(m *Message) bool { return m.Key != "big" }
+	if err := h.c.addMember("small", memberSpec{fits: small}, h.now); err != nil {
+		t.Fatal(err)
+	}
+	h.c.poll(h.now)
+	h.check()
+	offs := h.publish("big", "small")
+	wantOffsets(t, "only the small one", h.out.take(), offs[1])
+	if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
+		t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
+	}
+	h.add("large", 0)
+	got := h.out.take()
+	wantOffsets(t, "the big one, once a member that can take it joins", got, offs[0])
+	if got[0].member != "large" {
+		t.Fatalf("the big one went to %q", got[0].member)
+	}
+}
+
 func TestRefusedDeliveryIsNotAnAttempt(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.MaxDeliveries = 1 })
 	h.add("a", 0)

@@ -78,8 +78,10 @@ type WorkerOptions struct {
 	SessionExpiry  uint32 // seconds the session outlives the connection; 0: ends with it
 	CleanStart     bool   // discard any existing session
 	KeepAlive      uint16 // seconds; > 0 makes the worker send PINGREQ at half that interval; 0: no keep-alive
-	Username       string // sent when not empty
-	Password       string // sent when not empty
+	// MaximumPacketSize is the largest packet the worker takes; 0: not sent (no limit).
+	MaximumPacketSize uint32
+	Username          string // sent when not empty
+	Password          string // sent when not empty
 
 	// Timeout bounds the wait for CONNACK, SUBACK, UNSUBACK and a publish's
 	// acknowledgement (default Timeout, 10s).

@@ -22,7 +22,7 @@ func encodeConnect(clientID string, o WorkerOptions) []byte {
 	return mqttwire.AppendConnect(nil, &mqttwire.Connect{
 		Version: mqttwire.Version5, ClientID: clientID, CleanStart: o.CleanStart, KeepAlive: o.KeepAlive,
 		Username: o.Username, Password: o.Password,
-		Props: mqttwire.Properties{SessionExpiry: o.SessionExpiry, ReceiveMaximum: o.ReceiveMaximum},
+		Props: mqttwire.Properties{SessionExpiry: o.SessionExpiry, ReceiveMaximum: o.ReceiveMaximum, MaximumPacketSize: o.MaximumPacketSize},
 	})
 }
 
