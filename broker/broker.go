@@ -261,6 +261,8 @@ func (b *Broker) addHooks() error {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
+		MaxGroupsPerOwner:  b.cfg.MaxGroupsPerUser,
+		GroupOwner:         b.groupOwner,
 		Cluster:            b.groups,
 		// The fan-out's session outboxes share each client's packet ids.
 		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
@@ -350,11 +352,11 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
-		if ttl := b.cfg.GroupIdleTTL; ttl > 0 {
+		if idle, holding := b.cfg.GroupIdleTTL, b.cfg.GroupBacklogTTL; idle > 0 || holding > 0 {
 			b.bg.Add(1)
 			go func() {
 				defer b.bg.Done()
-				b.sweepIdleGroups(ttl)
+				b.sweepIdleGroups(idle, holding)
 			}()
 		}
 		b.ready.Store(true)
@@ -428,8 +430,17 @@ func (b *Broker) disconnectListenerClients(id string) {
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.
-func (b *Broker) sweepIdleGroups(ttl time.Duration) {
-	t := time.NewTicker(sweepInterval(ttl))
+// sweepIdleGroups deletes groups without members: after idle (0: never)
+// those that hold nothing, after holding (0: never) those that hold only
+// messages, with them.
+func (b *Broker) sweepIdleGroups(idle, holding time.Duration) {
+	every := time.Minute
+	for _, ttl := range []time.Duration{idle, holding} {
+		if ttl > 0 {
+			every = min(every, sweepInterval(ttl))
+		}
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -437,16 +448,41 @@ func (b *Broker) sweepIdleGroups(ttl time.Duration) {
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			swept, err := b.keyShared.SweepIdle(ctx, now, ttl)
+			if idle > 0 {
+				swept, err := b.keyShared.SweepIdle(ctx, now, idle)
+				if err != nil {
+					b.log.Warn("sweeping idle groups", "error", err)
+				}
+				for _, name := range swept {
+					b.log.Info("deleted idle group", "group", name, "idle_ttl", idle)
+				}
+			}
+			if holding > 0 {
+				swept, err := b.keyShared.SweepHolding(ctx, now, holding)
+				if err != nil {
+					b.log.Warn("sweeping groups without members", "error", err)
+				}
+				for _, name := range swept {
+					b.log.Warn("deleted a group without members, with its backlog", "group", name, "backlog_ttl", holding)
+				}
+			}
 			cancel()
-			if err != nil {
-				b.log.Warn("sweeping idle groups", "error", err)
-			}
-			for _, name := range swept {
-				b.log.Info("deleted idle group", "group", name, "idle_ttl", ttl)
-			}
 		}
 	}
+}
+
+// groupOwner is whom a client's new groups count against
+// (max-groups-per-user): its user when auth is configured, else the host
+// part of its address.
+func (b *Broker) groupOwner(cl *mqtt.Client) string {
+	if b.cfg.Auth != nil && len(cl.Properties.Username) > 0 {
+		return "user " + string(cl.Properties.Username)
+	}
+	host, _, err := net.SplitHostPort(cl.Net.Remote)
+	if err != nil {
+		host = cl.Net.Remote
+	}
+	return "address " + host
 }
 
 // closeResources closes what New opened, in reverse order.

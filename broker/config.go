@@ -85,11 +85,17 @@ type Config struct {
 	MaxKeySize  ByteSize `yaml:"max-key-size"` // longest routing key accepted (0: no limit)
 	MaxGroups   int      `yaml:"max-groups"`   // most groups (0: no limit)
 	// MaxGroupsPerClient bounds the groups one client may be a member of (0: no limit).
-	MaxGroupsPerClient int              `yaml:"max-groups-per-client"`
-	GroupSettings      `yaml:",inline"` // defaults for every group
-	GroupIdleTTL       time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
-	GroupOverrides     []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
-	HTTPToken          string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
+	MaxGroupsPerClient int `yaml:"max-groups-per-client"`
+	// MaxGroupsPerUser bounds the running groups the clients of one user
+	// (with auth; else of one address) have created (0: no limit).
+	MaxGroupsPerUser int `yaml:"max-groups-per-user"`
+	// GroupBacklogTTL deletes a group that has had no members for this long
+	// and holds messages (not dead letters), with them; 0: never.
+	GroupBacklogTTL time.Duration    `yaml:"group-backlog-ttl"`
+	GroupSettings   `yaml:",inline"` // defaults for every group
+	GroupIdleTTL    time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
+	GroupOverrides  []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
+	HTTPToken       string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
 	// HTTPAllowedHosts are the host names (besides IP addresses and
 	// localhost) the HTTP listener answers to.
 	HTTPAllowedHosts []string `yaml:"http-allowed-hosts"`
@@ -222,6 +228,8 @@ func DefaultConfig() Config {
 		MaxKeySize:                1 << 10,
 		MaxGroups:                 10_000,
 		MaxGroupsPerClient:        100,
+		MaxGroupsPerUser:          1000,
+		GroupBacklogTTL:           DefaultMaxSessionExpiry,
 		GroupIdleTTL:              time.Hour,
 		SessionOwnership:          OwnershipRefuse,
 		HTTPReadTimeout:           10 * time.Second,
@@ -307,8 +315,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
 	case c.MaxKeySize < 0 || c.MaxKeySize > 65535:
 		return fmt.Errorf("%w: max-key-size must be between 0 and 65535 bytes", ErrInvalidConfig)
-	case c.MaxGroups < 0 || c.MaxGroupsPerClient < 0:
-		return fmt.Errorf("%w: max-groups and max-groups-per-client must not be negative", ErrInvalidConfig)
+	case c.MaxGroups < 0 || c.MaxGroupsPerClient < 0 || c.MaxGroupsPerUser < 0:
+		return fmt.Errorf("%w: max-groups, max-groups-per-client and max-groups-per-user must not be negative", ErrInvalidConfig)
+	case c.GroupBacklogTTL < 0:
+		return fmt.Errorf("%w: group-backlog-ttl must not be negative", ErrInvalidConfig)
 	case c.GroupIdleTTL < 0:
 		return fmt.Errorf("%w: group-idle-ttl must not be negative", ErrInvalidConfig)
 	}

@@ -42,6 +42,14 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
+	// MaxGroupsPerOwner bounds the groups that the clients of one owner
+	// (GroupOwner) have created and that still run (0: no bound), so that
+	// throwaway client ids cannot take every group: a SUBSCRIBE that would
+	// create one more gets 0x97. Groups resumed from the store have no owner.
+	MaxGroupsPerOwner int
+	// GroupOwner names whom a client's new groups count against (its user,
+	// or its address); "" counts them against nobody. Nil: nobody.
+	GroupOwner func(cl *mqtt.Client) string
 	// Cluster, when set, makes every group one group across the cluster's
 	// nodes (the store must then be the same cluster.Groups).
 	Cluster *cluster.Groups
@@ -241,13 +249,25 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrQuotaExceeded)
 			continue
 		}
+		created := h.groups.get(n.String()) == nil
 		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
 			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
 		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters})
+		if owner := h.owner(cl); created && owner != "" {
+			h.groups.claim(n.String(), owner)
+		}
 	}
+}
+
+// owner returns whom cl's new groups count against ("": nobody).
+func (h *KeyShared) owner(cl *mqtt.Client) string {
+	if h.cfg.GroupOwner == nil {
+		return ""
+	}
+	return h.cfg.GroupOwner(cl)
 }
 
 // overGroupLimits says why cl may not join group name, "" if it may.
@@ -258,7 +278,13 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 	if max := h.cfg.MaxGroupsPerClient; max > 0 && h.members.groupsOf(cl.ID) >= max {
 		return fmt.Sprintf("the client is a member of %d groups already (max-groups-per-client)", max)
 	}
-	if max := h.cfg.MaxGroups; max > 0 && h.groups.get(name) == nil && h.groups.count() >= max {
+	if h.groups.get(name) != nil {
+		return "" // joining a group that exists takes no new one
+	}
+	if max, owner := h.cfg.MaxGroupsPerOwner, h.owner(cl); max > 0 && owner != "" && h.groups.owned(owner) >= max {
+		return fmt.Sprintf("%s has created %d groups already (max-groups-per-user)", owner, max)
+	}
+	if max := h.cfg.MaxGroups; max > 0 && h.groups.count() >= max {
 		return fmt.Sprintf("the broker holds %d groups already (max-groups)", max)
 	}
 	return ""

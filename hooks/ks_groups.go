@@ -24,6 +24,9 @@ type ksGroup struct {
 	n    share.Name
 	d    groupDispatch
 	r    groupRouter
+	// owner is whom the group counts against (KeySharedConfig.GroupOwner);
+	// guarded by the registry's mu.
+	owner string
 }
 
 // groupDispatch is what the hook asks of a group's reliable dispatch.
@@ -64,6 +67,8 @@ type groupRegistry struct {
 		// the first instead of creating it twice, and nobody holds mu while
 		// the store commits the new group.
 		opening map[string]chan struct{}
+		// owned counts the running groups of each owner (ksGroup.owner).
+		owned map[string]int
 	}
 	// matches caches topic -> matching groups, valid while version is.
 	matches *topicCache[[]*ksGroup]
@@ -81,7 +86,36 @@ func newGroupRegistry() *groupRegistry {
 	r.mu.groups = map[string]*ksGroup{}
 	r.mu.index = mqtt.NewTopicsIndex()
 	r.mu.opening = map[string]chan struct{}{}
+	r.mu.owned = map[string]int{}
 	return r
+}
+
+// claim makes owner the owner of group name, if it runs and has none.
+func (r *groupRegistry) claim(name, owner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.mu.groups[name]; g != nil && g.owner == "" {
+		g.owner = owner
+		r.mu.owned[owner]++
+	}
+}
+
+// owned returns how many running groups owner owns.
+func (r *groupRegistry) owned(owner string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.mu.owned[owner]
+}
+
+// disownLocked stops counting g against its owner.
+func (r *groupRegistry) disownLocked(g *ksGroup) {
+	if g.owner == "" {
+		return
+	}
+	if r.mu.owned[g.owner]--; r.mu.owned[g.owner] <= 0 {
+		delete(r.mu.owned, g.owner)
+	}
+	g.owner = ""
 }
 
 func (r *groupRegistry) get(name string) *ksGroup {
@@ -132,6 +166,7 @@ func (r *groupRegistry) remove(name string) *ksGroup {
 	defer r.mu.Unlock()
 	g := r.mu.groups[name]
 	if g != nil {
+		r.disownLocked(g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)
 		r.version.Add(1)
@@ -145,6 +180,7 @@ func (r *groupRegistry) removeAll() []*ksGroup {
 	defer r.mu.Unlock()
 	out := make([]*ksGroup, 0, len(r.mu.groups))
 	for name, g := range r.mu.groups {
+		r.disownLocked(g)
 		out = append(out, g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)

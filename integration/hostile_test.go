@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -580,5 +581,129 @@ func TestTooLargeForAMemberMeansNotEligible(t *testing.T) {
 	}
 	if m := small.Next(0); m != nil {
 		t.Fatalf("the small member got %d bytes", len(m.Payload))
+	}
+}
+
+// groupNames lists the broker's groups.
+func groupNames(t *testing.T, p *proc) []string {
+	t.Helper()
+	c, err := adminapi.Dial(p.addrs["http"], "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, _, err := adminapi.Call(t.Context(), c, adminapi.ListGroups())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, g := range gl.Groups {
+		out = append(out, g.Name)
+	}
+	return out
+}
+
+// dialFrom connects a worker from local address ip (any of 127.0.0.0/8 on
+// Linux's loopback).
+func dialFrom(t *testing.T, addr, ip, id string, o mqtttest.WorkerOptions) *mqtttest.Worker {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: mqtttest.Timeout}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := mqtttest.ConnectWorker(c, id, o)
+	if err != nil {
+		t.Fatalf("%s from %s: %v", id, ip, err)
+	}
+	t.Cleanup(w.Close)
+	return w
+}
+
+// TestGroupsCannotBeExhausted: the groups the clients of one user (with
+// auth) or one address (without) create are bounded by --max-groups-per-user,
+// so throwaway client ids cannot take every group: 100 ids x 100 groups once
+// reached --max-groups in 2 s, and a legitimate $share got 0x97.
+func TestGroupsCannotBeExhausted(t *testing.T) {
+	t.Run("per user", func(t *testing.T) {
+		p := startSecure(t, "", "--fsync=false", "--max-groups", "50", "--max-groups-per-user", "10")
+		addr := p.addrs["tcp"]
+		granted := 0
+		for i := range 100 {
+			w := dialAs(t, addr, fmt.Sprintf("throwaway-%d", i), "evil", mqtttest.WorkerOptions{CleanStart: true})
+			rc, err := w.Subscribe(fmt.Sprintf("$share/g%d/orders/#", i), 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc == 1 {
+				granted++
+			} else if rc != 0x97 {
+				t.Fatalf("subscription %d: %#x", i, rc)
+			}
+			w.Close()
+		}
+		if granted != 10 {
+			t.Fatalf("evil created %d groups, want 10", granted)
+		}
+		billing := dialAs(t, addr, "billing-1", "billing", mqtttest.WorkerOptions{CleanStart: true})
+		subscribe(t, billing, "$share/billing/orders/#", 1)
+	})
+	t.Run("per address", func(t *testing.T) {
+		p := startKeyline(t, t.TempDir(), "--fsync=false", "--max-groups-per-user", "10")
+		addr := p.addrs["tcp"]
+		for i := range 11 {
+			w := dialFrom(t, addr, "127.0.0.2", fmt.Sprintf("a-%d", i), mqtttest.WorkerOptions{CleanStart: true})
+			want := byte(1)
+			if i == 10 {
+				want = 0x97
+			}
+			if rc, err := w.Subscribe(fmt.Sprintf("$share/g%d/x/#", i), 1); err != nil || rc != want {
+				t.Fatalf("group %d from 127.0.0.2: %#x %v, want %#x", i+1, rc, err, want)
+			}
+			w.Close()
+		}
+		other := dialFrom(t, addr, "127.0.0.3", "b", mqtttest.WorkerOptions{CleanStart: true})
+		subscribeWorker(t, other, "$share/other/x/#")
+		joiner := dialFrom(t, addr, "127.0.0.2", "a-join", mqtttest.WorkerOptions{CleanStart: true})
+		subscribeWorker(t, joiner, "$share/g0/x/#") // joining a group takes none
+	})
+}
+
+// TestGroupsHoldingOnlyMessagesAreReclaimed: a group without members that
+// holds messages is deleted with them after --group-backlog-ttl, so joining,
+// publishing and leaving cannot keep a group alive for ever; one holding
+// dead letters is kept for its operator. A group holding messages was never
+// deleted.
+func TestGroupsHoldingOnlyMessagesAreReclaimed(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--group-backlog-ttl", "2s")
+	addr := p.addrs["tcp"]
+	pub := dialWorker(t, addr, "pub")
+	for _, name := range []string{"holding", "dead"} {
+		w := dialWorker(t, addr, name+"-member")
+		subscribeWorker(t, w, "$share/"+name+"/"+name+"/#")
+		if name == "dead" {
+			publishKey(t, pub, "dead/1", "k", "poison")
+			m := w.Next(mqtttest.Timeout)
+			if m == nil {
+				t.Fatal("no message for the dead-letter group")
+			}
+			if err := w.Nack(m, 0x87); err != nil { // never retried: dead-lettered at once
+				t.Fatal(err)
+			}
+			waitGroup(t, p, "dead/dead/#", "the dead letter", func(v adminapi.GroupView) bool { return v.DeadLetters == 1 })
+		}
+		w.Close()
+	}
+	publishKey(t, pub, "holding/1", "k", "waits")
+	waitGroup(t, p, "holding/holding/#", "the backlog", func(v adminapi.GroupView) bool { return v.Backlog == 1 && len(v.Members) == 0 })
+	// The TTL is wall-clock time: poll for its end (2 s, swept every second).
+	deadline := time.Now().Add(mqtttest.Timeout)
+	for slices.Contains(groupNames(t, p), "holding/holding/#") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the member-less group holding a message is still there after %v", mqtttest.Timeout)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the admin API, bounded by the deadline
+	}
+	if !slices.Contains(groupNames(t, p), "dead/dead/#") {
+		t.Fatal("the group holding a dead letter was deleted")
 	}
 }
