@@ -3,6 +3,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -705,5 +706,61 @@ func TestGroupsHoldingOnlyMessagesAreReclaimed(t *testing.T) {
 	}
 	if !slices.Contains(groupNames(t, p), "dead/dead/#") {
 		t.Fatal("the group holding a dead letter was deleted")
+	}
+}
+
+// httpGetHost sends GET url with Host header host and returns the status and body.
+func httpGetHost(t *testing.T, url, host string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// TestMetricsAnswerOnlyAllowedHosts: /metrics answers only IP addresses,
+// localhost and --http-allowed-hosts, like the admin API (a DNS-rebinding
+// page could read it), and a label never carries a raw control byte from a
+// client's share name. /healthz and /readyz answer any Host.
+func TestMetricsAnswerOnlyAllowedHosts(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--http-allowed-hosts", "keyline.internal")
+	base := "http://" + p.addrs["http"]
+	w := dialWorker(t, p.addrs["tcp"], "w")
+	subscribeWorker(t, w, "$share/evil\x1b[2J\x1b]0;pwned\x07/x/#")
+	for _, tc := range []struct {
+		path, host string
+		want       int
+	}{
+		{"/metrics", "rebind.attacker.example", http.StatusForbidden},
+		{"/metrics", p.addrs["http"], http.StatusOK},
+		{"/metrics", "keyline.internal:9883", http.StatusOK},
+		{"/healthz", "rebind.attacker.example", http.StatusOK},
+		{"/readyz", "rebind.attacker.example", http.StatusOK},
+	} {
+		status, body := httpGetHost(t, base+tc.path, tc.host)
+		if status != tc.want {
+			t.Fatalf("GET %s with Host %s: %d, want %d", tc.path, tc.host, status, tc.want)
+		}
+		if tc.path == "/metrics" && status == http.StatusOK {
+			if !strings.Contains(body, `keyline_group_members{group="evil\\x1b[2J`) {
+				t.Fatalf("no escaped group label in the scrape")
+			}
+			for i := range len(body) {
+				if c := body[i]; c < 0x20 && c != '\n' {
+					t.Fatalf("the scrape carries the control byte %#x: %q", c, body[max(0, i-40):min(len(body), i+40)])
+				}
+			}
+		}
 	}
 }
