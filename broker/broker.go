@@ -24,7 +24,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
@@ -160,8 +159,10 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// Bounded: a client that opens many connections, or sends headers or
 		// a body slowly, holds at most http-max-conns goroutines for at most
 		// http-read-timeout each. No write timeout: live views stream.
-		b.httpLn = netutil.LimitListener(b.httpLn, cfg.HTTPMaxConns)
+		conns := newHTTPConns(cfg.HTTPMaxConns, cfg.HTTPMaxConnsPerAddress)
+		b.httpLn = conns.listener(b.httpLn)
 		b.httpSrv = &http.Server{
+			ConnState:         conns.state,
 			Handler:           b.httpHandler(),
 			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
 			ReadTimeout:       cfg.HTTPReadTimeout,

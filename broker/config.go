@@ -103,6 +103,9 @@ type Config struct {
 	HTTPReadTimeout time.Duration `yaml:"http-read-timeout"`
 	// HTTPMaxConns bounds the HTTP connections served at once.
 	HTTPMaxConns int `yaml:"http-max-conns"`
+	// HTTPMaxConnsPerAddress bounds those of one client address (0: no
+	// bound beyond HTTPMaxConns).
+	HTTPMaxConnsPerAddress int `yaml:"http-max-conns-per-address"`
 	// Pprof serves Go's profiler under /debug/pprof/ (behind the token).
 	Pprof bool `yaml:"pprof"`
 	// WSAllowedOrigins are the browser origins (besides the listener's own
@@ -234,6 +237,7 @@ func DefaultConfig() Config {
 		SessionOwnership:          OwnershipRefuse,
 		HTTPReadTimeout:           10 * time.Second,
 		HTTPMaxConns:              256,
+		HTTPMaxConnsPerAddress:    64,
 		Cluster:                   DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
@@ -309,6 +313,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: http-read-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPMaxConns < 1:
 		return fmt.Errorf("%w: http-max-conns must be at least 1", ErrInvalidConfig)
+	case c.HTTPMaxConnsPerAddress < 0:
+		return fmt.Errorf("%w: http-max-conns-per-address must not be negative", ErrInvalidConfig)
 	case c.SessionOwnership == 0:
 		return fmt.Errorf("%w: session-ownership is not set (want %s)", ErrInvalidConfig, SessionOwnerships)
 	case c.KeyProperty == "":

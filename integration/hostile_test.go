@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -763,4 +764,75 @@ func TestMetricsAnswerOnlyAllowedHosts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// holdHTTP opens n connections to addr from local address ip; with request
+// set, each sends one keep-alive GET /healthz, reads the answer and stays
+// open, idle; without, each sends nothing. It returns how many the broker
+// kept open to the end.
+func holdHTTP(t *testing.T, addr, ip string, n int, request bool) []net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}, Timeout: mqtttest.Timeout}
+	var conns []net.Conn
+	for range n {
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		conns = append(conns, c)
+		if !request {
+			continue
+		}
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			continue // closed to make room for a newer one
+		}
+		_ = c.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		_ = c.SetReadDeadline(time.Time{})
+	}
+	return conns
+}
+
+// TestIdleHTTPConnectionsCannotLockOut: idle keep-alive connections and
+// connections that send nothing, from another address or from the
+// operator's own, cannot keep /healthz from answering: at a bound the
+// oldest connection without a request in progress makes room. 256 idle
+// keep-alive connections once locked /healthz out (no token needed).
+func TestIdleHTTPConnectionsCannotLockOut(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	addr := p.addrs["http"]
+	healthz := func(what string) {
+		t.Helper()
+		c := &http.Client{Timeout: mqtttest.Timeout}
+		resp, err := c.Get("http://" + addr + "/healthz")
+		if err != nil {
+			t.Fatalf("/healthz after %s: %v", what, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("/healthz after %s: %s", what, resp.Status)
+		}
+	}
+	idle := holdHTTP(t, addr, "127.0.0.2", 300, true)
+	healthz("300 idle keep-alive connections from another address")
+	// Past half its share, an address's idle connections are closed after
+	// a second (not the server's two minutes): the newest one ends.
+	last := idle[len(idle)-1]
+	_ = last.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
+	if n, err := last.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("an idle keep-alive connection past half the address's share stayed open (%d, %v)", n, err)
+	}
+	holdHTTP(t, addr, "127.0.0.3", 300, false)
+	healthz("300 silent connections from another address")
+	holdHTTP(t, addr, "127.0.0.1", 300, true)
+	healthz("300 idle keep-alive connections from the same address")
+	for i := range 4 { // 4 x 64: every address at its share, 256 in all
+		holdHTTP(t, addr, fmt.Sprintf("127.0.1.%d", i+1), 64, false)
+	}
+	healthz("256 silent connections from four addresses")
 }
