@@ -48,7 +48,9 @@ func newHTTPConns(max, perAddr int) *httpConns {
 }
 
 // listener wraps ln so that Accept applies the bounds.
-func (c *httpConns) listener(ln net.Listener) net.Listener { return &boundedListener{Listener: ln, c: c} }
+func (c *httpConns) listener(ln net.Listener) net.Listener {
+	return &boundedListener{Listener: ln, c: c}
+}
 
 type boundedListener struct {
 	net.Listener
