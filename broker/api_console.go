@@ -12,7 +12,7 @@ import (
 // them too), and the console itself at /, all behind adminHandler.
 
 // registerConsole adds the console's API routes and pages to mux.
-func (b *Broker) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
+func (b *Broker) registerConsole(mux *http.ServeMux, groups *groupAdmin, auth *console.Auth) {
 	mux.HandleFunc("GET "+adminapi.PathOverview, b.handleOverview)
 	mux.HandleFunc("GET "+adminapi.PathGroupMessages, groups.handleGroupMessages)
 	mux.HandleFunc("GET "+adminapi.PathGroupActivity, groups.handleGroupActivity)
@@ -20,7 +20,7 @@ func (b *Broker) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
 	mux.HandleFunc("GET "+adminapi.PathTopicStream, b.handleTopicStream)
 	b.obs.groupRates = groups.sampleRates // the groups page shows rates at the first look
 	console.New(&consoleBackend{b: b, groups: groups}, console.Options{
-		Token:  b.cfg.HTTPToken,
+		Auth:   auth,
 		Logger: b.log.With("component", "console"),
 	}).Register(mux)
 }

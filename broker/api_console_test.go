@@ -306,12 +306,12 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 	if resp := do("POST", "/actions/purge?group=a/b&all=1"); resp.StatusCode != 401 {
 		t.Errorf("POST an action without a token = %d, want 401", resp.StatusCode)
 	}
-	cookie := adminapi.SessionCookie + "=" + adminapi.SessionValue("s3cret")
+	cookie := loginCookie(t, base, "s3cret")
 	for _, p := range []string{"/", "/groups", adminapi.PathOverview, "/api/v1/groups"} {
 		if resp := do("GET", p, "Cookie", cookie); resp.StatusCode != 200 {
 			t.Errorf("GET %s with the session cookie = %d, want 200", p, resp.StatusCode)
 		}
-		if resp := do("GET", p, "Cookie", adminapi.SessionCookie+"="+adminapi.SessionValue("guess")); resp.StatusCode == 200 {
+		if resp := do("GET", p, "Cookie", adminapi.SessionCookie+"=guess"); resp.StatusCode == 200 {
 			t.Errorf("GET %s with a wrong cookie = 200", p)
 		}
 	}
@@ -324,6 +324,25 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 	if resp := do("POST", "/login", "Origin", "https://evil.example", "Sec-Fetch-Site", "cross-site"); resp.StatusCode != 403 {
 		t.Errorf("cross-origin login = %d, want 403", resp.StatusCode)
 	}
+}
+
+// loginCookie logs in to the console at base with token and returns the
+// session cookie, as a Cookie header's value.
+func loginCookie(t *testing.T, base, token string) string {
+	t.Helper()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.PostForm(base+"/login", url.Values{"token": {token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, c := range resp.Cookies() {
+		if c.Name == adminapi.SessionCookie && c.Value != "" {
+			return c.Name + "=" + c.Value
+		}
+	}
+	t.Fatalf("login: %s, no session cookie", resp.Status)
+	return ""
 }
 
 // TestGroupRatesAtTheFirstLook: the observer samples every group's counters,

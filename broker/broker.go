@@ -25,6 +25,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/keyline-mq/keyline/broker/console"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -50,6 +51,8 @@ type Broker struct {
 
 	httpLn  net.Listener
 	httpSrv *http.Server
+	// httpConns bounds the HTTP connections (nil without --http).
+	httpConns *httpConns
 
 	connStats *connq.Stats // totals of every connection's outbound queue
 	auth      *hooks.Auth
@@ -159,10 +162,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// Bounded: a client that opens many connections, or sends headers or
 		// a body slowly, holds at most http-max-conns goroutines for at most
 		// http-read-timeout each. No write timeout: live views stream.
-		conns := newHTTPConns(cfg.HTTPMaxConns, cfg.HTTPMaxConnsPerAddress)
-		b.httpLn = conns.listener(b.httpLn)
+		b.httpConns = newHTTPConns(cfg.HTTPMaxConns, cfg.HTTPMaxConnsPerAddress)
+		b.httpLn = b.httpConns.listener(b.httpLn)
 		b.httpSrv = &http.Server{
-			ConnState:         conns.state,
+			ConnState:         b.httpConns.state,
+			ConnContext:       withConn,
 			Handler:           b.httpHandler(),
 			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
 			ReadTimeout:       cfg.HTTPReadTimeout,
@@ -172,6 +176,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	return b, nil
 }
+
+// minTokenLen is the shortest http-token that gets no warning.
+const minTokenLen = 16
 
 // clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
 const clientWritesPending = 1024
@@ -558,7 +565,14 @@ func (b *Broker) httpHandler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
 	groups.register(mux)
-	b.registerConsole(mux, groups)
+	auth := console.NewAuth(b.cfg.HTTPToken)
+	if n := len(b.cfg.HTTPToken); n > 0 && n < minTokenLen {
+		b.log.Warn("http-token is short: at the ten guesses a second the HTTP listener answers, it could be guessed; use 16 random characters or more", "length", n)
+	}
+	if b.httpConns != nil {
+		auth.Waiting = b.httpConns.waitingFor // a request waiting for its token check may give way
+	}
+	b.registerConsole(mux, groups, auth)
 	b.registerCluster(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -571,5 +585,5 @@ func (b *Broker) httpHandler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return b.hostCheck(b.adminHandler(mux))
+	return b.hostCheck(b.adminHandler(mux, auth))
 }

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"sync"
@@ -30,10 +31,13 @@ type httpConns struct {
 }
 
 type httpConn struct {
-	addr  string
-	seq   uint64 // accept order: the lowest is the oldest
-	quiet bool
-	idle  *time.Timer // the shortened idle timeout, when armed
+	addr string
+	seq  uint64 // accept order: the lowest is the oldest
+	// quiet: no request in progress (new or idle); waiting: its request
+	// waits for its turn at the token check. Room is made from quiet
+	// connections first, then from waiting ones.
+	quiet, waiting bool
+	idle           *time.Timer // the shortened idle timeout, when armed
 }
 
 // quietIdle is the idle timeout of keep-alive connections past half a bound.
@@ -130,13 +134,24 @@ func (c *httpConns) admit(conn net.Conn, closed <-chan struct{}) admission {
 	return admitted
 }
 
-// evictLocked closes the oldest quiet connection (of addr; "": of anyone)
-// and forgets it; false when there is none.
+// evictLocked closes the oldest quiet connection (of addr; "": of anyone),
+// else the oldest one waiting for a token check, and forgets it; false when
+// there is neither.
 func (c *httpConns) evictLocked(addr string) bool {
 	var oldest net.Conn
 	var info *httpConn
+	rank := func(in *httpConn) int {
+		switch {
+		case in.quiet:
+			return 2
+		case in.waiting:
+			return 1
+		}
+		return 0
+	}
 	for conn, in := range c.mu.conns {
-		if in.quiet && (addr == "" || in.addr == addr) && (info == nil || in.seq < info.seq) {
+		if r := rank(in); r > 0 && (addr == "" || in.addr == addr) &&
+			(info == nil || r > rank(info) || (r == rank(info) && in.seq < info.seq)) {
 			oldest, info = conn, in
 		}
 	}
@@ -183,6 +198,37 @@ func (c *httpConns) state(conn net.Conn, s http.ConnState) {
 	case http.StateHijacked, http.StateClosed:
 		c.forgetLocked(conn, in)
 	}
+}
+
+// count returns how many connections are registered.
+func (c *httpConns) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.mu.conns)
+}
+
+// connKey is the request context's key of its connection (withConn).
+type connKey struct{}
+
+// withConn is the server's ConnContext: requests know their connection.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// waitingFor marks r's connection as waiting for a token check, which may
+// be closed to make room (after the quiet ones); the returned function ends
+// the wait. Its request's context ends when the connection is closed.
+func (c *httpConns) waitingFor(r *http.Request) func() {
+	conn, _ := r.Context().Value(connKey{}).(net.Conn)
+	set := func(on bool) {
+		c.mu.Lock()
+		if in := c.mu.conns[conn]; in != nil {
+			in.waiting = on
+		}
+		c.mu.Unlock()
+	}
+	set(true)
+	return func() { set(false) }
 }
 
 // closeIfIdle closes conn if it is still between requests.

@@ -205,9 +205,14 @@ func TestHTTPHasTimeoutsAndACap(t *testing.T) {
 		_ = c.SetReadDeadline(time.Now().Add(within))
 		return bufio.NewReader(c).ReadString('\n')
 	}
-	// Two idle keep-alive connections: a third closes the oldest and is served.
-	idle := []net.Conn{dial(), dial()}
-	for _, c := range idle {
+	// The server reports the slow connection closed (ConnState) just after
+	// it closed it: once it has, two idle keep-alive connections fill the
+	// cap, and a third closes the oldest and is served.
+	eventually(t, "the closed connection to be forgotten", func() bool { return b.httpConns.count() == 0 })
+	var idle []net.Conn
+	for range 2 {
+		c := dial()
+		idle = append(idle, c)
 		if _, err := get(c, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}

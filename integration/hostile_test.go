@@ -7,10 +7,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -835,4 +837,123 @@ func TestIdleHTTPConnectionsCannotLockOut(t *testing.T) {
 		holdHTTP(t, addr, fmt.Sprintf("127.0.1.%d", i+1), 64, false)
 	}
 	healthz("256 silent connections from four addresses")
+}
+
+// login posts token to the console's login and returns the answer.
+func login(t *testing.T, p *proc, token string) *http.Response {
+	t.Helper()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.PostForm("http://"+p.addrs["http"]+"/login", url.Values{"token": {token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// apiStatus sends GET path with the headers given (name, value, ...).
+func apiStatus(t *testing.T, p *proc, path string, header ...string) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, "http://"+p.addrs["http"]+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Timeout: mqtttest.Timeout}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestConsoleSessionsExpireAndEndAtLogout: the console's cookie is the id of
+// a session the broker keeps: it expires (12 h) and logout ends it, so a
+// copy of the cookie stops working. It was a fixed HMAC of the token, valid
+// for ever, logout or not.
+func TestConsoleSessionsExpireAndEndAtLogout(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--http-token", "0123456789abcdef-operator")
+	resp := login(t, p, "0123456789abcdef-operator")
+	var session *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == adminapi.SessionCookie {
+			session = c
+		}
+	}
+	if session == nil || session.MaxAge <= 0 || session.MaxAge > 12*3600 {
+		t.Fatalf("login: %s, session cookie %+v: want one that expires within 12 h", resp.Status, session)
+	}
+	cookie := session.Name + "=" + session.Value
+	if got := apiStatus(t, p, adminapi.PathOverview, "Cookie", cookie); got != http.StatusOK {
+		t.Fatalf("with the session cookie: %d", got)
+	}
+	if again := login(t, p, "0123456789abcdef-operator"); len(again.Cookies()) == 0 || again.Cookies()[0].Value == session.Value {
+		t.Fatal("a second login got the same cookie: it is not a session")
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+p.addrs["http"]+"/logout", nil)
+	req.Header.Set("Cookie", cookie)
+	out, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.Body.Close()
+	if got := apiStatus(t, p, adminapi.PathOverview, "Cookie", cookie); got != http.StatusUnauthorized {
+		t.Fatalf("the cookie after logout: %d, want 401", got)
+	}
+}
+
+// TestTokenGuessesAreSpacedNotLockingOut: wrong tokens, to the console's
+// login or in bearer headers, are answered at most ten a second in all, so
+// the token cannot be guessed at network speed (300 bearer guesses once took
+// 2.3 s); the right one is never refused, from the guesser's own address
+// too (a per-address lockout of the login once shut the operator out).
+func TestTokenGuessesAreSpacedNotLockingOut(t *testing.T) {
+	const token = "0123456789abcdef-operator"
+	p := startKeyline(t, t.TempDir(), "--fsync=false", "--http-token", token)
+	for i := range 20 {
+		if resp := login(t, p, fmt.Sprintf("guess-%d", i)); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("wrong login %d: %s", i, resp.Status)
+		}
+	}
+	if resp := login(t, p, token); resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) == 0 {
+		t.Fatalf("the right token after 20 wrong ones from the same address: %s", resp.Status)
+	}
+	start := time.Now()
+	for i := range 30 {
+		if got := apiStatus(t, p, adminapi.PathOverview, "Authorization", fmt.Sprintf("Bearer guess-%d", i)); got != http.StatusUnauthorized {
+			t.Fatalf("wrong bearer token %d: %d", i, got)
+		}
+	}
+	if took := time.Since(start); took < 30*100*time.Millisecond { // a lower bound: a slow machine only adds to it
+		t.Fatalf("30 wrong bearer tokens answered in %v, want at least 3 s", took)
+	}
+	// A flood of guesses from the operator's own address: the right token
+	// still gets in, after the guesses queued ahead of it.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Go(func() {
+			c := &http.Client{Timeout: mqtttest.Timeout}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodGet, "http://"+p.addrs["http"]+adminapi.PathOverview, nil)
+				req.Header.Set("Authorization", fmt.Sprintf("Bearer flood-%d-%d", g, i))
+				if resp, err := c.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		})
+	}
+	got := apiStatus(t, p, adminapi.PathOverview, "Authorization", "Bearer "+token)
+	close(stop)
+	wg.Wait()
+	if got != http.StatusOK {
+		t.Fatalf("the right bearer token during a flood of guesses: %d", got)
+	}
 }

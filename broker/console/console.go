@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/share"
@@ -40,9 +39,9 @@ type Backend interface {
 
 // Options configure a Console.
 type Options struct {
-	// Token is the broker's --http-token; "" means the console is open (the
-	// login page says so).
-	Token string
+	// Auth checks the broker's --http-token and keeps the login sessions
+	// (nil: NewAuth(""), the console is open and the login page says so).
+	Auth *Auth
 	// Logger receives refused logins; nil discards.
 	Logger *slog.Logger
 }
@@ -77,18 +76,19 @@ var staticFS embed.FS
 // Console serves the pages. Create it with New.
 type Console struct {
 	be      Backend
-	token   string
+	auth    *Auth
 	log     *slog.Logger
 	pages   map[string]*template.Template
 	version string // of the static assets, for cache-busting URLs
-	logins  loginLimiter
 }
 
 // New returns a console over be. It panics if the embedded templates do not
 // parse (a build defect, caught by the package tests).
 func New(be Backend, opts Options) *Console {
-	c := &Console{be: be, token: opts.Token, log: opts.Logger, pages: map[string]*template.Template{}}
-	c.logins.now = time.Now
+	c := &Console{be: be, auth: opts.Auth, log: opts.Logger, pages: map[string]*template.Template{}}
+	if c.auth == nil {
+		c.auth = NewAuth("")
+	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -199,7 +199,7 @@ func (c *Console) serve(h func(w http.ResponseWriter, r *http.Request) (*view, e
 		if t == nil {
 			err = fmt.Errorf("console: no template %q", v.Template)
 		} else {
-			err = t.ExecuteTemplate(&buf, "layout", layout{view: v, Version: c.version, Auth: c.token != ""})
+			err = t.ExecuteTemplate(&buf, "layout", layout{view: v, Version: c.version, Auth: !c.auth.Open()})
 		}
 		if err != nil {
 			c.log.Error("rendering a console page", "path", r.URL.Path, "error", err)
