@@ -15,6 +15,7 @@ import (
 //
 //	event: message  data: adminapi.TopicEvent (JSON)
 //	event: stats    data: adminapi.TopicStreamStats (JSON), every statsEvery
+//	event: closed   data: adminapi.Error (JSON): a newer stream took this one's place
 //
 // Matching retained messages come first (at most maxTopicRetained), flagged retain.
 
@@ -22,6 +23,23 @@ const (
 	statsEvery        = 5 * time.Second
 	streamWriteBudget = 5 * time.Second // a viewer that reads nothing for this long is dropped (and shutdown waits no longer)
 )
+
+// errStreamNeedsAuth refuses the topic stream of a broker whose ACL it could
+// bypass.
+var errStreamNeedsAuth = errors.New("the topic stream is off: with an auth ledger it needs --http-token (the token holder sees every topic) or http-topic-user (the stream shows what that user may read)")
+
+// topicReader says which topics a topic stream may show (nil: all).
+func (b *Broker) topicReader() (func(topic string) bool, error) {
+	switch user := b.cfg.HTTPTopicUser; {
+	case b.cfg.Auth == nil:
+		return nil, nil // no ACL: every client may read every topic over MQTT too
+	case user != "":
+		return func(topic string) bool { return b.auth.UserCanRead(user, topic) }, nil
+	case b.cfg.HTTPToken != "":
+		return nil, nil
+	}
+	return nil, errStreamNeedsAuth
+}
 
 func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 	q, err := queryParams(r, "filter")
@@ -34,11 +52,13 @@ func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, errors.New(`missing query parameter "filter" (a topic filter, URL-encoded, e.g. filter=sensors%2F%23)`))
 		return
 	}
-	v, err := b.obs.topics.open(filter, time.Now())
-	switch {
-	case errors.Is(err, errTooManyViewers):
-		writeJSON(w, http.StatusTooManyRequests, adminapi.Error{Error: err.Error()})
+	canRead, err := b.topicReader()
+	if err != nil {
+		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: err.Error()})
 		return
+	}
+	v, err := b.obs.topics.open(filter, r.RemoteAddr, canRead, time.Now())
+	switch {
 	case errors.Is(err, errWatchClosed):
 		writeJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
 		return
@@ -74,7 +94,7 @@ func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			break
 		}
-		if !topicMatch(v.levels, pk.TopicName) {
+		if !topicMatch(v.levels, pk.TopicName) || (canRead != nil && !canRead(pk.TopicName)) {
 			continue // mochi's retained index and MQTT may differ on '$' topics
 		}
 		if i >= maxTopicRetained || !v.take(time.Now()) {
@@ -100,6 +120,9 @@ func (b *Broker) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 			err = r.Context().Err()
 		case <-b.obs.topics.stop:
 			err = errWatchClosed
+		case <-v.replaced:
+			err = errReplaced
+			_ = send("closed", adminapi.Error{Error: err.Error()})
 		}
 	}
 	b.log.Info("topic stream closed", "filter", filter, "sent", v.sent.Load(), "skipped", v.skipped.Load(), "remote", r.RemoteAddr, "error", err)

@@ -103,6 +103,10 @@ type Config struct {
 	HTTPReadTimeout time.Duration `yaml:"http-read-timeout"`
 	// HTTPMaxConns bounds the HTTP connections served at once.
 	HTTPMaxConns int `yaml:"http-max-conns"`
+	// HTTPTopicUser names the auth ledger's user whose read ACL the topic
+	// stream (console Topics page) applies; without it, and with a ledger,
+	// the stream needs the http token (whose holder sees every topic).
+	HTTPTopicUser string `yaml:"http-topic-user"`
 	// HTTPMaxConnsPerAddress bounds those of one client address (0: no
 	// bound beyond HTTPMaxConns).
 	HTTPMaxConnsPerAddress int `yaml:"http-max-conns-per-address"`
@@ -313,6 +317,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: http-read-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPMaxConns < 1:
 		return fmt.Errorf("%w: http-max-conns must be at least 1", ErrInvalidConfig)
+	case c.HTTPTopicUser != "" && c.Auth == nil:
+		return fmt.Errorf("%w: http-topic-user %q needs an auth section (it names a user of the ledger)", ErrInvalidConfig, c.HTTPTopicUser)
 	case c.HTTPMaxConnsPerAddress < 0:
 		return fmt.Errorf("%w: http-max-conns-per-address must not be negative", ErrInvalidConfig)
 	case c.SessionOwnership == 0:

@@ -163,6 +163,16 @@ func (h *Auth) allowed(cl *mqtt.Client, topic string, write bool) bool {
 	return h.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
 }
 
+// UserCanRead reports whether a client of username may read topic, by the
+// ACL alone (rules that name a client id or an address do not match): what
+// the console's topic stream shows for http-topic-user.
+func (h *Auth) UserCanRead(username, topic string) bool { return h.UserMay(username, topic, false) }
+
+// UserMay is UserCanRead for either access: write (publish) or read.
+func (h *Auth) UserMay(username, topic string, write bool) bool {
+	return h.ledger == nil || h.acl.decide("", username, "", topic, write)
+}
+
 // CanRead reports whether cl may receive a message published on topic.
 func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.OnACLCheck(cl, topic, false) }
 

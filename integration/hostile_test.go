@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -955,5 +957,148 @@ func TestTokenGuessesAreSpacedNotLockingOut(t *testing.T) {
 	wg.Wait()
 	if got != http.StatusOK {
 		t.Fatalf("the right bearer token during a flood of guesses: %d", got)
+	}
+}
+
+// sse is one server-sent event.
+type sse struct{ name, data string }
+
+// openSSE opens a topic stream of filter from local address ip, with the
+// headers given; it returns the answer's status and its events (closed when
+// the stream ends), and ends the stream when the test does.
+func openSSE(t *testing.T, p *proc, ip, filter string, header ...string) (int, <-chan sse) {
+	t.Helper()
+	tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addrs["http"]+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	events := make(chan sse, 100)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		var ev sse
+		for sc.Scan() {
+			switch line := sc.Text(); {
+			case strings.HasPrefix(line, "event: "):
+				ev.name = strings.TrimPrefix(line, "event: ")
+			case strings.HasPrefix(line, "data: "):
+				ev.data = strings.TrimPrefix(line, "data: ")
+			case line == "" && ev.name != "":
+				select {
+				case events <- ev:
+				default: // a test that stopped reading
+				}
+				ev = sse{}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		resp.Body.Close()
+		<-done
+		tr.CloseIdleConnections()
+	})
+	return resp.StatusCode, events
+}
+
+// nextTopic returns the topic of the stream's next message event.
+func nextTopic(t *testing.T, events <-chan sse) string {
+	t.Helper()
+	timeout := time.After(mqtttest.Timeout)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatal("the stream ended")
+			}
+			if ev.name == "message" {
+				var m adminapi.TopicEvent
+				if err := json.Unmarshal([]byte(ev.data), &m); err != nil {
+					t.Fatal(err)
+				}
+				return m.Topic
+			}
+		case <-timeout:
+			t.Fatal("no message on the stream")
+		}
+	}
+}
+
+// TestTopicStreamObeysTheACL: with an auth ledger, the topic stream (the
+// console's Topics page) shows what http-topic-user may read, is open to the
+// token's holder, and is off without either; it once showed every topic,
+// ACL-denied ones included, to any local process when no token was set.
+func TestTopicStreamObeysTheACL(t *testing.T) {
+	t.Run("off without a token or a topic user", func(t *testing.T) {
+		p := startSecure(t, "")
+		if status, _ := openSSE(t, p, "127.0.0.1", "#"); status != http.StatusForbidden {
+			t.Fatalf("stream: %d, want 403", status)
+		}
+	})
+	t.Run("the topic user's ACL", func(t *testing.T) {
+		p := startSecure(t, "", "--http-topic-user", "device") // device may use sensors/# alone
+		status, events := openSSE(t, p, "127.0.0.1", "#")
+		if status != http.StatusOK {
+			t.Fatalf("stream: %d", status)
+		}
+		admin := dialAs(t, p.addrs["tcp"], "admin-1", "admin", mqtttest.WorkerOptions{CleanStart: true})
+		device := dialAs(t, p.addrs["tcp"], "device-1", "device", mqtttest.WorkerOptions{CleanStart: true})
+		if rc, err := admin.Publish("admin/secret", []byte("plans"), 1); err != nil || rc != 0 {
+			t.Fatalf("admin publish: %#x %v", rc, err)
+		}
+		if rc, err := device.Publish("sensors/1", []byte("21.5"), 1); err != nil || rc != 0 {
+			t.Fatalf("device publish: %#x %v", rc, err)
+		}
+		if topic := nextTopic(t, events); topic != "sensors/1" {
+			t.Fatalf("the stream showed %s, which device may not read", topic)
+		}
+	})
+	t.Run("the token's holder", func(t *testing.T) {
+		const token = "0123456789abcdef-operator"
+		p := startSecure(t, "", "--http-token", token)
+		if status, _ := openSSE(t, p, "127.0.0.1", "#", "Authorization", "Bearer "+token); status != http.StatusOK {
+			t.Fatalf("stream with the token: %d", status)
+		}
+	})
+}
+
+// TestTopicStreamSlotsCannotBeHeld: idle viewers cannot keep the operator
+// from watching: a stream past the eighth takes the place of the oldest
+// stream of the address holding the most, which is told so. Eight idle
+// viewers once held every slot (429 for the operator).
+func TestTopicStreamSlotsCannotBeHeld(t *testing.T) {
+	p := startKeyline(t, t.TempDir(), "--fsync=false")
+	var idle []<-chan sse
+	for range 8 {
+		status, events := openSSE(t, p, "127.0.0.2", "idle/#")
+		if status != http.StatusOK {
+			t.Fatalf("idle viewer: %d", status)
+		}
+		idle = append(idle, events)
+	}
+	status, events := openSSE(t, p, "127.0.0.1", "watched/#")
+	if status != http.StatusOK {
+		t.Fatalf("the operator's stream: %d, want 200", status)
+	}
+	for ev := range idle[0] {
+		if ev.name == "closed" {
+			break
+		}
+	}
+	pub := dialWorker(t, p.addrs["tcp"], "pub")
+	if _, err := pub.Publish("watched/x", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if topic := nextTopic(t, events); topic != "watched/x" {
+		t.Fatalf("the operator's stream showed %s", topic)
 	}
 }
