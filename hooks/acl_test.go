@@ -33,7 +33,7 @@ func TestACLOrderIsDefined(t *testing.T) {
 		{"ops", "$dlq/billing/x", true, false},
 		{"open", "$dlq/billing/x", false, false}, // a rule without filters does not grant dead letters
 		{"open", "anything", true, true},
-		{"greedy", "$dlq/billing/x", false, false}, // "#" does not reach $ topics
+		{"greedy", "$dlq/billing/x", false, false},    // "#" does not reach $ topics
 		{"nobody", "$SYS/broker/uptime", false, true}, // named by the last rule
 		{"nobody", "sensors/1", false, false},
 		{"nobody", "$share/g/orders/#", false, true}, // "#": 0 says nothing of share names
