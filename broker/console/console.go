@@ -29,7 +29,10 @@ type Backend interface {
 	GroupMessages(ctx context.Context, name string, limit int) (adminapi.GroupMessagesView, error)
 	GroupActivity(name string) (adminapi.GroupActivityView, error)
 	DeleteGroup(ctx context.Context, name, remote string) (adminapi.DeleteGroupResult, error)
+	// DeadLetters is a page of previews (adminapi.DeadLetterView.Truncated);
+	// DeadLetter one letter in full.
 	DeadLetters(name string, after uint64, limit int) (adminapi.DeadLetterPage, error)
+	DeadLetter(name string, id uint64) (adminapi.DeadLetterView, error)
 	Replay(ctx context.Context, name string, id uint64, all bool, remote string) (adminapi.ReplayResult, error)
 	Purge(name string, id uint64, all bool, remote string) (adminapi.PurgeResult, error)
 	Clients() []adminapi.ClientView

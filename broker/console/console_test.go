@@ -88,6 +88,19 @@ func (f *fakeBackend) DeadLetters(name string, after uint64, limit int) (adminap
 	return p, nil
 }
 
+func (f *fakeBackend) DeadLetter(name string, id uint64) (adminapi.DeadLetterView, error) {
+	all, ok := f.letters[name]
+	if !ok {
+		return adminapi.DeadLetterView{}, &adminapi.StatusError{Status: 404, Message: fmt.Sprintf("no group %q", name)}
+	}
+	for _, l := range all {
+		if l.ID == id {
+			return l, nil
+		}
+	}
+	return adminapi.DeadLetterView{}, &adminapi.StatusError{Status: 404, Message: fmt.Sprintf("group %q has no dead letter with id %d", name, id)}
+}
+
 func (f *fakeBackend) Replay(_ context.Context, name string, id uint64, all bool, remote string) (adminapi.ReplayResult, error) {
 	f.record("replay %s %d %v from %s", name, id, all, remote)
 	return adminapi.ReplayResult{Group: name, Count: 1, Replayed: []adminapi.ReplayedLetter{{ID: id, Offset: 99, Key: "<k>", Topic: "t"}}}, nil
