@@ -295,6 +295,7 @@ func (b *Broker) addHooks() error {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	}, hooks.NewOutboxStore(b.sessions))
+	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
@@ -574,6 +575,7 @@ func (b *Broker) httpHandler() http.Handler {
 	}
 	b.registerConsole(mux, groups, auth)
 	b.registerCluster(mux)
+	b.registerBackup(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

@@ -45,10 +45,14 @@ type Config struct {
 	LogFormat LogFormat `yaml:"log-format"` // text or json
 
 	// MQTT limits.
-	MaxPacketSize  uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
-	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
-	MaxInflight    uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
-	ReceiveMaximum uint16 `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	MaxPacketSize uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
+	MaxClients    int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
+	MaxInflight   uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
+	// MaxSessionQueueBytes and MaxQueuedBytes bound the same messages in
+	// bytes, per session and for all sessions together (0: no bound).
+	MaxSessionQueueBytes ByteSize `yaml:"max-session-queue-bytes"`
+	MaxQueuedBytes       ByteSize `yaml:"max-queued-bytes"`
+	ReceiveMaximum       uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
 	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
 	// 0: no cap, and 3.1.1 sessions never expire.
@@ -209,15 +213,19 @@ const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:                       ":1883",
-		HTTP:                      "127.0.0.1:9883",
-		DataDir:                   "./data",
-		Fsync:                     true,
-		SegmentSize:               persistence.DefaultSegmentSize,
-		LogLevel:                  LogInfo,
-		LogFormat:                 LogText,
-		MaxPacketSize:             1 << 20,
-		MaxInflight:               8192,
+		TCP:           ":1883",
+		HTTP:          "127.0.0.1:9883",
+		DataDir:       "./data",
+		Fsync:         true,
+		SegmentSize:   persistence.DefaultSegmentSize,
+		LogLevel:      LogInfo,
+		LogFormat:     LogText,
+		MaxPacketSize: 1 << 20,
+		MaxInflight:   8192,
+		// A session's QoS 1/2 messages wait in memory while it is away; 8192
+		// of up to max-packet-size each would be 8 GiB.
+		MaxSessionQueueBytes:      64 << 20,
+		MaxQueuedBytes:            1 << 30,
 		ReceiveMaximum:            1024,
 		TopicAliasMaximum:         DefaultTopicAliasMaximum,
 		TopicAliasBytes:           DefaultTopicAliasBytes,
@@ -251,10 +259,20 @@ func DefaultConfig() Config {
 			MemberMaxInflight: 1000,
 			Window:            10000,
 			WindowBytes:       8 << 20,
-			BacklogPolicy:     persistence.PolicyReject,
+			// A group keeps every matching message until a member resolves
+			// it, also while it has none: bound what one can hold.
+			BacklogMaxMessages: DefaultBacklogMaxMessages,
+			BacklogMaxBytes:    DefaultBacklogMaxBytes,
+			BacklogPolicy:      persistence.PolicyReject,
 		},
 	}
 }
+
+// Default backlog limits of a group (backlog-max-messages, backlog-max-bytes).
+const (
+	DefaultBacklogMaxMessages = 1_000_000
+	DefaultBacklogMaxBytes    = 1 << 30
+)
 
 func checkAddr(name, addr string) error {
 	if addr == "" {
@@ -295,6 +313,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: segment-size %v is not between 64KiB and 1GiB", ErrInvalidConfig, c.SegmentSize)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
+	case c.MaxSessionQueueBytes < 0 || c.MaxQueuedBytes < 0:
+		return fmt.Errorf("%w: max-session-queue-bytes and max-queued-bytes must not be negative", ErrInvalidConfig)
 	case c.ReceiveMaximum == 0:
 		return fmt.Errorf("%w: receive-maximum must be at least 1", ErrInvalidConfig)
 	case c.MaxClients < 0:

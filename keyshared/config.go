@@ -29,9 +29,12 @@ type Config struct {
 	// Window caps the messages in flight plus blocked in the group. When it is
 	// full the dispatcher stops reading the log.
 	Window int
-	// WindowBytes caps the same messages by their size (Message.Size), so a
-	// backlog of large messages cannot fill memory: reading stops once the
-	// window holds this much (at least one message is always read).
+	// WindowBytes caps what the window keeps in bytes: its messages
+	// (Message.Size) and its keys, idle ones included (at most a quarter of
+	// it goes to idle keys, which leave first when the window is full), so a
+	// backlog of large messages or of many keys cannot fill memory: reading
+	// stops once the window holds this much (at least one message is always
+	// read).
 	WindowBytes int64
 	// ReadBatch is the most messages read from the log in one call.
 	ReadBatch int

@@ -630,8 +630,9 @@ func TestWindowStopsReadingAtItsByteBound(t *testing.T) {
 	}
 	h.c.poll(h.now)
 	h.check()
-	// Each message costs ~160+ bytes: reading stops once 600 bytes are held.
-	if s := h.c.stats(); h.c.w.count != 4 || s.WindowBytes < 600 || s.Lag != 6 {
+	// Each message costs ~160+ bytes and its key 129: reading stops once 600
+	// bytes are held.
+	if s := h.c.stats(); h.c.w.count != 3 || s.WindowBytes < 600 || s.Lag != 7 {
 		t.Fatalf("window %d messages, %d bytes, lag %d", h.c.w.count, s.WindowBytes, s.Lag)
 	}
 	for _, o := range offs {
@@ -640,7 +641,31 @@ func TestWindowStopsReadingAtItsByteBound(t *testing.T) {
 		h.c.poll(h.now)
 		h.check()
 	}
-	if s := h.c.stats(); s.Acked != 10 || s.WindowBytes != 0 {
+	// The key stays idle (129 bytes, within a quarter of the bound).
+	if s := h.c.stats(); s.Acked != 10 || s.WindowBytes != keyCost("k") {
 		t.Fatalf("stats %+v", s)
 	}
+}
+
+// TestIdleKeysAreBoundedInBytes: keys whose messages all resolved stay in
+// the window for a while (so that a key coming back costs no map churn), but
+// they count against WindowBytes, take at most a quarter of it, and never
+// keep the dispatcher from reading.
+func TestIdleKeysAreBoundedInBytes(t *testing.T) {
+	const bound = 8 << 10
+	h := newHarness(t, func(c *Config) { c.WindowBytes = bound })
+	h.add("a", 0)
+	key := func(i int) string { return fmt.Sprintf("%0100d", i) } // 100-byte keys
+	for i := range 1000 {
+		off := h.log.append(key(i), time.Time{})
+		h.c.poll(h.now)
+		wantOffsets(t, "next", h.out.take(), off)
+		h.ack("a", off)
+		h.check()
+	}
+	s := h.c.stats()
+	if idle := h.c.w.idleBytes; idle > bound/4 || s.WindowBytes != idle || h.c.w.idle.n != int(idle/keyCost(key(0))) {
+		t.Fatalf("idle keys: %d of them, %d bytes (bound %d); window %d bytes", h.c.w.idle.n, idle, bound/4, s.WindowBytes)
+	}
+	t.Logf("1000 keys of 100 bytes seen: %d idle kept, %d bytes, bound %d", h.c.w.idle.n, h.c.w.idleBytes, bound/4)
 }
