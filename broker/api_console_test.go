@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -147,7 +146,7 @@ func TestClientDetailAndDisconnect(t *testing.T) {
 }
 
 // sseEvent is one server-sent event.
-type sseEvent struct{ name, data string }
+type sseEvent = mqtttest.SSE
 
 // openStream opens a topic stream and returns its events; it ends with the test.
 func openStream(t *testing.T, base, filter string) (<-chan sseEvent, *http.Response) {
@@ -163,21 +162,7 @@ func openStream(t *testing.T, base, filter string) (<-chan sseEvent, *http.Respo
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer close(events)
-		sc := bufio.NewScanner(resp.Body)
-		var ev sseEvent
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case strings.HasPrefix(line, "event: "):
-				ev.name = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "data: "):
-				ev.data = strings.TrimPrefix(line, "data: ")
-			case line == "" && ev.name != "":
-				events <- ev
-				ev = sseEvent{}
-			}
-		}
+		mqtttest.ReadSSE(resp.Body, events)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -196,12 +181,12 @@ func nextMessage(t *testing.T, events <-chan sseEvent) adminapi.TopicEvent {
 			if !ok {
 				t.Fatal("the stream ended")
 			}
-			if ev.name != "message" {
+			if ev.Name != "message" {
 				continue
 			}
 			var m adminapi.TopicEvent
-			if err := json.Unmarshal([]byte(ev.data), &m); err != nil {
-				t.Fatalf("event data %q: %v", ev.data, err)
+			if err := json.Unmarshal([]byte(ev.Data), &m); err != nil {
+				t.Fatalf("event data %q: %v", ev.Data, err)
 			}
 			return m
 		case <-timeout:
@@ -251,9 +236,9 @@ func TestTopicStream(t *testing.T) {
 		t.Errorf("one stream more: %d", resp.StatusCode)
 	}
 	for ev := range events {
-		if ev.name == "closed" {
-			if !strings.Contains(ev.data, "took this one's place") {
-				t.Errorf("closed event %q", ev.data)
+		if ev.Name == "closed" {
+			if !strings.Contains(ev.Data, "took this one's place") {
+				t.Errorf("closed event %q", ev.Data)
 			}
 			return
 		}
@@ -269,9 +254,9 @@ func TestStreamEscapesMarkup(t *testing.T) {
 	events, _ := openStream(t, base, "x")
 	b.obs.topics.publish(&packets.Packet{TopicName: "x", Payload: []byte("<img src=x onerror=alert(1)>&")}, time.Now())
 	for ev := range events {
-		if ev.name == "message" {
-			if strings.ContainsAny(ev.data, "<>&") || !strings.Contains(ev.data, `\u003cimg`) {
-				t.Errorf("event data %q", ev.data)
+		if ev.Name == "message" {
+			if strings.ContainsAny(ev.Data, "<>&") || !strings.Contains(ev.Data, `\u003cimg`) {
+				t.Errorf("event data %q", ev.Data)
 			}
 			return
 		}

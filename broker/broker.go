@@ -457,22 +457,24 @@ func (b *Broker) sweepIdleGroups(idle, holding time.Duration) {
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if idle > 0 {
-				swept, err := b.keyShared.SweepIdle(ctx, now, idle)
-				if err != nil {
-					b.log.Warn("sweeping idle groups", "error", err)
+			for _, s := range []struct {
+				ttl   time.Duration
+				sweep func(context.Context, time.Time, time.Duration) ([]string, error)
+				level slog.Level
+				what  string
+			}{
+				{idle, b.keyShared.SweepIdle, slog.LevelInfo, "deleted idle group"},
+				{holding, b.keyShared.SweepHolding, slog.LevelWarn, "deleted a group without members, with its backlog"},
+			} {
+				if s.ttl <= 0 {
+					continue
 				}
-				for _, name := range swept {
-					b.log.Info("deleted idle group", "group", name, "idle_ttl", idle)
-				}
-			}
-			if holding > 0 {
-				swept, err := b.keyShared.SweepHolding(ctx, now, holding)
+				swept, err := s.sweep(ctx, now, s.ttl)
 				if err != nil {
 					b.log.Warn("sweeping groups without members", "error", err)
 				}
 				for _, name := range swept {
-					b.log.Warn("deleted a group without members, with its backlog", "group", name, "backlog_ttl", holding)
+					b.log.Log(ctx, s.level, s.what, "group", name, "ttl", s.ttl)
 				}
 			}
 			cancel()

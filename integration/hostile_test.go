@@ -960,8 +960,7 @@ func TestTokenGuessesAreSpacedNotLockingOut(t *testing.T) {
 	}
 }
 
-// sse is one server-sent event.
-type sse struct{ name, data string }
+type sse = mqtttest.SSE
 
 // openSSE opens a topic stream of filter from local address ip, with the
 // headers given; it returns the answer's status and its events (closed when
@@ -983,23 +982,7 @@ func openSSE(t *testing.T, p *proc, ip, filter string, header ...string) (int, <
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer close(events)
-		sc := bufio.NewScanner(resp.Body)
-		var ev sse
-		for sc.Scan() {
-			switch line := sc.Text(); {
-			case strings.HasPrefix(line, "event: "):
-				ev.name = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "data: "):
-				ev.data = strings.TrimPrefix(line, "data: ")
-			case line == "" && ev.name != "":
-				select {
-				case events <- ev:
-				default: // a test that stopped reading
-				}
-				ev = sse{}
-			}
-		}
+		mqtttest.ReadSSE(resp.Body, events)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -1020,9 +1003,9 @@ func nextTopic(t *testing.T, events <-chan sse) string {
 			if !ok {
 				t.Fatal("the stream ended")
 			}
-			if ev.name == "message" {
+			if ev.Name == "message" {
 				var m adminapi.TopicEvent
-				if err := json.Unmarshal([]byte(ev.data), &m); err != nil {
+				if err := json.Unmarshal([]byte(ev.Data), &m); err != nil {
 					t.Fatal(err)
 				}
 				return m.Topic
@@ -1090,7 +1073,7 @@ func TestTopicStreamSlotsCannotBeHeld(t *testing.T) {
 		t.Fatalf("the operator's stream: %d, want 200", status)
 	}
 	for ev := range idle[0] {
-		if ev.name == "closed" {
+		if ev.Name == "closed" {
 			break
 		}
 	}
