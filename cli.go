@@ -31,7 +31,8 @@ type cliCommand struct {
 	name  string   // "groups list"
 	usage string   // arguments and flags, for the usage text
 	help  string   // one line
-	group bool     // takes a GROUP argument
+	group bool     // takes a GROUP argument (or the one arg names)
+	arg   string   // the argument's name when not GROUP
 	flags []string // command-specific flags it accepts (of id, all, after, limit)
 	run   func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (print func(io.Writer), raw []byte, err error)
 }
@@ -210,7 +211,7 @@ type cliError struct{ msg string }
 
 func (e cliError) Error() string { return e.msg }
 
-// runCLI runs `keyline groups ...` or `keyline dlq ...`.
+// runCLI runs `keyline groups ...`, `keyline dlq ...` or `keyline bridges ...`.
 func runCLI(args []string, stdout, stderr io.Writer) int {
 	err := cli(args, stdout)
 	var ce cliError
@@ -262,6 +263,8 @@ func cli(args []string, stdout io.Writer) error {
 	rest := pos[min(2, len(pos)):]
 	var group string
 	switch {
+	case cmd.group && len(rest) == 0 && cmd.arg != "":
+		return fmt.Errorf("%s needs a %s", cmd.name, cmd.arg)
 	case cmd.group && len(rest) == 0:
 		return fmt.Errorf("%s needs a GROUP (e.g. 'workers/orders/#')", cmd.name)
 	case cmd.group:

@@ -42,7 +42,7 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
+	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq" || args[0] == "bridges") {
 		return runCLI(args, stdout, stderr)
 	}
 	if len(args) > 0 {
@@ -151,6 +151,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.IntVar(&cfg.MaxTopicLevels, "max-topic-levels", cfg.MaxTopicLevels, "most levels of a topic or filter a client sends; deeper: SUBACK 0x8F, PUBACK 0x90, 3.1.1 disconnect, QoS 0 dropped (0: no limit)")
 	f.Uint16Var(&cfg.TopicAliasMaximum, "topic-alias-maximum", cfg.TopicAliasMaximum, "inbound topic aliases an MQTT 5 connection may set (its CONNACK says so); past it DISCONNECT 0x94 (0: none)")
 	f.Var(&cfg.TopicAliasBytes, "topic-alias-bytes", "bytes of topics one connection's topic aliases may hold, each way; inbound past it DISCONNECT 0x97, outbound topics go without an alias (0: no limit)")
+	f.DurationVar(&cfg.MaxKeepAlive, "max-keep-alive", cfg.MaxKeepAlive, "longest keep alive an MQTT 5 client may use; one asking for more or none is told this one (Server Keep Alive; 0: their own)")
 
 	f = fanout.fs
 	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest, disconnect, or conflate (keep the newest per topic)")
@@ -182,6 +183,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); one holding messages: --group-backlog-ttl")
 
 	f = general.fs
+	f.Var(&broker.BridgeFlags{Dst: &cfg.Bridges}, "bridge", `a bridge to another MQTT broker as key=value fields with the config file's keys, e.g. 'name=cloud address=central:1883 topic="sensors/# out 1"' (repeatable; replaces the file's bridges; see README "Bridges")`)
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on a graceful shutdown after SIGINT/SIGTERM")
 	f.BoolVarP(help, "help", "h", false, "show this help")
@@ -253,6 +255,7 @@ Usage:
   keyline [flags]
   keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
   keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
+  keyline bridges [list | show NAME] [--server URL] [--token T] [--json]
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
   keyline check [--data-dir DIR] [--json]
       (offline check of a stopped broker's data dir; exit code 1 names the damage it found)

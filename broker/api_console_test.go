@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
-	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -228,7 +228,7 @@ func TestTopicStream(t *testing.T) {
 	if code, body := httpGet(t, base+adminapi.PathTopicStream); code != 400 || !strings.Contains(body, `missing query parameter \"filter\"`) {
 		t.Errorf("no filter: %d %s", code, body)
 	}
-	for range maxTopicViewers - 1 {
+	for range ops.MaxTopicViewers - 1 {
 		openStream(t, base, "s/#")
 	}
 	// One stream more takes the place of the oldest, which is told so.
@@ -252,7 +252,7 @@ func TestStreamEscapesMarkup(t *testing.T) {
 	b := startBroker(t, testConfig(t))
 	base := "http://" + b.Addr("http")
 	events, _ := openStream(t, base, "x")
-	b.obs.topics.publish(&packets.Packet{TopicName: "x", Payload: []byte("<img src=x onerror=alert(1)>&")}, time.Now())
+	b.ops.Published("x", 0, false, []byte("<img src=x onerror=alert(1)>&"))
 	for ev := range events {
 		if ev.Name == "message" {
 			if strings.ContainsAny(ev.Data, "<>&") || !strings.Contains(ev.Data, `\u003cimg`) {
@@ -338,19 +338,4 @@ func loginCookie(t *testing.T, base, token string) string {
 	}
 	t.Fatalf("login: %s, no session cookie", resp.Status)
 	return ""
-}
-
-// TestGroupRatesAtTheFirstLook: the observer samples every group's counters,
-// so the groups list has rates before anyone looked twice.
-func TestGroupRatesAtTheFirstLook(t *testing.T) {
-	b := startBroker(t, testConfig(t))
-	connectMember(t, b.Addr("tcp"), "m1", "$share/rates/x/#")
-	// What the observer does every few seconds (the first time 5 s after the
-	// start), as if it had done so 2 s ago.
-	b.obs.groupRates(time.Now().Add(-2 * time.Second))
-	var gl adminapi.GroupList
-	apiJSON(t, "GET", "http://"+b.Addr("http")+adminapi.PathGroups, "", 200, &gl)
-	if len(gl.Groups) != 1 || gl.Groups[0].Rates == nil || gl.Groups[0].Rates.WindowSeconds < 1.5 {
-		t.Errorf("at the first look: %+v", gl.Groups)
-	}
 }

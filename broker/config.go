@@ -73,9 +73,13 @@ type Config struct {
 	// MaxSubscriptionsPerClient and MaxSubscriptions bound the subscriptions
 	// one client, and all clients together, may hold (SUBACK 0x97; 0: no
 	// limit).
-	MaxSubscriptionsPerClient int           `yaml:"max-subscriptions-per-client"`
-	MaxSubscriptions          int64         `yaml:"max-subscriptions"`
-	ShutdownTimeout           time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
+	MaxSubscriptionsPerClient int   `yaml:"max-subscriptions-per-client"`
+	MaxSubscriptions          int64 `yaml:"max-subscriptions"`
+	// MaxKeepAlive is the longest keep alive an MQTT 5 client may use: one
+	// that asks for more, or for none, is told this one in its CONNACK
+	// (Server Keep Alive). 0: clients keep their own. Whole seconds.
+	MaxKeepAlive    time.Duration `yaml:"max-keep-alive"`
+	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -127,6 +131,9 @@ type Config struct {
 
 	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
 	Cluster ClusterConfig `yaml:",inline"`
+
+	// Bridges to other MQTT brokers (broker/bridges.go).
+	Bridges []BridgeConfig `yaml:"bridges"`
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
@@ -331,6 +338,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-topic-levels must not be negative", ErrInvalidConfig)
 	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:
 		return fmt.Errorf("%w: topic-alias-bytes must be between 0 and 1GiB", ErrInvalidConfig)
+	case c.MaxKeepAlive < 0 || c.MaxKeepAlive > 65535*time.Second || c.MaxKeepAlive%time.Second != 0:
+		return fmt.Errorf("%w: max-keep-alive must be whole seconds between 0 and 65535s", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPReadTimeout <= 0:
@@ -381,6 +390,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.validateBridges(); err != nil {
 		return err
 	}
 	switch {

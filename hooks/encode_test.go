@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,7 +36,7 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		TopicName:   "sensors/t1", Payload: []byte("21.5"), PacketID: 9,
 		Expiry: time.Now().Unix() + 60,
 		Properties: packets.Properties{
-			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2},
+			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2}, ContentType: "text/plain", PayloadFormat: 1, PayloadFormatFlag: true,
 			User: []packets.UserProperty{{Key: "key", Val: "dev-1"}}, TopicAlias: 3, TopicAliasFlag: true,
 		},
 	}
@@ -55,6 +56,8 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		t.Fatalf("expiry interval %d (expires at %d), want the remaining ~60 s", p.MessageExpiryInterval, f.ExpiresAt)
 	case p.ResponseTopic != "reply/x" || !bytes.Equal(p.CorrelationData, []byte{1, 2}):
 		t.Fatalf("response info dropped: %+v", p)
+	case p.ContentType != "text/plain" || p.PayloadFormat != 1 || !p.PayloadFormatFlag:
+		t.Fatalf("content type or payload format dropped: %+v", p)
 	case len(p.User) != 1 || p.TopicAliasFlag || len(p.SubscriptionIdentifier) != 1 || p.SubscriptionIdentifier[0] != 4:
 		t.Fatalf("properties %+v", p)
 	}
@@ -160,7 +163,7 @@ func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
 	}
 	for _, v := range []byte{4, 5} {
 		for _, qos := range []byte{1, 2} {
-			frame := encodeDelivery(m, v, qos, 0x0102, now)
+			frame := encodeDelivery(m, v, qos, 0x0102, []int{42}, now)
 			pk := decodePublish(t, frame, v)
 			if pk.TopicName != m.Topic || string(pk.Payload) != "work" || pk.FixedHeader.Qos != qos || pk.PacketID != 0x0102 ||
 				pk.FixedHeader.Retain || pk.FixedHeader.Dup {
@@ -174,13 +177,14 @@ func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
 				continue
 			}
 			if p.MessageExpiryInterval != 90 || p.PayloadFormat != 1 || p.ContentType != "text/plain" || p.ResponseTopic != "reply/1" ||
-				!bytes.Equal(p.CorrelationData, []byte{9}) || len(p.User) != 2 || p.User[1].Val != "again" {
+				!bytes.Equal(p.CorrelationData, []byte{9}) || len(p.User) != 2 || p.User[1].Val != "again" ||
+				!slices.Equal(p.SubscriptionIdentifier, []int{42}) {
 				t.Fatalf("v5 QoS %d properties %+v", qos, p)
 			}
 		}
 	}
 	m.ExpiresAt = now.Add(-time.Second) // expired while waiting: at least 1 s [MQTT-3.3.2-6]
-	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, now), 5).Properties; p.MessageExpiryInterval != 1 {
+	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, nil, now), 5).Properties; p.MessageExpiryInterval != 1 {
 		t.Fatalf("expiry %d, want 1", p.MessageExpiryInterval)
 	}
 }
@@ -204,9 +208,13 @@ func TestDeliveryLenIsTheEncodedLength(t *testing.T) {
 		for j := range i % 5 {
 			m.Props.User = append(m.Props.User, keyshared.UserProperty{Key: "k", Val: strings.Repeat("v", j*50)})
 		}
+		var ids []int
+		if i&8 != 0 {
+			ids = []int{i * 1000}
+		}
 		for _, v := range []byte{4, 5} {
 			for qos := range byte(3) {
-				if got, want := deliveryLen(m, v, qos), len(encodeDelivery(m, v, qos, 9, now)); got != want {
+				if got, want := deliveryLen(m, v, qos, ids), len(encodeDelivery(m, v, qos, 9, ids, now)); got != want {
 					t.Fatalf("case %d v%d QoS %d: deliveryLen %d, encoded %d", i, v, qos, got, want)
 				}
 			}

@@ -27,6 +27,8 @@ type ksGroup struct {
 	// owner is whom the group counts against (KeySharedConfig.GroupOwner);
 	// guarded by the registry's mu.
 	owner string
+	// ext is where an internal group's deliveries go (ks_internal.go).
+	ext atomic.Pointer[internalOut]
 }
 
 // groupDispatch is what the hook asks of a group's reliable dispatch.
