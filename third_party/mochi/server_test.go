@@ -1361,8 +1361,7 @@ func TestInjectPacketPublishAndReceive(t *testing.T) {
 		err := s.InjectPacket(sender, *packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet)
 		require.NoError(t, err)
 		_ = w1.Close()
-		time.Sleep(time.Millisecond * 10)
-		_ = w2.Close()
+		closeWhenWritten(t, receiver, w2)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-receiverBuf)
@@ -1398,8 +1397,7 @@ func TestServerPublishAndReceive(t *testing.T) {
 		err := s.Publish(pkx.TopicName, pkx.Payload, pkx.FixedHeader.Retain, pkx.FixedHeader.Qos)
 		require.NoError(t, err)
 		_ = w1.Close()
-		time.Sleep(time.Millisecond * 10)
-		_ = w2.Close()
+		closeWhenWritten(t, receiver, w2)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-receiverBuf)
@@ -1462,9 +1460,8 @@ func TestServerProcessPacketPublishAndReceive(t *testing.T) {
 	go func() {
 		err := s.processPacket(sender, *packets.TPacketData[packets.Publish].Get(packets.TPublishRetain).Packet)
 		require.NoError(t, err)
-		time.Sleep(time.Millisecond * 10)
-		_ = w1.Close()
-		_ = w2.Close()
+		closeWhenWritten(t, sender, w1)
+		closeWhenWritten(t, receiver, w2)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-receiverBuf)
@@ -1907,8 +1904,7 @@ func TestPublishToSubscribersSelfNoLocal(t *testing.T) {
 		pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet
 		pkx.Origin = cl.ID
 		s.publishToSubscribers(pkx)
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -1959,10 +1955,9 @@ func TestPublishToSubscribers(t *testing.T) {
 
 	go func() {
 		s.publishToSubscribers(*packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet)
-		time.Sleep(time.Millisecond)
-		_ = w1.Close()
-		_ = w2.Close()
-		_ = w3.Close()
+		closeWhenWritten(t, cl, w1)
+		closeWhenWritten(t, cl2, w2)
+		closeWhenWritten(t, cl3, w3)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-cl1Recv)
@@ -2002,8 +1997,7 @@ func TestPublishToSubscribersMessageExpiryDelta(t *testing.T) {
 		pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet
 		pkx.Created = time.Now().Unix() - 30
 		s.publishToSubscribers(pkx)
-		time.Sleep(time.Millisecond)
-		_ = w1.Close()
+		closeWhenWritten(t, cl, w1)
 	}()
 
 	b := <-cl1Recv
@@ -2026,8 +2020,7 @@ func TestPublishToSubscribersIdentifiers(t *testing.T) {
 
 	go func() {
 		s.publishToSubscribers(*packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet)
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -2051,8 +2044,7 @@ func TestPublishToSubscribersPkIgnore(t *testing.T) {
 		pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet
 		pk.Ignore = true
 		s.publishToSubscribers(pk)
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -2080,8 +2072,7 @@ func TestPublishToClientServerDowngradeQos(t *testing.T) {
 		pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
 		pkx.FixedHeader.Qos = 2
 		_, _ = s.publishToClient(cl, packets.Subscription{Filter: "a/b/c", Qos: 2}, pkx)
-		time.Sleep(time.Microsecond * 100)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -2109,8 +2100,7 @@ func TestPublishToClientSubscriptionDowngradeQos(t *testing.T) {
 		pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
 		pkx.FixedHeader.Qos = 2
 		_, _ = s.publishToClient(cl, packets.Subscription{Filter: "a/b/c", Qos: 1}, pkx)
-		time.Sleep(time.Microsecond * 100)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -2176,8 +2166,7 @@ func TestPublishToClientServerTopicAlias(t *testing.T) {
 		pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishBasicMqtt5).Packet
 		_, _ = s.publishToClient(cl, packets.Subscription{Filter: pkx.TopicName}, pkx)
 		_, _ = s.publishToClient(cl, packets.Subscription{Filter: pkx.TopicName}, pkx)
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	receiverBuf := make(chan []byte)
@@ -2287,9 +2276,8 @@ func TestProcessPublishWithTopicAlias(t *testing.T) {
 		pkx.TopicName = ""
 		pkx.Properties.TopicAlias = 1
 		_ = s.processPacket(cl2, pkx)
-		time.Sleep(time.Millisecond)
+		closeWhenWritten(t, cl, w)
 		_ = w2.Close()
-		_ = w.Close()
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2312,8 +2300,7 @@ func TestPublishToSubscribersExhaustedSendQuota(t *testing.T) {
 	pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
 	pkx.PacketID = 0
 	s.publishToSubscribers(pkx)
-	time.Sleep(time.Millisecond)
-	_ = w.Close()
+	closeWhenWritten(t, cl, w)
 }
 
 func TestPublishToSubscribersExhaustedPacketIDs(t *testing.T) {
@@ -2333,8 +2320,7 @@ func TestPublishToSubscribersExhaustedPacketIDs(t *testing.T) {
 	pkx := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
 	pkx.PacketID = 0
 	s.publishToSubscribers(pkx)
-	time.Sleep(time.Millisecond)
-	_ = w.Close()
+	closeWhenWritten(t, cl, w)
 }
 
 func TestPublishToSubscribersNoConnection(t *testing.T) {
@@ -2348,8 +2334,7 @@ func TestPublishToSubscribersNoConnection(t *testing.T) {
 	// can we hook into log/slog ?
 	_ = r.Close()
 	s.publishToSubscribers(*packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).Packet)
-	time.Sleep(time.Millisecond)
-	_ = w.Close()
+	closeWhenWritten(t, cl, w)
 }
 
 func TestPublishRetainedToClient(t *testing.T) {
@@ -2365,8 +2350,7 @@ func TestPublishRetainedToClient(t *testing.T) {
 
 	go func() {
 		s.publishRetainedToClient(cl, packets.Subscription{Filter: "a/b/c"}, false)
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2911,8 +2895,7 @@ func TestServerProcessSubscribeWithRetain(t *testing.T) {
 		err := s.processPacket(cl, *packets.TPacketData[packets.Subscribe].Get(packets.TSubscribe).Packet)
 		require.NoError(t, err)
 
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2932,8 +2915,7 @@ func TestServerProcessSubscribeDowngradeQos(t *testing.T) {
 		err := s.processPacket(cl, *packets.TPacketData[packets.Subscribe].Get(packets.TSubscribeMany).Packet)
 		require.NoError(t, err)
 
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2954,8 +2936,7 @@ func TestServerProcessSubscribeWithRetainHandling1(t *testing.T) {
 		err := s.processPacket(cl, *packets.TPacketData[packets.Subscribe].Get(packets.TSubscribeRetainHandling1).Packet)
 		require.NoError(t, err)
 
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2975,8 +2956,7 @@ func TestServerProcessSubscribeWithRetainHandling2(t *testing.T) {
 		err := s.processPacket(cl, *packets.TPacketData[packets.Subscribe].Get(packets.TSubscribeRetainHandling2).Packet)
 		require.NoError(t, err)
 
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -2996,8 +2976,7 @@ func TestServerProcessSubscribeWithNotRetainAsPublished(t *testing.T) {
 		err := s.processPacket(cl, *packets.TPacketData[packets.Subscribe].Get(packets.TSubscribeRetainAsPublished).Packet)
 		require.NoError(t, err)
 
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl, w)
 	}()
 
 	buf, err := io.ReadAll(r)
@@ -3292,9 +3271,8 @@ func TestServerSendLWT(t *testing.T) {
 
 	go func() {
 		s.sendLWT(sender)
-		time.Sleep(time.Millisecond * 10)
-		_ = w1.Close()
-		_ = w2.Close()
+		closeWhenWritten(t, sender, w1)
+		closeWhenWritten(t, receiver, w2)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-receiverBuf)
@@ -3332,9 +3310,8 @@ func TestServerSendLWTRetain(t *testing.T) {
 
 	go func() {
 		s.sendLWT(sender)
-		time.Sleep(time.Millisecond * 10)
-		_ = w1.Close()
-		_ = w2.Close()
+		closeWhenWritten(t, sender, w1)
+		closeWhenWritten(t, receiver, w2)
 	}()
 
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-receiverBuf)
@@ -3367,8 +3344,7 @@ func TestServerSendLWTDelayed(t *testing.T) {
 		require.Equal(t, 1, s.loop.willDelayed.Len())
 		s.sendDelayedLWT(time.Now().Unix())
 		require.Equal(t, 0, s.loop.willDelayed.Len())
-		time.Sleep(time.Millisecond)
-		_ = w.Close()
+		closeWhenWritten(t, cl2, w)
 	}()
 
 	recv := make(chan []byte)
