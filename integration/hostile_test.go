@@ -1155,9 +1155,10 @@ func TestDeadLetterPagesAreBounded(t *testing.T) {
 	// request built in memory.
 	m1 := memStatus(t, p, false, "VmHWM", "RssFile")
 	grew := int64(m1[0]-m0[0]) - (int64(m1[1]) - int64(m0[1]))
+	after := sampleHeap(t, p) // what the answer left behind (its peak is in VmHWM)
 	const bound = 32 << 20
-	t.Logf("GET of 100 dead letters of 1 MB: %d bytes answered; peak RSS +%.1f MiB, of which file pages +%.1f MiB: +%.1f MiB built (bound %.0f MiB); heap %.1f MiB before",
-		len(raw), mib(m1[0]-m0[0]), float64(int64(m1[1])-int64(m0[1]))/(1<<20), float64(grew)/(1<<20), mib(bound), mib(before.heap))
+	t.Logf("GET of 100 dead letters of 1 MB: %d bytes answered; peak RSS +%.1f MiB, of which file pages +%.1f MiB: +%.1f MiB built (bound %.0f MiB); heap %.1f MiB before, %.1f MiB after",
+		len(raw), mib(m1[0]-m0[0]), float64(int64(m1[1])-int64(m0[1]))/(1<<20), float64(grew)/(1<<20), mib(bound), mib(before.heap), mib(after.heap))
 	if len(page.DeadLetters) != n || page.More || page.Total != n {
 		t.Fatalf("page: %d letters, more %v, total %d", len(page.DeadLetters), page.More, page.Total)
 	}
