@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -151,24 +150,7 @@ type sseEvent = mqtttest.SSE
 // openStream opens a topic stream and returns its events; it ends with the test.
 func openStream(t *testing.T, base, filter string) (<-chan sseEvent, *http.Response) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	events := make(chan sseEvent, 1000)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		mqtttest.ReadSSE(resp.Body, events)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		resp.Body.Close()
-		<-done
-	})
+	resp, events := mqtttest.OpenSSE(t, http.DefaultClient, base+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), 1000)
 	return events, resp
 }
 

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -965,28 +964,8 @@ type sse = mqtttest.SSE
 func openSSE(t *testing.T, p *proc, ip, filter string, header ...string) (int, <-chan sse) {
 	t.Helper()
 	tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext}
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addrs["http"]+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), nil)
-	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
-	}
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	events := make(chan sse, 100)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		mqtttest.ReadSSE(resp.Body, events)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		resp.Body.Close()
-		<-done
-		tr.CloseIdleConnections()
-	})
+	t.Cleanup(tr.CloseIdleConnections) // after the stream's cleanup
+	resp, events := mqtttest.OpenSSE(t, &http.Client{Transport: tr}, "http://"+p.addrs["http"]+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), 100, header...)
 	return resp.StatusCode, events
 }
 
