@@ -1756,8 +1756,8 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 				require.Equal(t, tx.expectReponse, buf)
 			}
 
+			wg.Wait() // Stop closes the pipe (ReadAll's end) before it marks the client closed
 			require.Equal(t, tx.expectDisconnect, cl.Closed())
-			wg.Wait()
 		})
 	}
 }
@@ -2791,8 +2791,7 @@ func TestServerProcessOutboundQos2Flow(t *testing.T) {
 				require.NoError(t, err)
 			}
 
-			time.Sleep(time.Millisecond)
-			_ = w.Close()
+			closeWhenWritten(t, cl, w)
 
 			if i != 2 {
 				require.Equal(t, tx.out.RawBytes, <-recv)
