@@ -204,6 +204,9 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
 	// is not a valid PUBACK reason: acks carry no properties and mean success.
 	c.Compatibilities.NoInheritedPropertiesOnAck = true
+	// The fan-out hook sends retained messages on SUBSCRIBE, through the
+	// session's outbox like every other delivery (hooks/fanout_retained.go).
+	c.Compatibilities.NoRetainedOnSubscribe = true
 	// mochi gives every client a channel of this many packet pointers for
 	// the publishes it routes (8192 by default: 64 KiB per connection and per
 	// offline session, the largest item of an idle client). Its writer drains

@@ -164,6 +164,9 @@ type MemberOptions struct {
 	// Maximum Packet Size). Like a topic it may not read, a message it cannot
 	// take is never offered to it: another member gets it, or it waits.
 	Fits func(m *Message) bool
+	// QoS is the QoS granted to the member's subscription: what
+	// Group.Members shows (the dispatcher does not use it).
+	QoS byte
 }
 
 // AddMember adds a member (an MQTT client id). Adding a member that exists

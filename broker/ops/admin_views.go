@@ -9,7 +9,7 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // GroupViews lists every Key-Shared group, sorted by name.
@@ -41,7 +41,7 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 	v.Settings.BacklogMaxMessages, v.Settings.BacklogMaxBytes = st.Info.Config.MaxMessages, st.Info.Config.MaxBytes
 	v.Settings.BacklogPolicy = st.Info.Config.Policy.String()
 	if v.Settings.BacklogPolicy == "" {
-		v.Settings.BacklogPolicy = persistence.PolicyReject.String()
+		v.Settings.BacklogPolicy = keyshared.PolicyReject.String()
 	}
 	// Members the hook knows (subscribed) and members the dispatcher holds
 	// (live, possibly waiting for eviction) are the same set but for moments
@@ -123,7 +123,7 @@ const (
 // deadLetterPreview is deadLetterView cut to a preview (Truncated when
 // anything was left out): a page of 1,000 letters of 1 MB once meant 1 GB
 // built in memory for one GET.
-func deadLetterPreview(e persistence.DeadLetterEntry) adminapi.DeadLetterView {
+func deadLetterPreview(e keyshared.DeadLetterEntry) adminapi.DeadLetterView {
 	m := e.Message
 	cut := e
 	if len(m.Payload) > adminapi.MaxPreviewBytes {
@@ -150,7 +150,7 @@ func deadLetterPreview(e persistence.DeadLetterEntry) adminapi.DeadLetterView {
 	return v
 }
 
-func deadLetterView(e persistence.DeadLetterEntry) adminapi.DeadLetterView {
+func deadLetterView(e keyshared.DeadLetterEntry) adminapi.DeadLetterView {
 	m := e.Message
 	v := adminapi.DeadLetterView{
 		ID: e.ID, Offset: m.Offset, Key: m.Key, Topic: m.Topic, QoS: m.QoS, PayloadSize: len(m.Payload),
