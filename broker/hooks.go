@@ -107,6 +107,8 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
+		MaxGroupsPerOwner:  b.cfg.MaxGroupsPerUser,
+		GroupOwner:         b.groupOwner,
 		AllocPacketID:      b.fanout.AllocPacketID, // the fan-out's session outboxes share each client's packet ids
 	})
 	b.clusterKS.Store(b.keyShared)

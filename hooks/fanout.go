@@ -152,6 +152,7 @@ func (h *Fanout) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	s := connq.Session{Version: cl.Properties.ProtocolVersion, MaxPacketSize: props.MaximumPacketSize}
 	if s.Version == 5 {
 		s.TopicAliasMax = props.TopicAliasMaximum
+		s.TopicAliasBytes = h.server.Options.Capabilities.TopicAliasBytes // the inbound table's bound, for this one too
 		for _, u := range pk.Properties.User {
 			s.DropSignal = s.DropSignal || (u.Key == DropSignalProperty && u.Val == "1")
 		}
@@ -168,8 +169,9 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
-// successful CONNACK is about to be written: mochi has decided by now whether
+// EncodePacket (a PacketEncoder step) attaches the session to its new
+// connection when a successful CONNACK (reason code 0, in both protocol
+// versions) is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
@@ -183,7 +185,12 @@ func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 		return
 	}
 	q := queueOf(cl)
-	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+	if pk.ReasonCode != packets.CodeSuccess.Code || cl.Closed() || q == nil {
+		// A refusal: MQTT 5's codes are 0x80 and above, MQTT 3.1.1's 0x01
+		// to 0x05; a 3.1.1 CONNECT that breaks the protocol is stopped
+		// (hooks.Protocol) and its CONNACK never sent. A refused
+		// connection never reaches OnDisconnect, so nothing may be attached
+		// to it: the session it names stays whoever's it is.
 		return
 	}
 	var s *fanSession
@@ -301,3 +308,6 @@ func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Inf
 	held, inflight = s.out.Len()
 	return held, inflight, s.out.Snapshot(n)
 }
+
+// Sessions returns how many sessions the fan-out holds, connected or not.
+func (h *Fanout) Sessions() int { return len(h.sessions.ids()) }

@@ -72,7 +72,7 @@ func (p *proc) Logs() string {
 func startKeyline(t testing.TB, dataDir string, extra ...string) *proc {
 	t.Helper()
 	p := launchKeyline(t, dataDir, extra...)
-	p.waitStarted(t, mqtttest.Timeout)
+	p.waitStarted(t, startTimeout)
 	return p
 }
 
@@ -133,6 +133,13 @@ func (p *proc) waitStarted(t testing.TB, d time.Duration) {
 		t.Fatalf("keyline did not start within %v\n%s", d, p.Logs())
 	}
 }
+
+// startTimeout bounds the wait for a binary's "keyline started" line. A
+// cluster node may itself wait up to nats-start-timeout (30 s) for NATS and
+// JetStream (an R3 stream's first leader election: 9 s was seen on a loaded
+// machine, past the 10 s mqtttest.Timeout this used); the wait ends at the
+// line, so a longer bound only delays the report of a broker that never starts.
+const startTimeout = 45 * time.Second
 
 // signal sends sig and waits for the process to exit, returning its exit code.
 func (p *proc) signal(t testing.TB, sig syscall.Signal) int {
