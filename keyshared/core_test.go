@@ -676,6 +676,57 @@ func TestLostMemberRequeuesInLogOrder(t *testing.T) {
 	wantOffsets(t, "requeued, then delivered to the next member in log order", h.out.take(), offs...)
 }
 
+// TestLostMemberRequeuesBeforeWaiting: an unordered group's messages that
+// were in flight on a member that left go out again before those read later
+// that waited for it (for room in its window, or after it refused one as its
+// connection went), so the next member gets them all in log order. They went
+// out last, behind the waiting ones: a bridge's pipelined rule sent a key's
+// later messages before its earlier ones after the remote was killed
+// (TestBridgeRemoteRestartUnderLoad, "97 after 99").
+func TestLostMemberRequeuesBeforeWaiting(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit int
+		// refuse makes the member refuse what comes after the first three,
+		// as a bridge whose connection broke refuses deliveries until it
+		// leaves the group.
+		refuse bool
+	}{
+		{"window full", 3, false},
+		{"refused", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) {
+				c.Unordered = true
+				if tc.limit > 0 {
+					c.MemberMaxInflight = tc.limit
+				}
+			})
+			h.add("a", 0)
+			offs := h.publish("k", "k", "k")
+			wantOffsets(t, "in flight", h.out.take(), offs...)
+			h.out.refuse["a"] = tc.refuse
+			offs = append(offs, h.publish("k", "j")...)
+			if got := h.out.take(); len(got) != 0 {
+				t.Fatalf("delivered %v to a member without room", offsets(got))
+			}
+			if err := h.c.removeMember("a", false, h.now); err != nil {
+				t.Fatal(err)
+			}
+			h.check()
+			h.out.refuse["a"] = false
+			h.add("a", 0)
+			got := h.out.take()
+			wantOffsets(t, "after the member came back", got[:min(len(got), 3)], offs[:3]...)
+			for _, off := range offs[:3] {
+				h.ack("a", off)
+			}
+			got = append(got, h.out.take()...)
+			wantOffsets(t, "all, in log order", got, offs...)
+		})
+	}
+}
+
 // TestIdleKeysAreBoundedInBytes: keys whose messages all resolved stay in
 // the window for a while (so that a key coming back costs no map churn), but
 // they count against WindowBytes, take at most a quarter of it, and never
