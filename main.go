@@ -123,7 +123,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 
 	f = mqttLimits.fs
 	f.Uint32Var(&cfg.MaxPacketSize, "max-packet-size", cfg.MaxPacketSize, "largest MQTT packet accepted, in bytes (0: no limit)")
-	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once (0: no limit)")
+	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once; past it CONNACK 0x89 (3.1.1: 0x03) (0: no limit; the default is the open-files limit minus 512)")
 	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")

@@ -503,7 +503,25 @@ func (b *Broker) Addr(name string) string {
 
 // Ready reports whether the broker is serving MQTT and not shutting down
 // (and, in cluster mode, is connected to NATS with JetStream available).
-func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
+// A listener that stopped accepting (an accept error that is not temporary)
+// makes it not ready.
+func (b *Broker) Ready() bool { return b.NotReady() == nil }
+
+// NotReady says why the broker is not ready, or returns nil when it is.
+func (b *Broker) NotReady() error {
+	if !b.ready.Load() {
+		return errors.New("not serving (starting or shutting down)")
+	}
+	for _, ln := range b.mqttLns {
+		if err := ln.Stopped(); err != nil {
+			return err
+		}
+	}
+	if !b.clusterReady() {
+		return errors.New("cluster: not connected to NATS with JetStream available")
+	}
+	return nil
+}
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
@@ -522,8 +540,8 @@ func (b *Broker) httpHandler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !b.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if err := b.NotReady(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")

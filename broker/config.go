@@ -46,7 +46,7 @@ type Config struct {
 
 	// MQTT limits.
 	MaxPacketSize  uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
-	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
+	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit); DefaultMaxClients by default
 	MaxInflight    uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
 	ReceiveMaximum uint16 `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
@@ -141,6 +141,25 @@ type ConnQueueOverride struct {
 // keep their sessions and abandoned ones do not pile up for ever.
 const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 
+// FDReserve is how many file descriptors the default max-clients leaves for
+// everything but clients: the data file and segment files, HTTP connections
+// (http-max-conns, 256 by default), NATS, and connections accepted but not
+// yet past their CONNECT.
+const FDReserve = 512
+
+// DefaultMaxClients is the default max-clients: the open-files limit minus
+// FDReserve (at least half the limit), so that a broker near its limit
+// refuses new clients with a CONNACK (0x89; 3.1.1: 0x03) instead of failing
+// to accept connections (and, with them, HTTP requests and files). 0 (no
+// limit) when the open-files limit is unknown.
+func DefaultMaxClients() int64 {
+	n := openFilesLimit()
+	if n <= 0 {
+		return 0
+	}
+	return max(n/2, n-FDReserve)
+}
+
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
@@ -152,6 +171,7 @@ func DefaultConfig() Config {
 		LogLevel:           LogInfo,
 		LogFormat:          LogText,
 		MaxPacketSize:      1 << 20,
+		MaxClients:         DefaultMaxClients(),
 		MaxInflight:        8192,
 		ReceiveMaximum:     1024,
 		MaxSessionExpiry:   DefaultMaxSessionExpiry,

@@ -26,7 +26,7 @@ func TestListenersSweepTheirOwnClients(t *testing.T) {
 			t.Fatalf("listener %s closes its clients with mochi's sweep", ln.id)
 		}
 	}
-	l := &listener{id: "probe", ln: mustListen(t)}
+	l := &listener{id: "probe", ln: mustListen(t), closing: make(chan struct{})}
 	swept := ""
 	l.closeClients = func(id string) { swept = id }
 	l.Close(func(string) { t.Error("mochi's sweep ran") })

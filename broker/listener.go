@@ -3,11 +3,14 @@ package broker
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -25,6 +28,8 @@ type listener struct {
 	ln    net.Listener
 	web   *http.Server // set for WebSocket listeners
 	log   *slog.Logger
+	// closing is closed by Close: it ends an accept backoff.
+	closing chan struct{}
 
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
@@ -41,6 +46,25 @@ type listener struct {
 		open   map[net.Conn]struct{} // connections being served, closed on Close
 	}
 	conns sync.WaitGroup // connection handlers this listener started; Add only under mu while open
+	// stopped is set when the listener stopped accepting for good without
+	// being closed (an accept error that is not temporary): the broker is
+	// then not ready (/readyz 503).
+	stopped atomic.Pointer[error]
+}
+
+// Stopped returns why the listener stopped accepting connections without
+// being closed, or nil while it accepts (or was closed).
+func (l *listener) Stopped() error {
+	if p := l.stopped.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (l *listener) stop(err error) {
+	err = fmt.Errorf("%s listener on %s stopped accepting: %w", l.id, l.Address(), err)
+	l.stopped.Store(&err)
+	l.log.Error("listener stopped accepting connections; the broker is no longer ready", "error", err)
 }
 
 // track registers a connection about to be served; false once the listener is closed.
@@ -79,7 +103,7 @@ func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
 	}
-	l := &listener{id: id, proto: proto, ln: ln}
+	l := &listener{id: id, proto: proto, ln: ln, closing: make(chan struct{})}
 	if proto == "ws" {
 		up := &websocket.Upgrader{
 			Subprotocols: []string{"mqtt"},
@@ -109,19 +133,29 @@ func (l *listener) Init(log *slog.Logger) error {
 func (l *listener) Serve(establish listeners.EstablishFn) {
 	l.establish = establish
 	if l.web != nil {
+		// http.Server retries temporary accept errors itself, with backoff.
 		if err := l.web.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !l.isClosed() {
-			l.log.Error("websocket listener stopped", "error", err)
+			l.stop(err)
 		}
 		return
 	}
+	var backoff acceptBackoff
 	for {
 		conn, err := l.ln.Accept()
 		if err != nil {
-			if !l.isClosed() {
-				l.log.Error("listener stopped accepting", "error", err)
+			if l.isClosed() {
+				return
 			}
-			return
+			if !temporaryAcceptError(err) {
+				l.stop(err)
+				return
+			}
+			if !backoff.wait(l, err) {
+				return // closed while waiting
+			}
+			continue
 		}
+		backoff.reset(l)
 		if !l.track(conn) {
 			_ = conn.Close()
 			return
@@ -130,6 +164,62 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			defer l.untrack(conn)
 			l.handle(conn)
 		}()
+	}
+}
+
+// temporaryAcceptError reports whether an Accept error may go away by
+// itself: the process or the system is out of file descriptors or buffers
+// for a moment (EMFILE, ENFILE, ENOBUFS, ENOMEM), or a connection was
+// aborted before it was accepted (ECONNABORTED; Go retries those itself, but
+// a wrapped listener may not). net/http retries the same way.
+func temporaryAcceptError(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// acceptBackoff spaces out accepts after temporary errors: 5 ms, doubling
+// to 1 s, as net/http does; one log line per run of errors.
+type acceptBackoff struct {
+	delay  time.Duration
+	errors int
+}
+
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// wait sleeps for the next backoff delay; false if the listener was closed meanwhile.
+func (b *acceptBackoff) wait(l *listener, err error) bool {
+	if b.delay == 0 {
+		b.delay = acceptBackoffMin
+		l.log.Warn("accept failed, retrying with backoff (out of file descriptors? see max-clients and ulimit -n)", "error", err)
+	} else {
+		b.delay = min(2*b.delay, acceptBackoffMax)
+	}
+	b.errors++
+	// A deliberate wall-clock wait: the condition (free descriptors) gives no
+	// event to wait on. Close ends it.
+	t := time.NewTimer(b.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.closing:
+		return false
+	}
+}
+
+// reset ends a run of errors once an accept succeeds.
+func (b *acceptBackoff) reset(l *listener) {
+	if b.errors > 0 {
+		l.log.Info("accepting connections again", "failed_accepts", b.errors)
+		b.delay, b.errors = 0, 0
 	}
 }
 
@@ -172,6 +262,7 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	if already {
 		return
 	}
+	close(l.closing)
 	defer func() {
 		// Connections that never became clients (no CONNECT yet) are not
 		// mochi's to close: close them here so the wait below ends.

@@ -70,11 +70,23 @@ func (p *proc) Logs() string {
 // waits for its "keyline started" line. It is killed when the test ends.
 func startKeyline(t *testing.T, dataDir string, extra ...string) *proc {
 	t.Helper()
+	return startKeylineLimited(t, 0, dataDir, extra...)
+}
+
+// startKeylineLimited is startKeyline with the process's open-files limit
+// (soft and hard, as `ulimit -n` sets it) at nofile; 0 keeps the test's.
+func startKeylineLimited(t *testing.T, nofile int, dataDir string, extra ...string) *proc {
+	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
 		"--segment-size", "1MiB", // small segments: every test broker writes one at start
 	}, extra...)
-	p := &proc{cmd: exec.Command(keylineBin, args...), done: make(chan struct{})}
+	cmd := exec.Command(keylineBin, args...)
+	if nofile > 0 {
+		// The shell sets the limit and becomes keyline (same pid).
+		cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), keylineBin}, args...)...)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
