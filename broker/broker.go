@@ -22,7 +22,6 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
@@ -151,7 +150,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q
 		}
-		ln.closeClients = b.disconnectListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -188,10 +186,6 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
-	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
-	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
-	// is not a valid PUBACK reason: acks carry no properties and mean success.
-	c.Compatibilities.NoInheritedPropertiesOnAck = true
 	// mochi gives every client a channel of this many packet pointers for
 	// the publishes it routes (8192 by default: 64 KiB per connection and per
 	// offline session, the largest item of an idle client). Its writer drains
@@ -409,16 +403,6 @@ func (b *Broker) shutdown() error {
 	b.bg.Wait()
 	b.log.Info("keyline stopped")
 	return err
-}
-
-// disconnectListenerClients disconnects the clients of listener id taking
-// the clients' lock once (Clients.GetAll; see listener.closeClients).
-func (b *Broker) disconnectListenerClients(id string) {
-	for _, cl := range b.server.Clients.GetAll() {
-		if cl.Net.Listener == id && !cl.Closed() {
-			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
-		}
-	}
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.

@@ -34,13 +34,7 @@ type listener struct {
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
 	queue func(c net.Conn) *connq.Conn
-	// closeClients disconnects the listener's clients on Close, in place of
-	// mochi's sweep (closeListenerClients), whose Clients.GetByListener takes
-	// the clients' read lock twice: a client leaving in between queues its
-	// write lock there and shutdown hangs for good (mochi-mqtt/server#488,
-	// open in v2.7.9). Set before Serve.
-	closeClients listeners.CloseFn
-	mu           struct {
+	mu    struct {
 		sync.Mutex
 		closed bool
 		open   map[net.Conn]struct{} // connections being served, closed on Close
@@ -278,9 +272,6 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		_ = l.web.Close() // closes the listener; hijacked websocket connections are closed below
 	} else {
 		_ = l.ln.Close()
-	}
-	if l.closeClients != nil {
-		closeClients = l.closeClients
 	}
 	closeClients(l.id)
 }

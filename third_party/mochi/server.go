@@ -90,7 +90,7 @@ type Compatibilities struct {
 	PassiveClientDisconnect    bool `yaml:"passive_client_disconnect" json:"passive_client_disconnect"`           // don't disconnect the client forcefully after sending disconnect packet (paho - spec violation)
 	AlwaysReturnResponseInfo   bool `yaml:"always_return_response_info" json:"always_return_response_info"`       // always return response info (useful for testing)
 	RestoreSysInfoOnRestart    bool `yaml:"restore_sys_info_on_restart" json:"restore_sys_info_on_restart"`       // restore system info from store as if server never stopped
-	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // don't allow inherited user properties on ack (paho - spec violation)
+	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // acks never inherit properties now (Keyline's fork); kept for compatibility
 }
 
 // Options contains configurable options for the server.
@@ -939,7 +939,7 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	cl.State.Inflight.DecreaseReceiveQuota()
-	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[pk.FixedHeader.Qos]) // [MQTT-4.3.2-4]
+	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.CodeSuccess) // [MQTT-4.3.2-4]; 0x01 is no PUBACK reason code
 	if pk.FixedHeader.Qos == 2 {
 		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
 	}
@@ -1134,10 +1134,12 @@ func (s *Server) publishRetainedToClient(cl *Client, sub packets.Subscription, e
 }
 
 // buildAck builds a standardised ack message for Puback, Pubrec, Pubrel, Pubcomp packets.
-func (s *Server) buildAck(packetID uint16, pkt, qos byte, properties packets.Properties, reason packets.Code) packets.Packet {
-	if s.Options.Capabilities.Compatibilities.NoInheritedPropertiesOnAck {
-		properties = packets.Properties{}
-	}
+// The ack carries none of the properties of the packet it answers (v2.7.9
+// copied them, user properties included, unless NoInheritedPropertiesOnAck
+// was set: a publisher's user properties came back on its PUBACK, with the
+// granted QoS as an invalid reason code), only a reason string on failure.
+func (s *Server) buildAck(packetID uint16, pkt, qos byte, _ packets.Properties, reason packets.Code) packets.Packet {
+	properties := packets.Properties{}
 	if reason.Code >= packets.ErrUnspecifiedError.Code {
 		properties.ReasonString = reason.Reason
 	}
@@ -1708,6 +1710,9 @@ func (s *Server) clearExpiredClients(dt int64) {
 
 		if disconnected+int64(expire) < dt {
 			s.hooks.OnClientExpired(client)
+			// Its subscriptions leave the topic index with it: v2.7.9 left them
+			// there (and the index nodes under them) for the server's life.
+			s.UnsubscribeClient(client)
 			s.Clients.Delete(id) // [MQTT-4.1.0-2]
 		}
 	}
