@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -158,11 +159,19 @@ type ClientState struct {
 	outboundQty     int32                // number of messages currently in the outbound queue
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
+	connected       atomic.Bool          // counted in Info.ClientsConnected (attach to detach)
 }
 
 // newClient returns a new instance of Client. This is almost exclusively used by Server
 // for creating new clients, but it lives here because it's not dependent.
 func newClient(c net.Conn, o *ops) *Client {
+	return newClientReading(c, o, true)
+}
+
+// newClientReading is newClient; reads says whether the client reads its
+// connection itself (Read, with a buffered reader) or is fed the bytes its
+// owner reads (Conn.Feed: no reader is allocated).
+func newClientReading(c net.Conn, o *ops, reads bool) *Client {
 	ctx, cancel := context.WithCancel(context.Background())
 	cl := &Client{
 		State: ClientState{
@@ -172,19 +181,23 @@ func newClient(c net.Conn, o *ops) *Client {
 			open:          ctx,
 			cancelOpen:    cancel,
 			Keepalive:     defaultKeepalive,
-			outbound:      make(chan *packets.Packet, o.options.Capabilities.MaximumClientWritesPending),
 		},
 		Properties: ClientProperties{
 			ProtocolVersion: defaultClientProtocolVersion, // default protocol version
 		},
 		ops: o,
 	}
+	if !o.options.DirectWrites {
+		cl.State.outbound = make(chan *packets.Packet, o.options.Capabilities.MaximumClientWritesPending)
+	}
 
 	if c != nil {
 		cl.Net = ClientConnection{
 			Conn:   c,
-			bconn:  bufio.NewReaderSize(c, o.options.ClientNetReadBufferSize),
 			Remote: c.RemoteAddr().String(),
+		}
+		if reads {
+			cl.Net.bconn = bufio.NewReaderSize(c, o.options.ClientNetReadBufferSize)
 		}
 	}
 
@@ -212,9 +225,13 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.Net.Listener = lid
 
 	cl.Properties.ProtocolVersion = pk.ProtocolVersion
-	cl.Properties.Username = pk.Connect.Username
+	// Copies, here and for the id and the will below: the decoded values are
+	// views into the CONNECT, which would otherwise stay in memory, password
+	// included, for the session's life (Keyline's fork: PATCHES.md).
+	cl.Properties.Username = bytes.Clone(pk.Connect.Username)
 	cl.Properties.Clean = pk.Connect.Clean
 	cl.Properties.Props = pk.Properties.Copy(false)
+	detachStrings(&cl.Properties.Props)
 
 	if cl.Properties.Props.ReceiveMaximum > cl.ops.options.Capabilities.MaximumInflight { // 3.3.4 Non-normative
 		cl.Properties.Props.ReceiveMaximum = cl.ops.options.Capabilities.MaximumInflight
@@ -234,7 +251,7 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.State.Inflight.ResetSendQuota(int32(cl.Properties.Props.ReceiveMaximum))            // client receive max
 	cl.State.TopicAliases.Outbound = NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
 
-	cl.ID = pk.Connect.ClientIdentifier
+	cl.ID = strings.Clone(pk.Connect.ClientIdentifier)
 	if cl.ID == "" {
 		cl.ID = xid.New().String() // [MQTT-3.1.3-6] [MQTT-3.1.3-7]
 		cl.Properties.Props.AssignedClientID = cl.ID
@@ -244,10 +261,10 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 		cl.Properties.Will = Will{
 			Qos:               pk.Connect.WillQos,
 			Retain:            pk.Connect.WillRetain,
-			Payload:           pk.Connect.WillPayload,
-			TopicName:         pk.Connect.WillTopic,
+			Payload:           bytes.Clone(pk.Connect.WillPayload),
+			TopicName:         strings.Clone(pk.Connect.WillTopic),
 			WillDelayInterval: pk.Connect.WillProperties.WillDelayInterval,
-			User:              pk.Connect.WillProperties.User,
+			User:              cloneUserProperties(pk.Connect.WillProperties.User),
 		}
 		if pk.Properties.SessionExpiryIntervalFlag &&
 			pk.Properties.SessionExpiryInterval < pk.Connect.WillProperties.WillDelayInterval {
@@ -257,6 +274,30 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 			cl.Properties.Will.Flag = 1 // atomic for checking
 		}
 	}
+}
+
+// detachStrings makes the string properties of a CONNECT that a client
+// keeps copies (Properties.Copy copies bytes, not strings).
+func detachStrings(p *packets.Properties) {
+	p.ContentType = strings.Clone(p.ContentType)
+	p.ResponseTopic = strings.Clone(p.ResponseTopic)
+	p.AssignedClientID = strings.Clone(p.AssignedClientID)
+	p.AuthenticationMethod = strings.Clone(p.AuthenticationMethod)
+	p.ResponseInfo = strings.Clone(p.ResponseInfo)
+	p.ServerReference = strings.Clone(p.ServerReference)
+	p.ReasonString = strings.Clone(p.ReasonString)
+	p.User = cloneUserProperties(p.User)
+}
+
+func cloneUserProperties(u []packets.UserProperty) []packets.UserProperty {
+	if len(u) == 0 {
+		return nil
+	}
+	c := make([]packets.UserProperty, len(u))
+	for i, p := range u {
+		c[i] = packets.UserProperty{Key: strings.Clone(p.Key), Val: strings.Clone(p.Val)}
+	}
+	return c
 }
 
 // refreshDeadline refreshes the read/write deadline for the net.Conn connection.
@@ -479,6 +520,15 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	// Decode the remaining packet values using a fresh copy of the bytes,
 	// otherwise the next packet will change the data of this one.
 	px := append([]byte{}, p[:]...)
+	err = cl.decodePacket(&pk, px)
+	return pk, err
+}
+
+// decodePacket decodes the body px (which the packet keeps: views into it
+// stay valid) of a packet whose fixed header pk holds, and runs the
+// OnPacketRead hooks. It counts the packet in the server's figures; the
+// bytes are counted by the caller.
+func (cl *Client) decodePacket(pk *packets.Packet, px []byte) (err error) {
 	switch pk.FixedHeader.Type {
 	case packets.Connect:
 		err = pk.ConnectDecode(px)
@@ -516,11 +566,11 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	}
 
 	if err != nil {
-		return pk, err
+		return err
 	}
 
-	pk, err = cl.ops.hooks.OnPacketRead(cl, pk)
-	return
+	*pk, err = cl.ops.hooks.OnPacketRead(cl, *pk)
+	return err
 }
 
 // WritePacket encodes and writes a packet to the client.

@@ -20,6 +20,7 @@ type Inflight struct {
 	sendQuota           int32                     // remaining outbound qos quota for flow control
 	maximumReceiveQuota int32                     // maximum allowed receive quota
 	maximumSendQuota    int32                     // maximum allowed send quota
+	held                atomic.Int32              // entries of internal, for a look without the lock (Keyline's fork)
 }
 
 // NewInflights returns a new instance of an Inflight packets map.
@@ -36,6 +37,9 @@ func (i *Inflight) Set(m packets.Packet) bool {
 
 	_, ok := i.internal[m.PacketID]
 	i.internal[m.PacketID] = m
+	if !ok {
+		i.held.Add(1)
+	}
 	return !ok
 }
 
@@ -67,6 +71,7 @@ func (i *Inflight) Clone() *Inflight {
 	for k, v := range i.internal {
 		c.internal[k] = v
 	}
+	c.held.Store(int32(len(c.internal)))
 	return c
 }
 
@@ -111,6 +116,9 @@ func (i *Inflight) Delete(id uint16) bool {
 
 	_, ok := i.internal[id]
 	delete(i.internal, id)
+	if ok {
+		i.held.Add(-1)
+	}
 
 	return ok
 }

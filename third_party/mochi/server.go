@@ -129,6 +129,18 @@ type Options struct {
 	// Enable Inline client to allow direct subscribing and publishing from the parent codebase,
 	// with negligible performance difference (disabled by default to prevent confusion in statistics).
 	InlineClient bool `yaml:"inline_client" json:"inline_client"`
+
+	// DirectWrites says that writing to a client's connection never blocks
+	// (the listeners' connections queue what is written, as Keyline's do):
+	// a publish routed to a client is then written from the publishing
+	// goroutine, and clients get no outbound channel and no write goroutine
+	// (Keyline's fork: PATCHES.md).
+	DirectWrites bool `yaml:"-" json:"-"`
+
+	// CompactSessions keeps a disconnected persistent session as a compact
+	// client (Client.offline: its session state, none of its connection's)
+	// in place of the client that was connected (Keyline's fork: PATCHES.md).
+	CompactSessions bool `yaml:"-" json:"-"`
 }
 
 // Server is an MQTT broker server. It should be created with server.New()
@@ -376,6 +388,17 @@ func (s *Server) eventLoop() {
 	s.Log.Debug("system event loop started")
 	defer s.Log.Debug("system event loop halted")
 
+	// The two sweeps over every client (expired sessions, expired in-flight
+	// messages) take one pass, and run less often as clients grow (every
+	// second up to 100,000 clients, every 10 s from 1,000,000): each costs
+	// a visit per client (Keyline's fork, PATCHES.md).
+	var lastSweep time.Time
+	sweep := func(now time.Time) {
+		if now.Sub(lastSweep) >= sweepInterval(s.Clients.Len()) {
+			lastSweep = now
+			s.sweepClients(now.Unix())
+		}
+	}
 	for {
 		select {
 		case <-s.done:
@@ -383,16 +406,40 @@ func (s *Server) eventLoop() {
 			return
 		case <-s.loop.sysTopics.C:
 			s.publishSysTopics()
-		case <-s.loop.clientExpiry.C:
-			s.clearExpiredClients(time.Now().Unix())
+		case now := <-s.loop.clientExpiry.C:
+			sweep(now)
 		case <-s.loop.retainedExpiry.C:
 			s.clearExpiredRetainedMessages(time.Now().Unix())
 		case <-s.loop.willDelaySend.C:
 			s.sendDelayedLWT(time.Now().Unix())
-		case <-s.loop.inflightExpiry.C:
-			s.clearExpiredInflights(time.Now().Unix())
+		case now := <-s.loop.inflightExpiry.C:
+			sweep(now)
 		}
 	}
+}
+
+// sweepInterval is how often the clients are swept for expired sessions and
+// in-flight messages, given how many there are.
+func sweepInterval(clients int) time.Duration {
+	return min(max(time.Second, time.Duration(clients)*time.Second/100_000), 10*time.Second)
+}
+
+// sweepClients expires the sessions and in-flight messages due at now, in
+// one pass over the clients.
+func (s *Server) sweepClients(now int64) {
+	var expired, holding []*Client
+	s.Clients.RLock()
+	for _, client := range s.Clients.internal {
+		if s.sessionExpired(client, now) {
+			expired = append(expired, client)
+		}
+		if client.State.Inflight.held.Load() > 0 {
+			holding = append(holding, client)
+		}
+	}
+	s.Clients.RUnlock()
+	s.expireClients(expired)
+	s.expireInflights(holding, now)
 }
 
 // EstablishConnection establishes a new client when a listener accepts a new connection.
@@ -407,7 +454,9 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	defer s.Listeners.ClientsWg.Done()
 	s.Listeners.ClientsWg.Add(1)
 
-	go cl.WriteLoop()
+	if !s.Options.DirectWrites {
+		go cl.WriteLoop()
+	}
 	defer cl.Stop(nil)
 
 	pk, err := s.readConnectionPacket(cl)
@@ -415,6 +464,18 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return fmt.Errorf("read connection: %w", err)
 	}
 
+	if err := s.attach(cl, listener, pk); err != nil {
+		return err
+	}
+
+	err = cl.Read(s.receivePacket)
+	return s.detach(cl, listener, err)
+}
+
+// attach handles a connection's CONNECT: it validates it, authenticates the
+// client, takes over or starts its session and sends the CONNACK. An error
+// ends the connection before it was attached (no will, no OnDisconnect).
+func (s *Server) attach(cl *Client, listener string, pk packets.Packet) error {
 	cl.ParseConnect(listener, pk)
 	if atomic.LoadInt64(&s.Info.ClientsConnected) >= s.Options.Capabilities.MaximumClients {
 		if cl.Properties.ProtocolVersion < 5 {
@@ -434,7 +495,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return code // [MQTT-3.2.2-7] [MQTT-3.1.4-6]
 	}
 
-	err = s.hooks.OnConnect(cl, pk)
+	err := s.hooks.OnConnect(cl, pk)
 	if err != nil {
 		return err
 	}
@@ -450,7 +511,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	atomic.AddInt64(&s.Info.ClientsConnected, 1)
-	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	cl.State.connected.Store(true) // detach (or End) counts it out
 
 	s.hooks.OnSessionEstablish(cl, pk)
 
@@ -459,6 +520,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
+		s.disconnected(cl)
 		return fmt.Errorf("ack connection packet: %w", err)
 	}
 
@@ -467,13 +529,29 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	if sessionPresent {
 		err = cl.ResendInflightMessages(true)
 		if err != nil {
+			s.disconnected(cl)
 			return fmt.Errorf("resend inflight: %w", err)
 		}
 	}
 
 	s.hooks.OnSessionEstablished(cl, pk)
+	return nil
+}
 
-	err = cl.Read(s.receivePacket)
+// disconnected counts a connected client out of ClientsConnected, once.
+func (s *Server) disconnected(cl *Client) {
+	if cl.State.connected.CompareAndSwap(true, false) {
+		atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	}
+}
+
+// detach ends an attached client's connection after its reading ended with
+// err (nil: the client disconnected normally or was stopped): the will,
+// the OnDisconnect hooks, and the end of a session that does not outlive
+// its connection. A session that does is kept as a compact record
+// (Client.offline) in place of the connection's client.
+func (s *Server) detach(cl *Client, listener string, err error) error {
+	defer s.disconnected(cl)
 	if err != nil {
 		s.sendLWT(cl)
 		cl.Stop(err)
@@ -489,6 +567,8 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		cl.ClearInflights()
 		s.UnsubscribeClient(cl)
 		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
+	} else if !expire && s.Options.CompactSessions {
+		s.Clients.replace(cl, cl.offline())
 	}
 
 	return err
@@ -1097,6 +1177,14 @@ func (s *Server) publishToClient(cl *Client, sub packets.Subscription, pk packet
 		return out, packets.CodeDisconnect
 	}
 
+	if s.Options.DirectWrites {
+		if err := cl.WritePacket(out); err != nil {
+			// As WriteLoop does: the packet stays in flight (QoS > 0) for a resend.
+			cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", out)
+		}
+		return out, nil
+	}
+
 	select {
 	case cl.State.outbound <- &out:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
@@ -1697,24 +1785,36 @@ func (s *Server) loadRetained(v []storage.Message) {
 // clearExpiredClients deletes all clients which have been disconnected for longer
 // than their given expiry intervals.
 func (s *Server) clearExpiredClients(dt int64) {
-	for id, client := range s.Clients.GetAll() {
-		disconnected := client.StopTime()
-		if disconnected == 0 {
-			continue
-		}
+	// Only the expired ones are copied out (v2.7.9 copied the whole map of
+	// clients every second: Keyline's fork, PATCHES.md).
+	s.expireClients(s.Clients.collect(func(client *Client) bool { return s.sessionExpired(client, dt) }))
+}
 
-		expire := s.Options.Capabilities.MaximumSessionExpiryInterval
-		if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
-			expire = client.Properties.Props.SessionExpiryInterval
-		}
+// sessionExpired reports whether client's session has been disconnected
+// for longer than its expiry interval at dt.
+func (s *Server) sessionExpired(client *Client, dt int64) bool {
+	disconnected := client.StopTime()
+	if disconnected == 0 {
+		return false
+	}
+	expire := s.Options.Capabilities.MaximumSessionExpiryInterval
+	if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
+		expire = client.Properties.Props.SessionExpiryInterval
+	}
+	return disconnected+int64(expire) < dt
+}
 
-		if disconnected+int64(expire) < dt {
-			s.hooks.OnClientExpired(client)
-			// Its subscriptions leave the topic index with it: v2.7.9 left them
-			// there (and the index nodes under them) for the server's life.
-			s.UnsubscribeClient(client)
-			s.Clients.Delete(id) // [MQTT-4.1.0-2]
+// expireClients ends the sessions of expired clients.
+func (s *Server) expireClients(expired []*Client) {
+	for _, client := range expired {
+		if cur, ok := s.Clients.Get(client.ID); !ok || cur != client {
+			continue // resumed (or taken over) since it was found expired
 		}
+		s.hooks.OnClientExpired(client)
+		// Its subscriptions leave the topic index with it: v2.7.9 left them
+		// there (and the index nodes under them) for the server's life.
+		s.UnsubscribeClient(client)
+		s.Clients.deleteIf(client) // [MQTT-4.1.0-2]
 	}
 }
 
@@ -1737,7 +1837,14 @@ func (s *Server) clearExpiredRetainedMessages(now int64) {
 
 // clearExpiredInflights deletes any inflight messages which have expired.
 func (s *Server) clearExpiredInflights(now int64) {
-	for _, client := range s.Clients.GetAll() {
+	// Only clients with messages in flight are looked at (v2.7.9 copied the
+	// map of clients and each client's in-flight messages every second).
+	s.expireInflights(s.Clients.collect(func(client *Client) bool { return client.State.Inflight.held.Load() > 0 }), now)
+}
+
+// expireInflights drops the expired in-flight messages of clients.
+func (s *Server) expireInflights(clients []*Client, now int64) {
+	for _, client := range clients {
 		if deleted := client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval); len(deleted) > 0 {
 			for _, id := range deleted {
 				s.hooks.OnQosDropped(client, packets.Packet{PacketID: id})

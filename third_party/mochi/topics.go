@@ -111,17 +111,19 @@ type SharedSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewSharedSubscriptions returns a new instance of Subscriptions.
+// NewSharedSubscriptions returns a new instance of Subscriptions. Its map is
+// made by the first Add (Keyline's fork: most index nodes have none).
 func NewSharedSubscriptions() *SharedSubscriptions {
-	return &SharedSubscriptions{
-		internal: map[string]map[string]packets.Subscription{},
-	}
+	return &SharedSubscriptions{}
 }
 
 // Add creates a new shared subscription for a group and client id pair.
 func (s *SharedSubscriptions) Add(group, id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[string]map[string]packets.Subscription{}
+	}
 	if _, ok := s.internal[group]; !ok {
 		s.internal[group] = map[string]packets.Subscription{}
 	}
@@ -197,17 +199,19 @@ type InlineSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewInlineSubscriptions returns a new instance of InlineSubscriptions.
+// NewInlineSubscriptions returns a new instance of InlineSubscriptions. Its
+// map is made by the first Add (Keyline's fork: most index nodes have none).
 func NewInlineSubscriptions() *InlineSubscriptions {
-	return &InlineSubscriptions{
-		internal: map[int]InlineSubscription{},
-	}
+	return &InlineSubscriptions{}
 }
 
 // Add adds a new internal subscription for a client id.
 func (s *InlineSubscriptions) Add(val InlineSubscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[int]InlineSubscription{}
+	}
 	s.internal[val.Identifier] = val
 }
 
@@ -246,16 +250,28 @@ func (s *InlineSubscriptions) Delete(id int) {
 }
 
 // Subscriptions is a map of subscriptions keyed on client.
+//
+// Keyline's fork: up to smallSubscriptions entries are kept in a small
+// slice, a map only beyond (a Go map with one entry of this size takes
+// some 700 bytes; a client with one subscription, and the topic index node
+// it subscribes to, had one each). See PATCHES.md.
 type Subscriptions struct {
-	internal map[string]packets.Subscription
+	internal map[string]packets.Subscription // nil while small holds every entry
+	small    []subscriptionEntry             // the entries while there are at most smallSubscriptions
 	sync.RWMutex
 }
 
+type subscriptionEntry struct {
+	id  string
+	sub packets.Subscription
+}
+
+// smallSubscriptions is how many entries Subscriptions keeps without a map.
+const smallSubscriptions = 4
+
 // NewSubscriptions returns a new instance of Subscriptions.
 func NewSubscriptions() *Subscriptions {
-	return &Subscriptions{
-		internal: map[string]packets.Subscription{},
-	}
+	return &Subscriptions{}
 }
 
 // Add adds a new subscription for a client. ID can be a filter in the
@@ -263,16 +279,41 @@ func NewSubscriptions() *Subscriptions {
 func (s *Subscriptions) Add(id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal != nil {
+		s.internal[id] = val
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			s.small[i].sub = val
+			return
+		}
+	}
+	if len(s.small) < smallSubscriptions {
+		if len(s.small) == cap(s.small) { // grow by one: most hold one entry for good
+			s.small = append(make([]subscriptionEntry, 0, len(s.small)+1), s.small...)
+		}
+		s.small = append(s.small, subscriptionEntry{id: id, sub: val})
+		return
+	}
+	s.internal = make(map[string]packets.Subscription, len(s.small)+1)
+	for _, e := range s.small {
+		s.internal[e.id] = e.sub
+	}
 	s.internal[id] = val
+	s.small = nil
 }
 
 // GetAll returns all subscriptions.
 func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
-	m := map[string]packets.Subscription{}
+	m := make(map[string]packets.Subscription, len(s.internal)+len(s.small))
 	for k, v := range s.internal {
 		m[k] = v
+	}
+	for _, e := range s.small {
+		m[e.id] = e.sub
 	}
 	return m
 }
@@ -281,23 +322,45 @@ func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 func (s *Subscriptions) Get(id string) (val packets.Subscription, ok bool) {
 	s.RLock()
 	defer s.RUnlock()
-	val, ok = s.internal[id]
-	return val, ok
+	if s.internal != nil {
+		val, ok = s.internal[id]
+		return val, ok
+	}
+	for _, e := range s.small {
+		if e.id == id {
+			return e.sub, true
+		}
+	}
+	return val, false
 }
 
 // Len returns the number of subscriptions.
 func (s *Subscriptions) Len() int {
 	s.RLock()
 	defer s.RUnlock()
-	val := len(s.internal)
-	return val
+	return len(s.internal) + len(s.small)
 }
 
 // Delete removes a subscription by client or filter id.
 func (s *Subscriptions) Delete(id string) {
 	s.Lock()
 	defer s.Unlock()
-	delete(s.internal, id)
+	if s.internal != nil {
+		delete(s.internal, id)
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			last := len(s.small) - 1
+			s.small[i] = s.small[last]
+			s.small[last] = subscriptionEntry{}
+			s.small = s.small[:last]
+			if last == 0 {
+				s.small = nil
+			}
+			return
+		}
+	}
 }
 
 // ClientSubscriptions is a map of aggregated subscriptions for a client.
@@ -775,15 +838,18 @@ type particles struct {
 }
 
 // newParticles returns a map of particles.
+// newParticles returns an empty set of particles; its map is made by the
+// first add (Keyline's fork: leaf nodes have none).
 func newParticles() particles {
-	return particles{
-		internal: map[string]*particle{},
-	}
+	return particles{}
 }
 
 // add adds a new particle.
 func (p *particles) add(val *particle) {
 	p.Lock()
+	if p.internal == nil {
+		p.internal = map[string]*particle{}
+	}
 	p.internal[val.key] = val
 	p.Unlock()
 }
