@@ -206,8 +206,14 @@ type Conn struct {
 		// before (a session attached while its CONNACK is on its way) wait,
 		// and the CONNACK goes in front of them.
 		connacked bool
+		onClose   func()        // Watch: called once when closing starts (events.go)
+		afterDone func()        // AfterDone: called once finished
+		finished  bool          // the connection is flushed (or failed) and closed
+		done      chan struct{} // Done's channel, made when asked for; closed when finished
 	}
-	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
+	// onDeadline (Watch) is told every change of the read deadline; set
+	// once before use.
+	onDeadline func(time.Time)
 
 	// aliases is the writer's table of topic aliases (topic -> alias); only
 	// the running writer touches it.
@@ -233,7 +239,7 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, done: make(chan struct{})}
+	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now}
 	q.tcp, _ = c.(*net.TCPConn)
 	q.mu.limits = limits
 	q.mu.connacked = true
@@ -362,6 +368,7 @@ func (c *Conn) failLocked(err error) {
 		return
 	}
 	c.mu.failed = err
+	c.notifyCloseLocked()
 	if errors.Is(err, ErrSlowConsumer) {
 		c.stats.SlowDisconnects.Add(1)
 		c.log.Warn("disconnecting slow consumer: outbound queue full",
@@ -383,13 +390,26 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.mu.closing = true
+	c.notifyCloseLocked()
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(FlushTimeout))
 	c.scheduleLocked()
 	return nil
 }
 
 // Done is closed once the writer has exited and the connection is closed.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.finished {
+		return closedChan
+	}
+	if c.mu.done == nil {
+		c.mu.done = make(chan struct{}) // made when asked for: most owners use AfterDone
+	}
+	return c.mu.done
+}
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 // Queued returns the bytes waiting to be written.
 func (c *Conn) Queued() int {
@@ -426,6 +446,10 @@ func (c *Conn) scheduleLocked() {
 func (c *Conn) SetDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.readDeadline.Store(0)
+		if c.onDeadline != nil {
+			c.onDeadline(t)
+			return nil
+		}
 		return c.Conn.SetReadDeadline(t)
 	}
 	want := t.UnixNano()
@@ -434,6 +458,10 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	}
 	t = t.Add(DeadlineSlack)
 	c.readDeadline.Store(t.UnixNano())
+	if c.onDeadline != nil {
+		c.onDeadline(t)
+		return nil
+	}
 	return c.Conn.SetReadDeadline(t)
 }
 
