@@ -30,6 +30,7 @@ import (
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/netpoll"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -51,7 +52,8 @@ type Broker struct {
 	httpLn  net.Listener
 	httpSrv *http.Server
 
-	connStats *connq.Stats // totals of every connection's outbound queue
+	connStats *connq.Stats    // totals of every connection's outbound queue
+	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
@@ -132,9 +134,21 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities: b.capabilities(),
 		Logger:       logger,
-		// mochi's default per-connection buffers (2 KiB each) stay: devices are
-		// many and mostly idle, and writes coalesce in the connection queue.
+		// Every connection writes through its queue (internal/connq), which
+		// never blocks: mochi needs no outbound channel and write goroutine
+		// per client; and a disconnected session is kept as a compact record
+		// (third_party/mochi/PATCHES.md).
+		DirectWrites: true,
+		// Not in cluster mode: the cluster hook knows a session by the
+		// *mqtt.Client it was connected with, and the record replaces it.
+		CompactSessions: !cfg.Cluster.Enabled(),
 	})
+	// Plain TCP connections are read from readiness events, with no
+	// goroutine per connection (Linux; elsewhere, and for TLS and
+	// WebSocket, a goroutine per connection reads: eventconn.go).
+	if b.poller, err = netpoll.New(netpoll.Config{}); err != nil && !errors.Is(err, netpoll.ErrUnsupported) {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	info := b.server.Info
 	b.connStats = &connq.Stats{
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
@@ -145,6 +159,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
+		if ln.proto == "tcp" {
+			ln.poller, ln.server = b.poller, b.server
+		}
 		ln.queue = func(c net.Conn) *connq.Conn {
 			q := connq.New(c, limits, b.connStats, logger)
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
@@ -170,9 +187,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	return b, nil
 }
 
-// clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
-const clientWritesPending = 1024
-
 func (b *Broker) capabilities() *mqtt.Capabilities {
 	c := mqtt.NewDefaultServerCapabilities()
 	c.MaximumPacketSize = b.cfg.MaxPacketSize
@@ -186,13 +200,6 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
-	// mochi gives every client a channel of this many packet pointers for
-	// the publishes it routes (8192 by default: 64 KiB per connection and per
-	// offline session, the largest item of an idle client). Its writer drains
-	// the channel into the connection queue (internal/connq), which holds
-	// the bytes and applies the slow-consumer policy, so the channel only has
-	// to absorb a burst between two runs of that goroutine.
-	c.MaximumClientWritesPending = clientWritesPending
 	return c
 }
 
@@ -338,6 +345,11 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
+		b.bg.Add(1)
+		go func() {
+			defer b.bg.Done()
+			b.releaseMemory()
+		}()
 		if ttl := b.cfg.GroupIdleTTL; ttl > 0 {
 			b.bg.Add(1)
 			go func() {
@@ -448,6 +460,9 @@ func (b *Broker) closeResources() error {
 	}
 	if b.node != nil {
 		b.node.Close() // after the server: its hooks write session records on the way out
+	}
+	if b.poller != nil {
+		errs = append(errs, b.poller.Close()) // after the server: its connections have ended
 	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())

@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/netpoll"
 )
 
 // listener is an MQTT listener that binds its address when it is created, so
@@ -30,6 +32,11 @@ type listener struct {
 	log   *slog.Logger
 	// closing is closed by Close: it ends an accept backoff.
 	closing chan struct{}
+	// poller, when set (Linux), serves plain TCP connections from readiness
+	// events instead of a goroutine each (eventconn.go); server is the mochi
+	// server they are fed to. Set before Serve.
+	poller *netpoll.Poller
+	server *mqtt.Server
 
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
@@ -37,7 +44,7 @@ type listener struct {
 	mu    struct {
 		sync.Mutex
 		closed bool
-		open   map[net.Conn]struct{} // connections being served, closed on Close
+		open   map[net.Conn]func() // connections being served, and how Close closes each
 	}
 	conns sync.WaitGroup // connection handlers this listener started; Add only under mu while open
 	// stopped is set when the listener stopped accepting for good without
@@ -61,17 +68,25 @@ func (l *listener) stop(err error) {
 	l.log.Error("listener stopped accepting connections; the broker is no longer ready", "error", err)
 }
 
-// track registers a connection about to be served; false once the listener is closed.
-func (l *listener) track(c net.Conn) bool {
+// track registers a connection about to be served, with the function that
+// closes it when the listener closes (nil: close it at once); false once
+// the listener is closed.
+func (l *listener) track(c net.Conn, closer func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
 		return false
 	}
 	if l.mu.open == nil {
-		l.mu.open = map[net.Conn]struct{}{}
+		l.mu.open = map[net.Conn]func(){}
 	}
-	l.mu.open[c] = struct{}{}
+	if closer == nil {
+		closer = func() {
+			_ = c.SetDeadline(time.Now()) // a TLS close_notify must not wait on a peer that does not read
+			_ = c.Close()
+		}
+	}
+	l.mu.open[c] = closer
 	l.conns.Add(1)
 	return true
 }
@@ -150,7 +165,13 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			continue
 		}
 		backoff.reset(l)
-		if !l.track(conn) {
+		if tc, ok := conn.(*net.TCPConn); ok && l.poller != nil {
+			if !l.serveEvents(tc) {
+				return // closed
+			}
+			continue
+		}
+		if !l.track(conn, nil) {
 			_ = conn.Close()
 			return
 		}
@@ -238,7 +259,7 @@ func (l *listener) upgrade(up *websocket.Upgrader, w http.ResponseWriter, r *htt
 		return // the upgrader has answered the request with the error
 	}
 	conn := &wsConn{Conn: c.UnderlyingConn(), ws: c}
-	if !l.track(conn) {
+	if !l.track(conn, nil) {
 		_ = conn.Close()
 		return
 	}
@@ -261,11 +282,14 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		// Connections that never became clients (no CONNECT yet) are not
 		// mochi's to close: close them here so the wait below ends.
 		l.mu.Lock()
-		for c := range l.mu.open {
-			_ = c.SetDeadline(time.Now()) // a TLS close_notify must not wait on a peer that does not read
-			_ = c.Close()
+		closers := make([]func(), 0, len(l.mu.open))
+		for _, closeConn := range l.mu.open {
+			closers = append(closers, closeConn)
 		}
 		l.mu.Unlock()
+		for _, closeConn := range closers { // outside the lock: untrack takes it
+			closeConn()
+		}
 		l.conns.Wait()
 	}()
 	if l.web != nil {

@@ -116,3 +116,19 @@ func TestTemporaryAcceptErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestMemoryReleasedOnlyWhenQuiet(t *testing.T) {
+	for _, c := range []struct {
+		free, live, allocated uint64
+		want                  bool
+	}{
+		{free: 40 << 20, live: 50 << 20, allocated: 1 << 20, want: true},   // quiet, much free
+		{free: 40 << 20, live: 50 << 20, allocated: 64 << 20, want: false}, // busy
+		{free: 4 << 20, live: 50 << 20, allocated: 0, want: false},         // little free
+		{free: 9 << 20, live: 400 << 20, allocated: 0, want: false},        // free is small beside the live heap
+	} {
+		if got := decideRelease(c.free, c.live, c.allocated); got != c.want {
+			t.Errorf("decideRelease(%d, %d, %d) = %v", c.free, c.live, c.allocated, got)
+		}
+	}
+}
