@@ -1,9 +1,11 @@
 // Package netpoll tells its caller when connections have bytes to read,
-// without a goroutine per connection: one goroutine waits on epoll for the
-// readiness of every registered connection and hands each ready one to a
-// small pool of workers, which call its Handler. An idle connection holds no
-// goroutine, no stack and no buffer here, only its registration (a slot of
-// the token table) and whatever its Handler keeps.
+// without a goroutine per connection: a few goroutines (waiters) wait on one
+// epoll instance for the readiness of every registered connection and run
+// the Handler of each ready one themselves, without a hand-off; one more is
+// started whenever all of them are running Handlers, so that one always
+// waits. An idle connection holds no goroutine, no stack and no buffer here,
+// only its registration (a slot of the token table) and whatever its Handler
+// keeps.
 //
 // A connection stays a net.Conn that Go's runtime owns: its writes, deadlines
 // and Close go through Go's own poller as before. netpoll only adds the

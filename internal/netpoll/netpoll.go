@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // ErrWouldBlock is returned by Conn.Read when no bytes are waiting.
@@ -20,10 +21,10 @@ var errEOF = io.EOF
 // ErrClosed is returned by Add on a closed Poller.
 var ErrClosed = errors.New("netpoll: poller closed")
 
-// Handler reacts to a connection's readiness. Ready runs in a worker
-// goroutine, never in two at once for one connection (see the package doc);
-// it may block (the connection waits, others do not), but while it runs it
-// holds a worker.
+// Handler reacts to a connection's readiness. Ready runs in a waiter or a
+// worker goroutine, never in two at once for one connection (see the
+// package doc); it may block (the connection waits, others do not), but
+// while it runs it holds that goroutine.
 type Handler interface {
 	Ready(c *Conn)
 }
@@ -40,7 +41,7 @@ type Stats struct {
 	Events  atomic.Uint64 // readiness events taken from epoll
 	Runs    atomic.Uint64 // Handler runs
 	Reads   atomic.Uint64 // read system calls
-	Spawned atomic.Uint64 // runs that found every worker busy and started a goroutine
+	Spawned atomic.Uint64 // goroutines started because every waiter or worker was busy
 }
 
 // Conn is a connection registered with a Poller.
@@ -60,12 +61,23 @@ const (
 
 // Config tunes a Poller; the zero value is usable.
 type Config struct {
-	// Workers is how many goroutines wait for ready connections at all
-	// times (default 2 x GOMAXPROCS, at least 4). When all are busy a ready
-	// connection gets a goroutine of its own, which takes further ready
-	// connections until there are none, then exits.
+	// Waiters is how many goroutines wait on epoll at all times (default
+	// GOMAXPROCS, at least 2). A waiter runs the Handlers of the connections
+	// it finds ready itself, with no hand-off to another goroutine; when
+	// every waiter is running Handlers (one may block: a durable publish, a
+	// cluster call), one more is started, so that one always waits; the
+	// extra ones exit once the others are back.
+	Waiters int
+	// Workers is how many goroutines wait to run Handlers woken by Wake or
+	// Resume (a timeout, a connection closed by its owner); default 2. When
+	// all are busy a woken connection gets a goroutine of its own, which
+	// takes further ones until there are none for a moment, then exits.
 	Workers int
 }
+
+// maxEvents is how many ready connections a waiter takes from epoll at a
+// time: those behind a Handler that blocks wait for it, so few.
+const maxEvents = 16
 
 // Poller waits for readiness of its connections.
 type Poller struct {
@@ -80,24 +92,33 @@ type Poller struct {
 		free   []uint32 // free slot indexes
 		closed bool
 	}
-	workers sync.WaitGroup
-	done    chan struct{}
+	minWaiters int
+	waiters    atomic.Int32 // goroutines in the waiter loop (never fewer than minWaiters until Close)
+	busy       atomic.Int32 // of them, running Handlers now
+	wg         sync.WaitGroup
+	done       chan struct{}
 }
 
 // New starts a Poller.
 func New(cfg Config) (*Poller, error) {
-	if cfg.Workers <= 0 {
-		cfg.Workers = max(4, 2*runtime.GOMAXPROCS(0))
+	if cfg.Waiters <= 0 {
+		cfg.Waiters = max(2, runtime.GOMAXPROCS(0))
 	}
-	p := &Poller{jobs: make(chan *Conn), done: make(chan struct{})}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 2
+	}
+	p := &Poller{jobs: make(chan *Conn), done: make(chan struct{}), minWaiters: cfg.Waiters}
 	if err := p.sys.open(); err != nil {
 		return nil, err
 	}
-	p.workers.Add(cfg.Workers + 1)
+	p.wg.Add(cfg.Workers + cfg.Waiters)
 	for range cfg.Workers {
 		go p.worker()
 	}
-	go p.loop()
+	p.waiters.Store(int32(cfg.Waiters))
+	for range cfg.Waiters {
+		go p.waiter()
+	}
 	return p, nil
 }
 
@@ -167,7 +188,7 @@ func (p *Poller) release(c *Conn) bool {
 	return true
 }
 
-// lookup returns the connection of token, or nil if it is gone.
+// lookupLocked returns the connection of token, or nil if it is gone.
 func (p *Poller) lookupLocked(token uint64) *Conn {
 	idx := uint32(token)
 	if int(idx) >= len(p.mu.slots) {
@@ -210,30 +231,38 @@ func (c *Conn) Resume() {
 	c.trigger()
 }
 
-// event is a readiness event from epoll: it runs the Handler unless c is
-// paused (then it is remembered as pending).
-func (c *Conn) event() {
+// event is a readiness event from epoll: it reports whether the caller (a
+// waiter) is to run the Handler now; a paused connection's event is only
+// remembered (pending), as is one for a Handler already running.
+func (c *Conn) event() bool {
 	c.p.stats.Events.Add(1)
 	if c.state.Load()&paused != 0 {
 		c.state.Or(pending)
-		return
+		return false
 	}
-	c.trigger()
+	return c.claim()
 }
 
-// trigger makes the Handler run: now, by a worker, or after its current run.
+// trigger makes the Handler run: by a worker, or after its current run.
 func (c *Conn) trigger() {
+	if c.claim() {
+		c.p.submit(c)
+	}
+}
+
+// claim makes the caller the Handler's runner (true), or marks a run
+// pending after the current one (false).
+func (c *Conn) claim() bool {
 	for {
 		s := c.state.Load()
 		if s&running != 0 {
 			if s&pending != 0 || c.state.CompareAndSwap(s, s|pending) {
-				return
+				return false
 			}
 			continue
 		}
 		if c.state.CompareAndSwap(s, (s|running)&^pending) {
-			c.p.submit(c)
-			return
+			return true
 		}
 	}
 }
@@ -258,27 +287,49 @@ func (c *Conn) run() {
 	}
 }
 
+// linger is how long a goroutine started for woken connections waits for
+// more before it exits.
+const linger = 50 * time.Millisecond
+
 // submit hands c to an idle worker, or to a new goroutine if none is idle.
 func (p *Poller) submit(c *Conn) {
 	select {
 	case p.jobs <- c:
 	default:
 		p.stats.Spawned.Add(1)
-		go func() {
-			for {
-				c.run()
-				select {
-				case c = <-p.jobs:
-				default:
-					return
-				}
-			}
-		}()
+		go p.burst(c)
+	}
+}
+
+// burst runs c, then woken connections as they come, until none has come
+// for linger (or the Poller closes).
+func (p *Poller) burst(c *Conn) {
+	var t *time.Timer
+	for {
+		c.run()
+		select {
+		case c = <-p.jobs:
+			continue
+		default:
+		}
+		if t == nil {
+			t = time.NewTimer(linger)
+		} else {
+			t.Reset(linger)
+		}
+		select {
+		case c = <-p.jobs:
+		case <-t.C:
+			return
+		case <-p.done:
+			t.Stop()
+			return
+		}
 	}
 }
 
 func (p *Poller) worker() {
-	defer p.workers.Done()
+	defer p.wg.Done()
 	for {
 		select {
 		case c := <-p.jobs:
@@ -289,15 +340,18 @@ func (p *Poller) worker() {
 	}
 }
 
-// loop takes readiness events from epoll until Close.
-func (p *Poller) loop() {
-	defer p.workers.Done()
-	tokens := make([]uint64, 0, 256)
-	var conns []*Conn
+// waiter takes readiness events from epoll and runs the Handlers itself,
+// until Close (see Config.Waiters).
+func (p *Poller) waiter() {
+	defer p.wg.Done()
+	var buf waitBuf
+	tokens := make([]uint64, 0, maxEvents)
+	conns := make([]*Conn, 0, maxEvents)
 	for {
 		var closed bool
-		tokens, closed = p.sys.wait(tokens[:0])
+		tokens, closed = p.sys.wait(&buf, tokens[:0])
 		if closed {
+			p.waiters.Add(-1)
 			return
 		}
 		conns = conns[:0]
@@ -308,9 +362,35 @@ func (p *Poller) loop() {
 			}
 		}
 		p.mu.RUnlock()
+		if p.busy.Add(1) >= p.waiters.Load() { // nobody would be waiting: one more
+			p.waiters.Add(1)
+			p.wg.Add(1)
+			p.stats.Spawned.Add(1)
+			go p.waiter()
+		}
 		for i, c := range conns {
-			c.event()
+			if c.event() {
+				c.run()
+			}
 			conns[i] = nil
+		}
+		p.busy.Add(-1)
+		if p.retire() {
+			return
+		}
+	}
+}
+
+// retire reports (and counts) a waiter leaving: one more than the minimum,
+// now that at least one other waiter is free.
+func (p *Poller) retire() bool {
+	for {
+		w := p.waiters.Load()
+		if int(w) <= p.minWaiters || p.busy.Load() >= w-1 {
+			return false
+		}
+		if p.waiters.CompareAndSwap(w, w-1) {
+			return true
 		}
 	}
 }
@@ -324,8 +404,8 @@ func (p *Poller) Close() error {
 	}
 	p.mu.closed = true
 	p.mu.Unlock()
-	p.sys.wake() // ends loop
+	p.sys.wake() // the eventfd stays readable: every waiter sees it and exits
 	close(p.done)
-	p.workers.Wait()
+	p.wg.Wait()
 	return p.sys.close()
 }

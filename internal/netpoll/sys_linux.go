@@ -13,8 +13,10 @@ const wakeToken = 0
 
 type sysPoller struct {
 	epfd, evfd int
-	events     []unix.EpollEvent
 }
+
+// waitBuf is one waiter's buffer for epoll_wait.
+type waitBuf struct{ events [maxEvents]unix.EpollEvent }
 
 func (s *sysPoller) open() error {
 	var err error
@@ -30,7 +32,6 @@ func (s *sysPoller) open() error {
 		_ = unix.Close(s.epfd)
 		return err
 	}
-	s.events = make([]unix.EpollEvent, 256)
 	return nil
 }
 
@@ -47,27 +48,22 @@ func (s *sysPoller) add(fd int, token uint64) error {
 func (s *sysPoller) del(fd int) { _ = unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, fd, nil) }
 
 // wait blocks until events arrive and appends their tokens; closed once wake
-// was called.
-func (s *sysPoller) wait(tokens []uint64) ([]uint64, bool) {
+// was called (the eventfd stays readable, so every waiter sees it).
+func (s *sysPoller) wait(b *waitBuf, tokens []uint64) ([]uint64, bool) {
 	for {
-		n, err := unix.EpollWait(s.epfd, s.events, -1)
+		n, err := unix.EpollWait(s.epfd, b.events[:], -1)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return tokens, true // the epoll descriptor is unusable: nothing more will come
 		}
-		closed := false
 		for i := range n {
-			t := getToken(&s.events[i])
+			t := getToken(&b.events[i])
 			if t == wakeToken {
-				closed = true
-				continue
+				return tokens[:0], true
 			}
 			tokens = append(tokens, t)
-		}
-		if closed {
-			return tokens[:0], true
 		}
 		if len(tokens) > 0 {
 			return tokens, false
