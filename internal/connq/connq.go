@@ -181,6 +181,7 @@ type Conn struct {
 	stats *Stats
 	log   *slog.Logger
 	tcp   *net.TCPConn     // set when writev is available
+	raw   rawWriter        // set for direct writes (direct.go)
 	now   func() time.Time // the clock for the soft limit's grace; tests replace it
 
 	mu struct {
@@ -241,6 +242,7 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	}
 	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now}
 	q.tcp, _ = c.(*net.TCPConn)
+	q.raw = rawOf(c)
 	q.mu.limits = limits
 	q.mu.connacked = true
 	return q
@@ -294,6 +296,12 @@ func (c *Conn) SetSession(s Session) {
 // for the socket. If p would take the queue past the hard limit the
 // connection is cut and Write returns ErrSlowConsumer.
 func (c *Conn) Write(p []byte) (int, error) {
+	if ok, err := c.direct(p, kindMochi, false); ok {
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	b := make([]byte, len(p))
 	copy(b, p)
 	if err := c.queue(entry{b: b}); err != nil {
@@ -307,6 +315,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // does not write itself, counted in mochi's sent figures when written. Past
 // the hard limit the connection is cut and Send returns ErrSlowConsumer.
 func (c *Conn) Send(b []byte) error {
+	if ok, err := c.direct(b, kindSent, true); ok {
+		return err
+	}
 	return c.queue(entry{b: b, kind: kindSent})
 }
 
