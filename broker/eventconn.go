@@ -58,11 +58,18 @@ const (
 	expiredFlag
 )
 
-// readBufSize is the pooled buffer a worker reads into: a flooding
-// publisher's bytes are taken 32 KiB per read system call.
-const readBufSize = 32 << 10
+// A worker reads into a pooled buffer: a small one first (what an idle
+// device sends, a PINGREQ or a publish, fits), a large one once a read fills
+// it (a flooding publisher's bytes are then taken 32 KiB per system call).
+const (
+	smallReadBuf = 2 << 10
+	largeReadBuf = 32 << 10
+)
 
-var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
+var (
+	smallReadBufs = sync.Pool{New: func() any { b := make([]byte, smallReadBuf); return &b }}
+	largeReadBufs = sync.Pool{New: func() any { b := make([]byte, largeReadBuf); return &b }}
+)
 
 // serveEvents starts serving raw from readiness events; false if the
 // poller would not take it (closed), the connection then being closed.
@@ -109,10 +116,10 @@ func (ec *eventConn) Ready(pc *netpoll.Conn) {
 	if ec.stopped() {
 		return
 	}
-	bp := readBufs.Get().(*[]byte)
-	defer readBufs.Put(bp)
-	buf := *bp
+	bp, pool := smallReadBufs.Get().(*[]byte), &smallReadBufs
+	defer func() { pool.Put(bp) }()
 	for {
+		buf := *bp
 		n, err := pc.Read(buf)
 		if n > 0 {
 			pass, ierr := ec.q.Inspected(buf[:n])
@@ -123,6 +130,10 @@ func (ec *eventConn) Ready(pc *netpoll.Conn) {
 			if ierr != nil {
 				ec.end(ec.q.Refuse())
 				return
+			}
+			if n == len(buf) && pool == &smallReadBufs { // more may wait: read on in large pieces
+				pool.Put(bp)
+				bp, pool = largeReadBufs.Get().(*[]byte), &largeReadBufs
 			}
 		}
 		if errors.Is(err, netpoll.ErrWouldBlock) {
@@ -173,6 +184,9 @@ func (ec *eventConn) end(err error) {
 // nothing here.
 func (ec *eventConn) deadline(t time.Time) {
 	if t.IsZero() {
+		// No MQTT keep-alive: TCP's finds a peer that is gone, as Go's
+		// default would have (the listener turns it off for the others).
+		_ = ec.raw.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9})
 		return // the timer, if armed, finds no deadline and stops
 	}
 	d := t.UnixNano()

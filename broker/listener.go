@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -105,7 +106,15 @@ func (l *listener) isClosed() bool {
 }
 
 func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string) (*listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	if proto == "tcp" {
+		// No TCP keep-alive by default: MQTT's keep-alive finds dead clients,
+		// and Go's default costs three setsockopt calls per accepted
+		// connection. A client that asks for no MQTT keep-alive gets TCP's
+		// (eventConn.deadline).
+		lc.KeepAlive = -1
+	}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
