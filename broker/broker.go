@@ -139,6 +139,10 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// per client; and a disconnected session is kept as a compact record
 		// (third_party/mochi/PATCHES.md).
 		DirectWrites: true,
+		// TLS and WebSocket connections keep mochi's blocking reader; it reads
+		// from the TLS or WebSocket layer, which buffers the socket itself, so
+		// a small buffer costs no system calls (2 KiB by default).
+		ClientNetReadBufferSize: 512,
 		// Not in cluster mode: the cluster hook knows a session by the
 		// *mqtt.Client it was connected with, and the record replaces it.
 		CompactSessions: !cfg.Cluster.Enabled(),

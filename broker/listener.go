@@ -128,6 +128,12 @@ func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string
 			// A web page may not open MQTT connections from the operator's
 			// browser to a broker on another host (cross-site WebSocket).
 			CheckOrigin: func(r *http.Request) bool { return originAllowed(r, allowedOrigins) },
+			// An idle WebSocket connection keeps its read buffer (gorilla's
+			// default 4 KiB, the most a frame header read takes at once) but
+			// borrows a write buffer only while it writes.
+			ReadBufferSize:  1 << 10,
+			WriteBufferSize: 4 << 10,
+			WriteBufferPool: new(sync.Pool),
 		}
 		l.web = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.upgrade(up, w, r) }),
@@ -272,9 +278,14 @@ func (l *listener) upgrade(up *websocket.Upgrader, w http.ResponseWriter, r *htt
 		_ = conn.Close()
 		return
 	}
-	defer l.untrack(conn)
-	defer conn.Close()
-	l.handle(conn)
+	// Served from a goroutine of its own, so that the HTTP handler returns:
+	// the request and the HTTP server's 4 KiB read and write buffers of the
+	// hijacked connection are not kept for the connection's life.
+	go func() {
+		defer l.untrack(conn)
+		defer conn.Close()
+		l.handle(conn)
+	}()
 }
 
 // Close stops accepting, closes this listener's clients and waits for their handlers.

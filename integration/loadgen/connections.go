@@ -28,6 +28,10 @@ type connJSON struct {
 	FDLimit       int     `json:"fd_limit"`
 	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
 	Subscribed    bool    `json:"subscribed"`
+	Transport     string  `json:"transport,omitempty"`
+	// BrokerUsPerConn is the broker's CPU time per connection opened (and
+	// subscribed), over the connect phase.
+	BrokerUsPerConn float64 `json:"broker_us_per_conn,omitempty"`
 	// Go is what each connection costs a Go broker (-broker-pprof): heap,
 	// goroutine stacks, goroutines.
 	Go *perUnit `json:"go,omitempty"`
@@ -76,7 +80,7 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 		res.Notes = append(res.Notes, fmt.Sprintf("file descriptor limits allow %d of the %d connections asked for", n, cfg.conns))
 	}
 	r := newRun(cfg)
-	cj.Subscribed = cfg.subscribe
+	cj.Subscribed, cj.Transport = cfg.subscribe, cfg.transport
 	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
 	goBefore, err := readGoRuntime(cfg.brokerPprof)
 	if err != nil {
@@ -96,6 +100,9 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 		cj.ConnectPerS = round3(float64(cj.Opened) / el)
 	}
 	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
+	if cj.Opened > 0 && cfg.brokerPID > 0 {
+		cj.BrokerUsPerConn = round3((c1.broker - c0.broker).Seconds() * 1e6 / float64(cj.Opened))
+	}
 
 	// Let the broker settle, then read RSS: the stable value after the burst.
 	time.Sleep(cfg.settle)
@@ -147,7 +154,7 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 func openIdle(ctx context.Context, cfg config, r *run, n int) ([]*mconn, *failures) {
 	conns := make([]*mconn, n)
 	failed := new(failures)
-	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
+	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive, transport: cfg.transport}
 	_ = parallel(ctx, cfg.conc, n, func(i int) error {
 		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
 		if err != nil {

@@ -74,6 +74,7 @@ type config struct {
 	brokerPprof string
 	subscribe   bool
 	period      time.Duration
+	transport   string
 }
 
 func main() {
@@ -170,6 +171,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
 	fs.StringVar(&cfg.brokerPprof, "broker-pprof", "", "a Go broker's pprof base URL (e.g. http://127.0.0.1:9883/debug/pprof): connections and sessions also report its heap, goroutine stacks and goroutines")
 	fs.BoolVar(&cfg.subscribe, "subscribe", true, "connections, wake: each connection subscribes to a topic of its own (QoS 1) after CONNECT, as a device takes its commands")
+	fs.StringVar(&cfg.transport, "transport", "tcp", "connections: tcp, tls (any certificate) or ws (MQTT over WebSocket, path /)")
 	fs.DurationVar(&cfg.period, "period", time.Minute, "wake: each connection publishes one QoS 1 message per period, the connections' publishes spread evenly over it")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

@@ -103,6 +103,7 @@ type rec struct {
 		RSSPerConnKB float64 `json:"rss_per_conn_kb"`
 		FDLimit      int     `json:"fd_limit"`
 		Subscribed   bool    `json:"subscribed"`
+		UsPerConn    float64 `json:"broker_us_per_conn"`
 		Go           *goCost `json:"go"`
 	} `json:"connections"`
 	Conflate *struct {
@@ -193,7 +194,7 @@ func oneLine(r *rec) string {
 	switch {
 	case r.Connections != nil:
 		c := r.Connections
-		return fmt.Sprintf("%d conns, %.0f/s, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.RSSPerConnKB, c.Alive)
+		return fmt.Sprintf("%d conns, %.0f/s, %.0f µs CPU/conn, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.UsPerConn, c.RSSPerConnKB, c.Alive)
 	case r.Sessions != nil:
 		s := r.Sessions
 		return fmt.Sprintf("%d offline sessions, %.1f KiB/session, %d of %d kept", s.Stored, s.RSSPerSessionKB, s.Present, s.Checked)
