@@ -122,8 +122,8 @@ func TestMemoryReleasedOnlyWhenQuiet(t *testing.T) {
 		free, live, allocated uint64
 		want                  bool
 	}{
-		{free: 40 << 20, live: 50 << 20, allocated: 1 << 20, want: true},   // quiet, much free
-		{free: 40 << 20, live: 50 << 20, allocated: 64 << 20, want: false}, // busy
+		{free: 40 << 20, live: 50 << 20, allocated: 512 << 10, want: true}, // quiet, much free
+		{free: 40 << 20, live: 50 << 20, allocated: 8 << 20, want: false},  // busy
 		{free: 4 << 20, live: 50 << 20, allocated: 0, want: false},         // little free
 		{free: 9 << 20, live: 400 << 20, allocated: 0, want: false},        // free is small beside the live heap
 	} {

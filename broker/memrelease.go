@@ -18,18 +18,21 @@ import (
 // heap allocated less than memQuietAlloc since the last look (no load to
 // speak of) while more than memReleaseMin (and an eighth of the live heap)
 // lies free, it calls debug.FreeOSMemory (a GC, then the free pages go back
-// to the system). A busy broker never pays for it; a quiet one pays one GC.
+// to the system), at most once per memReleaseGap. A busy broker never pays
+// for it; a quiet one pays a GC now and then.
 const (
-	memReleaseEvery = 10 * time.Second
-	memQuietAlloc   = 4 << 20
+	memReleaseEvery = 2 * time.Second
+	memQuietAlloc   = 1 << 20
 	memReleaseMin   = 8 << 20
+	memReleaseGap   = 30 * time.Second
 )
 
 // memReleaser decides from successive readings of the runtime's counters.
 type memReleaser struct {
 	samples    []metrics.Sample
 	lastAllocs uint64
-	released   uint64 // times FreeOSMemory was called
+	last       time.Time // of the last release
+	released   uint64    // times FreeOSMemory was called
 }
 
 func newMemReleaser() *memReleaser {
@@ -47,14 +50,15 @@ func decideRelease(free, live, allocated uint64) bool {
 }
 
 // check reads the counters and releases when the broker is quiet.
-func (m *memReleaser) check() {
+func (m *memReleaser) check(now time.Time) {
 	metrics.Read(m.samples)
 	free, live, allocs := m.samples[0].Value.Uint64(), m.samples[1].Value.Uint64(), m.samples[2].Value.Uint64()
 	allocated := allocs - m.lastAllocs
 	m.lastAllocs = allocs
-	if decideRelease(free, live, allocated) {
+	if now.Sub(m.last) >= memReleaseGap && decideRelease(free, live, allocated) {
 		debug.FreeOSMemory()
 		m.released++
+		m.last = now
 		metrics.Read(m.samples[2:]) // its own allocations do not count as load
 		m.lastAllocs = m.samples[2].Value.Uint64()
 	}
@@ -71,8 +75,8 @@ func (b *Broker) releaseMemory() {
 		select {
 		case <-b.stop:
 			return
-		case <-t.C:
-			m.check()
+		case now := <-t.C:
+			m.check(now)
 		}
 	}
 }

@@ -1760,6 +1760,8 @@ func (s *Server) loadClients(v []storage.Client) {
 		if expire {
 			cl.ClearInflights()
 			s.UnsubscribeClient(cl)
+		} else if s.Options.CompactSessions {
+			s.Clients.Add(cl.offline()) // a stored session is an offline one
 		} else {
 			s.Clients.Add(cl)
 		}
