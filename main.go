@@ -16,8 +16,11 @@ import (
 	"github.com/keyline-mq/keyline/broker"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version, commit and buildDate are set by dist/release.sh with
+// -ldflags "-X main.version=... -X main.commit=... -X main.buildDate=...".
+// A plain `go build` leaves them empty; versionLine then falls back to what
+// the Go toolchain recorded (module version, VCS revision and time).
+var version, commit, buildDate string
 
 // defaultGCPercent is the GC target keyline runs with unless GOGC is set. A
 // broker's garbage is per message; measured back to back (loadgen fanout, 100
@@ -39,8 +42,18 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
+	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq" || args[0] == "bridges") {
 		return runCLI(args, stdout, stderr)
+	}
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return runCheck(args[1:], stdout, stderr)
+		case "backup":
+			return runBackup(args[1:], stdout, stderr)
+		case "restore":
+			return runRestore(args[1:], stdout, stderr)
+		}
 	}
 	cfg, action, err := parseArgs(args)
 	if err != nil {
@@ -56,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		printUsage(stdout)
 		return 0
 	case actionVersion:
-		fmt.Fprintf(stdout, "keyline %s\n", version)
+		fmt.Fprintln(stdout, versionLine())
 		return 0
 	}
 
@@ -125,6 +138,8 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Uint32Var(&cfg.MaxPacketSize, "max-packet-size", cfg.MaxPacketSize, "largest MQTT packet accepted, in bytes (0: no limit)")
 	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once; past it CONNACK 0x89 (3.1.1: 0x03) (0: no limit; the default is the open-files limit minus 512)")
 	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
+	f.Var(&cfg.MaxSessionQueueBytes, "max-session-queue-bytes", "bytes of QoS 1/2 messages held per session, queued or unacknowledged (0: no limit)")
+	f.Var(&cfg.MaxQueuedBytes, "max-queued-bytes", "bytes of QoS 1/2 messages held for all sessions together (0: no limit)")
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
@@ -151,12 +166,13 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.IntVar(&cfg.MemberMaxInflight, "member-max-inflight", cfg.MemberMaxInflight, "messages in flight per member (lowered to its Receive Maximum)")
 	f.IntVar(&cfg.Window, "window", cfg.Window, "messages in flight plus blocked per group; when full the group stops reading its log")
 	f.Var(&cfg.WindowBytes, "window-bytes", "bytes of messages in flight plus blocked per group; when reached the group stops reading its log")
-	f.Uint64Var(&cfg.BacklogMaxMessages, "backlog-max-messages", cfg.BacklogMaxMessages, "unresolved messages a group keeps (0: no limit)")
-	f.Var(&cfg.BacklogMaxBytes, "backlog-max-bytes", "unresolved bytes a group keeps (0: no limit)")
+	f.Uint64Var(&cfg.BacklogMaxMessages, "backlog-max-messages", cfg.BacklogMaxMessages, "unresolved messages a group keeps, with or without members (0: no limit)")
+	f.Var(&cfg.BacklogMaxBytes, "backlog-max-bytes", "unresolved bytes a group keeps, with or without members (0: no limit)")
 	f.Var(&cfg.BacklogPolicy, "backlog-policy", "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); a group holding messages is never deleted this way")
 
 	f = general.fs
+	f.Var(&broker.BridgeFlags{Dst: &cfg.Bridges}, "bridge", `a bridge to another MQTT broker as key=value fields with the config file's keys, e.g. 'name=cloud address=central:1883 topic="sensors/# out 1"' (repeatable; replaces the file's bridges; see README "Bridges")`)
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on a graceful shutdown after SIGINT/SIGTERM")
 	f.BoolVarP(help, "help", "h", false, "show this help")
@@ -228,7 +244,10 @@ Usage:
   keyline [flags]
   keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
   keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
+  keyline bridges [list | show NAME] [--server URL] [--token T] [--json]
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
+  keyline check [--data-dir DIR] [--json]
+      (offline check of a stopped broker's data dir; exit code 1 names the damage it found)
 
 `)
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {

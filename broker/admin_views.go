@@ -89,7 +89,7 @@ func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.Gro
 		Members: a.groups.Members(gi.Name),
 		Head:    max(gi.Head, s.Head), Cursor: gi.Cursor, PersistedCursor: gi.Cursor,
 		DeadLetters: gi.DeadLetters, StoredMessages: gi.StoredMessages, StoredBytes: gi.StoredBytes,
-		BacklogDropped: gi.Dropped, BacklogRejected: gi.Rejected, UnsyncedResolutions: gi.Unsynced, Quarantined: gi.Quarantined,
+		BacklogDropped: gi.Dropped, BacklogRejected: gi.Rejected, UnsyncedResolutions: gi.Unsynced, Quarantined: gi.Quarantined, Lost: gi.Lost,
 	}
 	if v.Members == nil {
 		v.Members = []string{}

@@ -25,13 +25,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/netpoll"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -57,6 +57,7 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
+	bridges   *bridge.Manager // broker/bridges.go
 	obs       *observer       // counter samples and topic streams for the console
 	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
 	node      *cluster.Node   // cluster mode only
@@ -158,6 +159,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
 		InfoBytesSent: &info.BytesSent, InfoMessagesDropped: &info.MessagesDropped,
 	}
+	if err := b.newBridges(); err != nil {
+		return nil, err
+	}
 	if err := b.addHooks(); err != nil {
 		return nil, err
 	}
@@ -213,6 +217,9 @@ func (b *Broker) addHooks() error {
 	if err := b.server.AddHook(b.auth, nil); err != nil {
 		return fmt.Errorf("broker: auth hook: %w", err)
 	}
+	if err := b.server.AddHook(new(hooks.BridgeMark), nil); err != nil { // mosquitto's try_private (broker/bridges.go)
+		return fmt.Errorf("broker: bridge-mark hook: %w", err)
+	}
 	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
 		canRead = b.auth.CanRead
@@ -249,12 +256,8 @@ func (b *Broker) addHooks() error {
 		store = b.groups
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
-		KeyProperty: b.cfg.KeyProperty,
-		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log                     // the dispatcher adds group=
-			return d, g
-		},
+		KeyProperty:        b.cfg.KeyProperty,
+		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
 		Sessions:           b.sessions,
 		MaxKeySize:         int(b.cfg.MaxKeySize),
@@ -284,6 +287,7 @@ func (b *Broker) addHooks() error {
 		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 		return l
 	}, hooks.NewOutboxStore(b.sessions))
+	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {
@@ -337,6 +341,10 @@ func (b *Broker) Start() error {
 			return
 		}
 		if err := b.server.Serve(); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
+		if err := b.startBridges(); err != nil {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return
 		}
@@ -412,6 +420,7 @@ func (b *Broker) shutdown() error {
 	if b.started.IsZero() {
 		return b.closeResources()
 	}
+	b.stopBridges() // before the hooks stop: they requeue what is in flight
 	// Close disconnects every client, waits for their handlers and stops the
 	// hooks (the storage hook commits what is queued).
 	_ = b.server.Close()
@@ -528,7 +537,7 @@ func (b *Broker) NotReady() error {
 
 func (b *Broker) httpHandler() http.Handler {
 	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
+	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b}, bridgeCollector{b})
 	mux := http.NewServeMux()
 	if b.cfg.Pprof {
 		registerDebug(mux)
@@ -538,6 +547,8 @@ func (b *Broker) httpHandler() http.Handler {
 	groups.register(mux)
 	b.registerConsole(mux, groups)
 	b.registerCluster(mux)
+	b.registerBridges(mux)
+	b.registerBackup(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")

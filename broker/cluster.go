@@ -16,7 +16,6 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // ClusterConfig turns a node into a member of a cluster of Keyline nodes
@@ -117,11 +116,7 @@ func (b *Broker) startGroups() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
-		Settings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log
-			return d, g
-		},
+		Settings: b.groupSettingsOf,
 		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
 			if ks := b.clusterKS.Load(); ks != nil {
 				ks.PublishDeadLetter(group, d)

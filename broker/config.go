@@ -45,10 +45,14 @@ type Config struct {
 	LogFormat LogFormat `yaml:"log-format"` // text or json
 
 	// MQTT limits.
-	MaxPacketSize  uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
-	MaxClients     int64  `yaml:"max-clients"`     // connected clients at once (0: no limit); DefaultMaxClients by default
-	MaxInflight    uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
-	ReceiveMaximum uint16 `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	MaxPacketSize uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
+	MaxClients    int64  `yaml:"max-clients"`     // connected clients at once (0: no limit); DefaultMaxClients by default
+	MaxInflight   uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
+	// MaxSessionQueueBytes and MaxQueuedBytes bound the same messages in
+	// bytes, per session and for all sessions together (0: no bound).
+	MaxSessionQueueBytes ByteSize `yaml:"max-session-queue-bytes"`
+	MaxQueuedBytes       ByteSize `yaml:"max-queued-bytes"`
+	ReceiveMaximum       uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
 	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
 	// 0: no cap, and 3.1.1 sessions never expire.
@@ -93,6 +97,9 @@ type Config struct {
 
 	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
 	Cluster ClusterConfig `yaml:",inline"`
+
+	// Bridges to other MQTT brokers (broker/bridges.go).
+	Bridges []BridgeConfig `yaml:"bridges"`
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
@@ -163,32 +170,36 @@ func DefaultMaxClients() int64 {
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:                ":1883",
-		HTTP:               "127.0.0.1:9883",
-		DataDir:            "./data",
-		Fsync:              true,
-		SegmentSize:        persistence.DefaultSegmentSize,
-		LogLevel:           LogInfo,
-		LogFormat:          LogText,
-		MaxPacketSize:      1 << 20,
-		MaxClients:         DefaultMaxClients(),
-		MaxInflight:        8192,
-		ReceiveMaximum:     1024,
-		MaxSessionExpiry:   DefaultMaxSessionExpiry,
-		ShutdownTimeout:    10 * time.Second,
-		SlowPolicy:         connq.DropOldest,
-		ConnQueueSoft:      1 << 20,
-		ConnQueueHard:      8 << 20,
-		ConnQueueGrace:     10 * time.Second,
-		KeyProperty:        "key",
-		MaxKeySize:         1 << 10,
-		MaxGroups:          10_000,
-		MaxGroupsPerClient: 100,
-		GroupIdleTTL:       time.Hour,
-		SessionOwnership:   OwnershipRefuse,
-		HTTPReadTimeout:    10 * time.Second,
-		HTTPMaxConns:       256,
-		Cluster:            DefaultClusterConfig(),
+		TCP:           ":1883",
+		HTTP:          "127.0.0.1:9883",
+		DataDir:       "./data",
+		Fsync:         true,
+		SegmentSize:   persistence.DefaultSegmentSize,
+		LogLevel:      LogInfo,
+		LogFormat:     LogText,
+		MaxPacketSize: 1 << 20,
+		MaxClients:    DefaultMaxClients(),
+		MaxInflight:   8192,
+		// A session's QoS 1/2 messages wait in memory while it is away; 8192
+		// of up to max-packet-size each would be 8 GiB.
+		MaxSessionQueueBytes: 64 << 20,
+		MaxQueuedBytes:       1 << 30,
+		ReceiveMaximum:       1024,
+		MaxSessionExpiry:     DefaultMaxSessionExpiry,
+		ShutdownTimeout:      10 * time.Second,
+		SlowPolicy:           connq.DropOldest,
+		ConnQueueSoft:        1 << 20,
+		ConnQueueHard:        8 << 20,
+		ConnQueueGrace:       10 * time.Second,
+		KeyProperty:          "key",
+		MaxKeySize:           1 << 10,
+		MaxGroups:            10_000,
+		MaxGroupsPerClient:   100,
+		GroupIdleTTL:         time.Hour,
+		SessionOwnership:     OwnershipRefuse,
+		HTTPReadTimeout:      10 * time.Second,
+		HTTPMaxConns:         256,
+		Cluster:              DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -197,10 +208,20 @@ func DefaultConfig() Config {
 			MemberMaxInflight: 1000,
 			Window:            10000,
 			WindowBytes:       8 << 20,
-			BacklogPolicy:     persistence.PolicyReject,
+			// A group keeps every matching message until a member resolves
+			// it, also while it has none: bound what one can hold.
+			BacklogMaxMessages: DefaultBacklogMaxMessages,
+			BacklogMaxBytes:    DefaultBacklogMaxBytes,
+			BacklogPolicy:      persistence.PolicyReject,
 		},
 	}
 }
+
+// Default backlog limits of a group (backlog-max-messages, backlog-max-bytes).
+const (
+	DefaultBacklogMaxMessages = 1_000_000
+	DefaultBacklogMaxBytes    = 1 << 30
+)
 
 func checkAddr(name, addr string) error {
 	if addr == "" {
@@ -241,6 +262,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: segment-size %v is not between 64KiB and 1GiB", ErrInvalidConfig, c.SegmentSize)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
+	case c.MaxSessionQueueBytes < 0 || c.MaxQueuedBytes < 0:
+		return fmt.Errorf("%w: max-session-queue-bytes and max-queued-bytes must not be negative", ErrInvalidConfig)
 	case c.ReceiveMaximum == 0:
 		return fmt.Errorf("%w: receive-maximum must be at least 1", ErrInvalidConfig)
 	case c.MaxClients < 0:
@@ -293,6 +316,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.validateBridges(); err != nil {
 		return err
 	}
 	switch {

@@ -19,6 +19,8 @@ var _ console.Backend = (*consoleBackend)(nil)
 
 func (c *consoleBackend) Overview() adminapi.OverviewView { return c.b.overview() }
 
+func (c *consoleBackend) Bridges() []adminapi.BridgeView { return c.b.BridgeViews() }
+
 func (c *consoleBackend) Groups() ([]adminapi.GroupView, error) {
 	vs, err := c.groups.groupViews()
 	if err != nil {

@@ -28,7 +28,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_messages_received_total", "PUBLISH packets received from clients.", prometheus.CounterValue},
 	{"keyline_messages_sent_total", "PUBLISH packets sent to clients.", prometheus.CounterValue},
 	{"keyline_messages_dropped_total", "Messages dropped because a client's outbound queue was full.", prometheus.CounterValue},
-	{"keyline_inflight_dropped_total", "QoS 1/2 messages dropped because a session held max-inflight messages or ran out of packet ids.", prometheus.CounterValue},
+	{"keyline_inflight_dropped_total", "QoS 1/2 messages dropped because a session held max-inflight messages or max-session-queue-bytes, all sessions max-queued-bytes, or it ran out of packet ids.", prometheus.CounterValue},
 	{"keyline_packets_received_total", "MQTT packets received.", prometheus.CounterValue},
 	{"keyline_packets_sent_total", "MQTT packets sent.", prometheus.CounterValue},
 	{"keyline_bytes_received_total", "Bytes received from MQTT clients.", prometheus.CounterValue},
@@ -37,6 +37,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_inflight_messages", "QoS 1/2 messages in flight or queued for sessions.", prometheus.GaugeValue},
 	{"keyline_subscriptions", "Subscriptions held.", prometheus.GaugeValue},
 	{"keyline_uptime_seconds", "Seconds since the broker started.", prometheus.GaugeValue},
+	{"keyline_ready", "1 while /readyz answers 200 (serving MQTT, and in cluster mode connected to NATS), else 0.", prometheus.GaugeValue},
 	{"keyline_session_store_commits_total", "Session-state transactions committed to the data file.", prometheus.CounterValue},
 	{"keyline_session_store_write_errors_total", "Session-state writes lost to a failed commit.", prometheus.CounterValue},
 	{"keyline_fanout_deliveries_total", "QoS 0 deliveries queued by the encode-once fan-out path.", prometheus.CounterValue},
@@ -45,6 +46,9 @@ var brokerMetrics = []metricDef{
 	{"keyline_fanout_tracked_total", "QoS 1/2 deliveries queued in session outboxes by the encode-once fan-out path.", prometheus.CounterValue},
 	{"keyline_outbox_resent_total", "QoS 1/2 messages sent again (DUP) after a client reconnected.", prometheus.CounterValue},
 	{"keyline_outbox_expired_total", "Queued QoS 1/2 messages dropped unsent because their expiry (or max-message-expiry) passed.", prometheus.CounterValue},
+	{"keyline_outbox_queued_bytes", "Bytes of QoS 1/2 messages held for sessions, queued or unacknowledged (bounded by max-queued-bytes).", prometheus.GaugeValue},
+	{"keyline_outbox_cold_bytes", "Of keyline_outbox_queued_bytes, the bytes of messages restored at start that are on disk only until their session resumes.", prometheus.GaugeValue},
+	{"keyline_outbox_store_refused_total", "QoS 1/2 publishes refused because a persistent session's record of the message could not be stored.", prometheus.CounterValue},
 	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
 	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
 	{"keyline_conn_dropped_messages_total", "QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
@@ -73,7 +77,10 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
-	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds()}
+	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.started).Seconds(), "keyline_ready": 0}
+	if c.b.Ready() {
+		values["keyline_ready"] = 1
+	}
 	if s := c.b.server; s != nil {
 		i := s.Info
 		load := func(p *int64) float64 { return float64(atomic.LoadInt64(p)) }
@@ -104,6 +111,9 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_fanout_tracked_total"] = float64(f.Stats.Tracked.Load())
 		values["keyline_outbox_resent_total"] = float64(f.OutboxStats.Resent.Load())
 		values["keyline_outbox_expired_total"] = float64(f.OutboxStats.Expired.Load())
+		values["keyline_outbox_queued_bytes"] = float64(f.OutboxStats.Bytes.Load())
+		values["keyline_outbox_cold_bytes"] = float64(f.OutboxStats.ColdBytes.Load())
+		values["keyline_outbox_store_refused_total"] = float64(f.Stats.StoreRefused.Load())
 	}
 	if a := c.b.auth; a != nil {
 		values["keyline_reserved_publishes_refused_total"] = float64(a.ReservedRefused.Load())

@@ -31,6 +31,9 @@ type FanoutStats struct {
 	Encodes    atomic.Uint64 // frames encoded (one per publish and variant)
 	TooLarge   atomic.Uint64 // deliveries skipped: above the client's maximum packet size
 	FastPath   atomic.Uint64 // publishes routed from the cached routes, never seen by mochi's router
+	// StoreRefused counts QoS 1/2 publishes refused because a persistent
+	// session's record of the message could not be stored (a full disk).
+	StoreRefused atomic.Uint64
 }
 
 // Fanout takes every delivery to a client session over from mochi. Each
@@ -82,6 +85,14 @@ func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) 
 		Store: store,
 	})
 	return h
+}
+
+// SetQueueBytes bounds the QoS 1/2 messages held for sessions in bytes:
+// per session and for all of them (0: no bound); past either a new message
+// is dropped for that session, counted and signalled, as past max-inflight.
+// Call it before clients connect.
+func (h *Fanout) SetQueueBytes(perSession, total int64) {
+	h.sessions.cfg.MaxBytes, h.sessions.cfg.MaxTotalBytes = perSession, total
 }
 
 // ID returns the hook's id.

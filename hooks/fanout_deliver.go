@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 
@@ -15,6 +16,54 @@ type pubDelivery struct {
 	pk       packets.Packet
 	deadline int64 // unix seconds after which a queued QoS 1/2 copy is dropped unsent; 0: never
 	variants []variant
+	// stores is set when the publisher waits for an acknowledgement that
+	// must mean stored: the writes of the persistent sessions' records.
+	stores *storeWait
+}
+
+// storeWait gathers the record writes of one publish's deliveries to
+// persistent sessions: its publisher is acknowledged once they are all
+// durable, or refused if one failed (a full disk), never told a message is
+// accepted that a session did not store.
+type storeWait struct {
+	mu      sync.Mutex
+	pending int
+	writes  int // writes started (the caller's goroutine only)
+	err     error
+	fire    func(error) // set by seal
+}
+
+// add counts one more write; done hears its outcome.
+func (w *storeWait) add() {
+	w.mu.Lock()
+	w.pending++
+	w.mu.Unlock()
+}
+
+func (w *storeWait) done(err error) {
+	w.mu.Lock()
+	w.pending--
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	fire, werr := w.fire, w.err
+	if w.pending > 0 || fire == nil {
+		fire = nil
+	}
+	w.mu.Unlock()
+	if fire != nil {
+		fire(werr)
+	}
+}
+
+// seal says no write will be added: fire runs once every write finished
+// (at once if they have), with the first failure.
+func (w *storeWait) seal(fire func(error)) {
+	w.add()
+	w.mu.Lock()
+	w.fire = fire
+	w.mu.Unlock()
+	w.done(nil)
 }
 
 type variant struct {
@@ -66,8 +115,22 @@ func (d *pubDelivery) to(rt route) {
 		if c.q.Enqueue(p) {
 			h.Stats.Deliveries.Add(1)
 		}
-	case s.out.Add(p, pk.Created, d.deadline):
-		h.Stats.Tracked.Add(1)
+	default:
+		var stored func(error)
+		if w := d.stores; w != nil {
+			w.add()
+			stored = w.done
+		}
+		added, pending := s.out.AddDurable(p, pk.Created, d.deadline, stored)
+		switch {
+		case stored != nil && !pending:
+			stored(nil) // a session that is not persisted: nothing to wait for
+		case pending:
+			d.stores.writes++
+		}
+		if added {
+			h.Stats.Tracked.Add(1)
+		}
 	}
 }
 

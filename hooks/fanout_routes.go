@@ -103,11 +103,59 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, nil
 	}
 	d := h.newDelivery(pk)
+	if pk.FixedHeader.Qos > 0 {
+		d.stores = &storeWait{}
+	}
 	for _, rt := range r.subs {
 		d.to(rt)
 	}
 	h.Stats.FastPath.Add(1)
+	if d.stores != nil && d.stores.writes > 0 {
+		if err := h.awaitStored(cl, pk, d.stores); err != nil {
+			return pk, err
+		}
+	}
 	return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
+}
+
+// awaitStored makes the publisher's acknowledgement wait until the records
+// the publish added to persistent sessions are durable: held in its
+// connection's queue (mochi goes on reading), or, without one, waited for
+// here. If one could not be stored the publish is refused: MQTT 5 with
+// 0x80, MQTT 3.1.1 by closing the connection (it cannot refuse a publish).
+func (h *Fanout) awaitStored(cl *mqtt.Client, pk packets.Packet, w *storeWait) error {
+	typ := packets.Puback
+	if pk.FixedHeader.Qos == 2 {
+		typ = packets.Pubrec
+	}
+	v5 := cl.Properties.ProtocolVersion == 5
+	if q := queueOf(cl); q != nil {
+		hold := q.HoldAck(typ, pk.PacketID, v5)
+		w.seal(func(err error) {
+			if err != nil {
+				h.Stats.StoreRefused.Add(1)
+				h.Log.Error("fanout: a message for a persistent session was not stored; its publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "error", err)
+				hold.Fail(packets.ErrUnspecifiedError.Code)
+				return
+			}
+			hold.Release()
+		})
+		return nil
+	}
+	ch := make(chan error, 1)
+	w.seal(func(err error) { ch <- err })
+	err := <-ch
+	if err == nil {
+		return nil
+	}
+	h.Stats.StoreRefused.Add(1)
+	h.Log.Error("fanout: a message for a persistent session was not stored; its publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "error", err)
+	if v5 {
+		_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: typ}, PacketID: pk.PacketID, ReasonCode: packets.ErrUnspecifiedError.Code})
+	} else {
+		cl.Stop(err)
+	}
+	return packets.ErrRejectPacket
 }
 
 // OnSelectSubscribers delivers what mochi routes itself (retained

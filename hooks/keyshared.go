@@ -72,6 +72,8 @@ type KeyShared struct {
 	members  *memberships
 	inflight *inflightTable
 	dlq      *dlqPublisher
+	// injectors are the bridges' inline clients (ks_internal.go).
+	injectors injectors
 
 	// AppendErrors counts QoS >= 1 publishes a group log refused.
 	AppendErrors atomic.Uint64
@@ -411,6 +413,9 @@ func (h *KeyShared) OnSelectSubscribers(subs *mqtt.Subscribers, _ packets.Packet
 // OnPublish appends a publish to the logs of the groups it matches, or
 // routes it on their rings at QoS 0 (ks_publish.go).
 func (h *KeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if h.injectors.has(cl) {
+		return pk, nil // its Injector did the groups
+	}
 	groups := h.groups.match(pk.TopicName)
 	if len(groups) == 0 {
 		return pk, nil

@@ -28,7 +28,10 @@ var _ keyshared.Deliverer = (*groupOut)(nil)
 
 // Deliver implements keyshared.Deliverer. The dispatcher only offers a
 // member messages it may read (MemberOptions.CanRead), so no check here.
-func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
+func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) bool {
+	if o.g.n.Internal() {
+		return o.g.deliverInternal(member, m, attempt)
+	}
 	h := o.h
 	cl, ok := h.server.Clients.Get(member)
 	if !ok || cl.Closed() || cl.Net.Conn == nil {
@@ -115,6 +118,10 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 // Revoke implements keyshared.Deliverer: the delivery is forgotten, also in
 // the session's inflight state, so a resumed session does not resend it.
 func (o *groupOut) Revoke(member string, offset uint64) {
+	if o.g.n.Internal() {
+		o.g.revokeInternal(member, offset)
+		return
+	}
 	h := o.h
 	id, ok := h.inflight.revoke(o.g.name, member, offset)
 	if !ok {

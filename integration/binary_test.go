@@ -68,14 +68,14 @@ func (p *proc) Logs() string {
 
 // startKeyline starts the binary on loopback ports chosen by the kernel and
 // waits for its "keyline started" line. It is killed when the test ends.
-func startKeyline(t *testing.T, dataDir string, extra ...string) *proc {
+func startKeyline(t testing.TB, dataDir string, extra ...string) *proc {
 	t.Helper()
 	return startKeylineLimited(t, 0, dataDir, extra...)
 }
 
 // startKeylineLimited is startKeyline with the process's open-files limit
 // (soft and hard, as `ulimit -n` sets it) at nofile; 0 keeps the test's.
-func startKeylineLimited(t *testing.T, nofile int, dataDir string, extra ...string) *proc {
+func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
@@ -134,7 +134,7 @@ func startKeylineLimited(t *testing.T, nofile int, dataDir string, extra ...stri
 }
 
 // signal sends sig and waits for the process to exit, returning its exit code.
-func (p *proc) signal(t *testing.T, sig syscall.Signal) int {
+func (p *proc) signal(t testing.TB, sig syscall.Signal) int {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
 // runKeyline runs the binary to completion and returns its exit code and stderr.
@@ -65,6 +67,33 @@ func TestBadInputGivesOneLineAndNonZeroExit(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	// A data dir whose group log holds a message, then its keyline.db removed.
+	missing := data()
+	{
+		p := startKeyline(t, missing)
+		w, err := mqtttest.DialWorker(p.addrs["tcp"], "member", mqtttest.WorkerOptions{CleanStart: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, err := w.Subscribe("$share/g/t", 1); err != nil || code > 1 {
+			t.Fatalf("subscribe: 0x%02x %v", code, err)
+		}
+		w.Close()
+		pub, err := mqtttest.DialWorker(p.addrs["tcp"], "pub", mqtttest.WorkerOptions{CleanStart: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code, err := pub.Publish("t", []byte("kept"), 1); err != nil || code != 0 {
+			t.Fatalf("publish: 0x%02x %v", code, err)
+		}
+		pub.Close()
+		if code := p.signal(t, syscall.SIGTERM); code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+		if err := os.Remove(filepath.Join(missing, "keyline.db")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cases := []struct {
 		name     string
 		args     []string
@@ -80,6 +109,7 @@ func TestBadInputGivesOneLineAndNonZeroExit(t *testing.T) {
 		{"garbage TLS key", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", data(), "--tls", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", garbageKey}, 1, "garbage-key.pem"},
 		{"truncated data file", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", truncated}, 1, "was truncated"},
 		{"emptied data file", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", emptied}, 1, "database file is empty"},
+		{"missing data file", []string{"--tcp", "127.0.0.1:0", "--http", "", "--data-dir", missing}, 1, "database file is missing: " + filepath.Join(missing, "keyline.db")},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

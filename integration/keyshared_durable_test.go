@@ -307,7 +307,7 @@ func lastSegment(t *testing.T, dataDir string) (string, []byte) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(data) >= 4 && binary.LittleEndian.Uint32(data) != 0 {
+		if len(data) >= 36 && binary.LittleEndian.Uint32(data[32:]) != 0 { // a first frame after the header
 			return files[i], data
 		}
 	}
@@ -315,18 +315,50 @@ func lastSegment(t *testing.T, dataDir string) (string, []byte) {
 	return "", nil
 }
 
-// dataEnd returns the offset where the data of a segment file ends (the
-// first zero length field).
-func dataEnd(data []byte) int {
-	pos := 0
-	for pos+8 <= len(data) {
+// Segment files (format 2): a 32-byte header, then frames of a 12-byte
+// header (uint32 LE body length, CRC-32C of the body, CRC-32C of those 8
+// bytes) and the body.
+const (
+	segHeader   = 32
+	frameHeader = 12
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// segFrames returns the positions of the frames of a segment file's data.
+func segFrames(data []byte) []int {
+	var out []int
+	for pos := segHeader; pos+frameHeader <= len(data); {
 		n := int(binary.LittleEndian.Uint32(data[pos:]))
 		if n == 0 {
 			break
 		}
-		pos += 8 + n
+		out = append(out, pos)
+		pos += frameHeader + n
 	}
-	return pos
+	return out
+}
+
+// frameBody returns the body of the frame at pos.
+func frameBody(data []byte, pos int) []byte {
+	return data[pos+frameHeader : pos+frameHeader+int(binary.LittleEndian.Uint32(data[pos:]))]
+}
+
+// resealFrame recomputes the checksums of the frame at pos after its body changed.
+func resealFrame(data []byte, pos int) {
+	binary.LittleEndian.PutUint32(data[pos+4:], crc32.Checksum(frameBody(data, pos), castagnoli))
+	binary.LittleEndian.PutUint32(data[pos+8:], crc32.Checksum(data[pos:pos+8], castagnoli))
+}
+
+// dataEnd returns the offset where the data of a segment file ends (the
+// first zero header).
+func dataEnd(data []byte) int {
+	fr := segFrames(data)
+	if len(fr) == 0 {
+		return segHeader
+	}
+	last := fr[len(fr)-1]
+	return last + frameHeader + len(frameBody(data, last))
 }
 
 // TestTornSegmentTailIsTruncated: a record cut short at the end of the last
@@ -350,6 +382,7 @@ func TestTornSegmentTailIsTruncated(t *testing.T) {
 	// body: what a write cut by a power loss leaves.
 	torn := binary.LittleEndian.AppendUint32(nil, 200)
 	torn = binary.LittleEndian.AppendUint32(torn, 0xdeadbeef)
+	torn = binary.LittleEndian.AppendUint32(torn, crc32.Checksum(torn, castagnoli))
 	torn = append(torn, []byte("a torn record: only part of it written")[:37]...)
 	f, err := os.OpenFile(seg, os.O_WRONLY, 0)
 	if err != nil {
@@ -486,23 +519,24 @@ func TestUndecodableRecordIsQuarantined(t *testing.T) {
 	// again with a valid checksum: only the decoder can tell.
 	seg, data := killAndReadLastSegment(t, p, dataDir)
 	spoiled := false
-	for pos := 0; pos+8 <= len(data); {
-		n := int(binary.LittleEndian.Uint32(data[pos:]))
-		if n == 0 {
+	for _, pos := range segFrames(data) {
+		body := frameBody(data, pos)
+		if body[0] != 4 { // a message record: type, uvarint count, (uvarint group, uvarint offset)..., message
+			continue
+		}
+		count, c := binary.Uvarint(body[1:])
+		at, off := 1+c, uint64(0)
+		for range count {
+			_, g := binary.Uvarint(body[at:])
+			o, n := binary.Uvarint(body[at+g:])
+			at, off = at+g+n, o
+		}
+		if count == 1 && off == 150 {
+			body[at] = 99
+			resealFrame(data, pos)
+			spoiled = true
 			break
 		}
-		body := data[pos+8 : pos+8+n]
-		if body[0] == 1 { // a message record: type, uvarint group, uvarint offset, message
-			_, g := binary.Uvarint(body[1:])
-			off, o := binary.Uvarint(body[1+g:])
-			if off == 150 {
-				body[1+g+o] = 99
-				binary.LittleEndian.PutUint32(data[pos+4:], crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)))
-				spoiled = true
-				break
-			}
-		}
-		pos += 8 + n
 	}
 	if !spoiled {
 		t.Fatal("offset 150 not found in the last segment")

@@ -100,7 +100,7 @@ func newCore(cfg Config, log Log, out Deliverer) *core {
 		log:     log,
 		out:     out,
 		logger:  cfg.logger(),
-		w:       newWindow(cfg.Window),
+		w:       newWindow(cfg.Window, cfg.WindowBytes, cfg.Unordered),
 		avgSize: 1024,
 		members: make(map[string]*member),
 		ring:    buildRing(nil),
@@ -408,6 +408,7 @@ func (c *core) poll(now time.Time) {
 	if len(c.members) == 0 {
 		return
 	}
+	c.w.makeRoom(c.cfg.WindowBytes)
 	for c.w.count < c.cfg.Window && c.w.bytes < c.cfg.WindowBytes {
 		c.head = max(c.head, c.log.Head())
 		if c.nextRead > c.head {

@@ -38,7 +38,7 @@ func (c *core) checkInvariants() error {
 		for e := ks.head; e != nil; e = e.knext {
 			n++
 			entries++
-			if e.ks != ks || e.msg.Key != key {
+			if e.ks != ks || w.queueKey(&e.msg) != key {
 				bad("offset %d: in queue of key %q with key %q", e.msg.Offset, key, e.msg.Key)
 			}
 			if prev != nil && e.msg.Offset <= prev.msg.Offset {
@@ -141,12 +141,21 @@ func (c *core) checkInvariants() error {
 	if n != w.count {
 		bad("offset list holds %d, window %d", n, w.count)
 	}
-	var size int64
+	var size, idleBytes int64
 	for e := w.order.head; e != nil; e = e.onext {
 		size += int64(e.msg.Size())
 	}
+	for key, ks := range w.keys {
+		size += keyCost(key)
+		if ks.head == nil {
+			idleBytes += keyCost(key)
+		}
+	}
 	if size != w.bytes {
-		bad("window bytes %d, entries hold %d", w.bytes, size)
+		bad("window bytes %d, entries and keys hold %d", w.bytes, size)
+	}
+	if idleBytes != w.idleBytes || idleBytes > w.idleBytesMax {
+		bad("idle keys cost %d, counted %d, at most %d", idleBytes, w.idleBytes, w.idleBytesMax)
 	}
 	cur := c.cursor()
 	for _, off := range c.resolved {

@@ -20,7 +20,8 @@ type Stats struct {
 	// Blocked counts messages in the window not in flight: behind their key's
 	// in-flight message, waiting for a retry, or for a member with room.
 	Blocked int
-	// WindowBytes is the size of the messages in the window (Message.Size).
+	// WindowBytes is what the window keeps: the size of its messages
+	// (Message.Size) and of the keys it holds, idle ones included.
 	WindowBytes int64
 	// UnroutableKeys counts keys whose next message no member may take (key
 	// filters, read access): they wait for a member that may.

@@ -2,6 +2,7 @@ package keyshared
 
 import (
 	"container/heap"
+	"strconv"
 	"time"
 )
 
@@ -249,9 +250,11 @@ type window struct {
 	deadlines deadlineList
 	retries   retryHeap
 
-	// count is the number of entries (in flight plus blocked), bytes their
-	// size (Message.Size); the dispatcher reads from the log only while
-	// count < Config.Window and bytes < Config.WindowBytes.
+	// count is the number of entries (in flight plus blocked); bytes is
+	// everything the window keeps: the entries' size (Message.Size) plus
+	// keyCost of every key in keys, idle ones included. The dispatcher reads
+	// from the log only while count < Config.Window and bytes <
+	// Config.WindowBytes, and idle keys leave first when bytes is over.
 	count    int
 	bytes    int64
 	inflight int
@@ -263,21 +266,48 @@ type window struct {
 	// idle holds keys whose queue emptied, oldest first, still in keys: a
 	// key that comes back soon (as device ids do) then costs no map insert
 	// and delete, which a map under steady churn pays dearly for. At most
-	// idleMax are kept.
-	idle    keyList
-	idleMax int
+	// idleMax are kept, costing at most idleBytesMax (a quarter of the
+	// window's bytes); idleBytes is their keyCost.
+	idle         keyList
+	idleMax      int
+	idleBytes    int64
+	idleBytesMax int64
+	// unordered makes every message its own queue (Config.Unordered): its
+	// queue key is its offset, never reused, so no idle key is kept.
+	unordered bool
 
 	freeEntries *entry
 	freeKeys    *keyState
 }
 
-func newWindow(idleKeys int) window {
+func newWindow(idleKeys int, maxBytes int64, unordered bool) window {
+	if unordered {
+		idleKeys = 0
+	}
 	return window{
-		byOffset: offsetIndex{chunks: make(map[uint64]*offsetChunk)},
-		keys:     make(map[string]*keyState),
-		idleMax:  idleKeys,
+		byOffset:     offsetIndex{chunks: make(map[uint64]*offsetChunk)},
+		keys:         make(map[string]*keyState),
+		idleMax:      idleKeys,
+		idleBytesMax: maxBytes / 4,
+		unordered:    unordered,
 	}
 }
+
+// queueKey is the queue m belongs to: its routing key, or, unordered, a
+// name of its own (U+0000 and the offset: no MQTT string holds U+0000).
+func (w *window) queueKey(m *Message) string {
+	if w.unordered {
+		return "\x00" + strconv.FormatUint(m.Offset, 10)
+	}
+	return m.Key
+}
+
+// keyStateOverhead is what a key costs besides its bytes: its keyState and
+// its entry in the keys map.
+const keyStateOverhead = 128
+
+// keyCost is what the window counts for a key it keeps.
+func keyCost(key string) int64 { return keyStateOverhead + int64(len(key)) }
 
 // add appends m to the window and its key's queue. It reports whether m is
 // now the head of its key (the key had no other message in the window).
@@ -290,9 +320,11 @@ func (w *window) add(m *Message) (*entry, bool) {
 		e = &entry{heapIdx: -1}
 	}
 	e.msg = *m
-	ks := w.keys[m.Key]
+	key := w.queueKey(m)
+	ks := w.keys[key]
 	if ks != nil && ks.head == nil {
 		w.idle.remove(ks)
+		w.idleBytes -= keyCost(ks.key)
 	}
 	if ks == nil {
 		ks = w.freeKeys
@@ -302,8 +334,9 @@ func (w *window) add(m *Message) (*entry, bool) {
 		} else {
 			ks = &keyState{}
 		}
-		ks.key = m.Key
-		w.keys[m.Key] = ks
+		ks.key = key
+		w.keys[key] = ks
+		w.bytes += keyCost(ks.key)
 	}
 	e.ks = ks
 	if ks.tail != nil {
@@ -341,19 +374,36 @@ func (w *window) removeHead(e *entry) {
 }
 
 // releaseKey parks ks, whose queue is empty, on the idle list, and forgets
-// the oldest idle key when there are too many.
+// the oldest idle keys while there are too many or they cost too much.
 func (w *window) releaseKey(ks *keyState) {
 	if ks.list == &w.idle {
 		return
 	}
 	w.idle.push(ks)
-	if w.idle.n <= w.idleMax {
-		return
+	w.idleBytes += keyCost(ks.key)
+	for w.idle.n > w.idleMax || (w.idleBytes > w.idleBytesMax && w.idle.n > 0) {
+		w.forgetIdle()
 	}
+}
+
+// forgetIdle forgets the oldest idle key.
+func (w *window) forgetIdle() {
 	old := w.idle.pop()
 	delete(w.keys, old.key)
+	c := keyCost(old.key)
+	w.idleBytes -= c
+	w.bytes -= c
 	*old = keyState{wnext: w.freeKeys}
 	w.freeKeys = old
+}
+
+// makeRoom forgets idle keys, oldest first, until the window holds less than
+// limit bytes or no key is idle: idle keys never keep the dispatcher from
+// reading.
+func (w *window) makeRoom(limit int64) {
+	for w.bytes >= limit && w.idle.n > 0 {
+		w.forgetIdle()
+	}
 }
 
 // markKey recomputes whether ks counts as stalled (messages, none in flight).

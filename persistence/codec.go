@@ -18,7 +18,7 @@ var errDecode = errors.New("malformed record")
 const (
 	msgVersion   = 1
 	dlVersion    = 1
-	stateVersion = 2
+	stateVersion = 3
 )
 
 // Message flags.
@@ -158,11 +158,18 @@ func decodeMessage(buf []byte, own bool) (keyshared.Message, error) {
 	}
 	m.PublishedAt = timeFromNanos(d.varint())
 	m.ExpiresAt = timeFromNanos(d.varint())
-	m.Topic = d.string()
+	// Topic and key are copied out of buf: a Key-Shared window keeps a key
+	// (and its map entry) for a while after its last message resolved, and
+	// a view would keep the whole record, payload included, alive with it.
+	// One allocation holds both.
+	topic := d.bytes()
 	if flags&flagKeyIsTopic != 0 {
+		m.Topic = string(topic)
 		m.Key = m.Topic
 	} else {
-		m.Key = d.string()
+		key := d.bytes()
+		both := string(topic) + string(key)
+		m.Topic, m.Key = both[:len(topic)], both[len(topic):]
 	}
 	if flags&flagProps != 0 {
 		m.Props.ContentType = d.string()
@@ -242,10 +249,14 @@ func decodeDeadLetter(buf []byte, own bool) (keyshared.DeadLetter, []byte, error
 // groupState is a group's checkpoint, stored under "state" in the group's
 // bucket and rewritten by each checkpoint that changes it:
 //
-//	version byte (2), then uvarints: head, cursor, dropped, then varint last
+//	version byte (3), then uvarints: head, cursor, dropped, then varint last
 //	seen, byte active, uvarint count of resolved ranges above the cursor,
 //	and each as uvarint gap from the previous range's end (the cursor for
-//	the first) and uvarint length - 1.
+//	the first) and uvarint length - 1; then uvarint lost.
+//
+// Version 2 (data format 1) is the same without lost; it is read as lost 0.
+// A keyline of data format 1 refuses version 3 (it reads the group as
+// corrupt), so it cannot open a data dir a newer keyline wrote.
 //
 // The messages themselves live in the segment log (package seglog), which
 // recovers the rest from the checkpoint.
@@ -276,13 +287,14 @@ func (st *groupState) encode() []byte {
 		b = binary.AppendUvarint(b, r.Last-r.First)
 		prev = r.Last
 	}
-	return b
+	return binary.AppendUvarint(b, st.Lost)
 }
 
 func decodeState(buf []byte) (groupState, error) {
 	d := decoder{b: buf}
 	var st groupState
-	if v := d.byte(); v != stateVersion {
+	v := d.byte()
+	if v != stateVersion && v != 2 {
 		if d.err != nil {
 			return st, d.err
 		}
@@ -312,6 +324,9 @@ func decodeState(buf []byte) (groupState, error) {
 		}
 		st.Resolved = append(st.Resolved, seglog.Range{First: first, Last: last})
 		prev = last
+	}
+	if v >= 3 {
+		st.Lost = d.uvarint()
 	}
 	if d.err != nil {
 		return groupState{}, d.err
@@ -455,8 +470,12 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// string returns a length-prefixed field as a string that shares the buffer's
-// memory: decodeMessage's callers never write the buffer after decoding.
+// string returns a length-prefixed field as a string that shares the
+// buffer's memory: decodeMessage's callers never write the buffer after
+// decoding. It is used for the fields a message needs only as long as its
+// payload (content type, response topic, user properties), so the view keeps
+// nothing alive that the message does not keep anyway; topic and key, which
+// outlive the message in a Key-Shared window, are copied.
 func (d *decoder) string() string {
 	b := d.bytes()
 	if len(b) == 0 {

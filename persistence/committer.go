@@ -42,6 +42,9 @@ type txOp struct {
 	done  chan struct{} // closed after the commit that settles the op; nil: nobody waits
 	// onFail, when set, hears of a failure of an operation nobody waits for.
 	onFail func(err error)
+	// after, when set, hears the outcome (nil: committed) of an operation
+	// nobody waits for, on the committer's goroutine: it must be short.
+	after func(err error)
 }
 
 // maxTxOps bounds one transaction.
@@ -160,6 +163,9 @@ func (c *committer) run() {
 			}
 			if o.done != nil {
 				close(o.done)
+			}
+			if o.after != nil {
+				o.after(o.err)
 			}
 			ops[i] = nil
 		}

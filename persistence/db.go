@@ -31,9 +31,14 @@ var ErrLocked = errors.New("persistence: database is in use by another process")
 var ErrCorrupt = errors.New("persistence: database file is corrupt or not a bbolt database")
 
 // ErrEmptyFile is returned by Open for an empty database file in a data
-// directory that holds a segment log: the file that recorded the groups is
-// gone, and starting afresh would lose them.
+// directory that holds anything else (a segment log): the file that recorded
+// the groups and sessions is gone, and starting afresh would lose them.
 var ErrEmptyFile = errors.New("persistence: database file is empty")
+
+// ErrMissingFile is returned by Open when the database file is missing
+// beside a segment log that holds records: starting afresh would take every
+// record for garbage and delete it.
+var ErrMissingFile = errors.New("persistence: database file is missing")
 
 // DefaultSegmentSize is the size of the message log's segment files unless
 // Options.SegmentSize says otherwise.
@@ -91,11 +96,8 @@ func Open(dir string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("persistence: create data dir: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
-	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
-		if _, err := os.Stat(filepath.Join(dir, SegmentsDir)); err == nil {
-			return nil, fmt.Errorf("%w: %s, beside a message log (%s): the groups it recorded are lost; restore the file from a backup, or move the data dir aside to start empty",
-				ErrEmptyFile, path, filepath.Join(dir, SegmentsDir))
-		}
+	if err := checkDataDir(dir, path); err != nil {
+		return nil, err
 	}
 	b, err := openBolt(path, &bolt.Options{
 		Timeout:        opts.OpenTimeout,
@@ -116,6 +118,13 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
 	}
+	if err := checkFormat(b, path); err != nil {
+		if cerr := b.Close(); cerr != nil {
+			logger.Error("close after failed open", "path", path, "error", cerr)
+		}
+		return nil, err
+	}
+	removeBackupLeftovers(dir) // the lock is ours now: no backup of another process is running
 	db := &DB{bolt: b, path: path, opts: opts, log: logger}
 	db.commit = newCommitter(b, logger)
 	if db.groups, err = openGroups(db, filepath.Join(dir, SegmentsDir)); err != nil {

@@ -11,16 +11,27 @@
 //
 // # Layout of keyline.db
 //
+//	meta/format           uvarint: the data format (FormatVersion; absent in format 1)
 //	groups/keyline        uvarint: the next group id (ids are never reused)
 //	groups/<name>/meta    JSON: group id, share name, filter, creation time, GroupConfig
 //	groups/<name>/state   binary checkpoint: head, cursor, dropped, last seen,
-//	                      active, resolved ranges above the cursor (groupState)
+//	                      active, resolved ranges above the cursor, lost (groupState)
+//	groups/<name>/quarantine/  offset -> raw record the codec could not decode
 //	groups/<name>/dlq-state  dead letters held and the last dead letter id
 //	groups/<name>/dlq/    big-endian uint64 id -> encoded dead letter
 //	sessions/<kind>/      session records (SessionStore), keys opaque to this package
 //
 // A group's name is the bytes of "<share name>/<filter>" (any UTF-8; it never
 // becomes a path); its messages are keyed in the segment log by its id.
+//
+// # Formats
+//
+// keyline.db records its data format (FormatVersion) and every segment file
+// its own (seglog.FormatVersion). A keyline opens older data, migrating it
+// in one transaction when the format changed (keyline.db) or leaving old
+// segments as they are until their records resolve (segments); it refuses
+// newer data with one line naming the file and both formats, before
+// changing anything.
 //
 // # Invariants
 //

@@ -136,7 +136,7 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 	}
 	rep := s.log.Recovery()
 	if rep.TornBytes > 0 || rep.Corrupt > 0 || rep.Lost > 0 {
-		s.lg.Warn("message log recovered with losses", "torn_bytes", rep.TornBytes, "corrupt_frames", rep.Corrupt,
+		s.lg.Warn("message log recovered with losses", "torn_bytes", rep.TornBytes, "damaged_stretches", rep.Corrupt,
 			"quarantined", strings.Join(rep.Quarantined, ","), "lost_offsets", rep.Lost)
 	}
 	s.lg.Debug("message log opened", "segments", rep.Segments, "bytes", rep.Bytes, "live", rep.Live, "took", rep.Took)
@@ -367,8 +367,8 @@ func (s *Groups) info(g *group) (GroupInfo, error) {
 		Head: li.Head, Cursor: li.DurableCursor, Backlog: li.Messages,
 		StoredMessages: li.Messages, StoredBytes: li.Bytes,
 		Dropped: li.Dropped, Rejected: li.Refused, DeadLetters: g.dlq.count, Unsynced: li.Unsynced,
-		Quarantined: g.quarantined,
-		Members:     g.members, LastSeen: timeFromNanos(g.lastSeen),
+		Quarantined: g.quarantined, Lost: li.Lost,
+		Members: g.members, LastSeen: timeFromNanos(g.lastSeen),
 	}, nil
 }
 

@@ -119,6 +119,25 @@ func (s *SessionStore) Put(kind string, key, val []byte) {
 	s.queue(SessionWrite{Kind: kind, Key: key, Val: val}.apply, kind)
 }
 
+// PutNotify queues a write of val under key in kind, like Put, and calls
+// done with its outcome once it is committed (nil) or failed: the caller
+// can hold back what it tells a client until then without waiting. done
+// runs on the committer's goroutine and must be short.
+func (s *SessionStore) PutNotify(kind string, key, val []byte, done func(error)) {
+	w := SessionWrite{Kind: kind, Key: key, Val: val}
+	o := &txOp{apply: w.apply, after: func(err error) {
+		if err != nil {
+			s.writeErrors.Add(1)
+			s.db.log.Error("persistence: session write failed", "kind", kind, "error", err)
+		}
+		done(err)
+	}}
+	if s.closed.Load() || !s.db.commit.submit(o) {
+		s.writeErrors.Add(1)
+		done(ErrClosed)
+	}
+}
+
 // Delete queues the removal of key from kind.
 func (s *SessionStore) Delete(kind string, key []byte) {
 	s.queue(SessionWrite{Kind: kind, Key: key, Delete: true}.apply, kind)
@@ -211,6 +230,25 @@ func (s *SessionStore) Get(kind string, key []byte) ([]byte, error) {
 		return nil
 	})
 	return out, err
+}
+
+// ForEachPrefix calls fn for every record of kind whose key starts with
+// prefix, in key order, reading committed state only. The slices passed to
+// fn are valid only during the call.
+func (s *SessionStore) ForEachPrefix(kind string, prefix []byte, fn func(key, val []byte) error) error {
+	return s.db.bolt.View(func(tx *bolt.Tx) error {
+		b, err := sessionBucket(tx, kind)
+		if err != nil {
+			return err
+		}
+		c := b.Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if err := fn(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // ForEach calls fn for every record of kind in key order, reading committed

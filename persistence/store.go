@@ -139,6 +139,9 @@ type GroupInfo struct {
 	// Quarantined counts records of the group's log that could not be
 	// decoded: kept raw in the data file and skipped.
 	Quarantined uint64
+	// Lost counts messages whose records were found damaged in the segment
+	// log (at start or while reading): resolved, so that the group goes on.
+	Lost uint64
 	// Unsynced counts resolutions (acks, dead letters, drops) not yet durable:
 	// a crash now would deliver those messages again.
 	Unsynced uint64

@@ -16,6 +16,7 @@ const (
 	PathDLQPurge       = "/api/v1/dlq/purge"       // POST ?group=[&id=]
 	PathClients        = "/api/v1/clients"         // GET list; GET /{id}
 	PathClusterClients = "/api/v1/cluster/clients" // GET: every client of the cluster and its node (cluster mode)
+	PathBackup         = "/api/v1/backup"          // POST: an online backup of the data dir, as a tar stream (persistence.Backup)
 )
 
 // Dead-letter paging limits.
@@ -61,6 +62,8 @@ type GroupView struct {
 	UnsyncedResolutions uint64 `json:"unsynced_resolutions"`
 	// Quarantined counts log records that could not be decoded: kept raw and skipped.
 	Quarantined uint64 `json:"quarantined"`
+	// Lost counts messages whose records were damaged on disk: skipped, so the group goes on.
+	Lost        uint64 `json:"lost"`
 	Backlog     uint64 `json:"backlog"` // head - cursor: messages not resolved yet
 	Lag         uint64 `json:"lag"`     // messages not yet read into the window
 	InFlight    int    `json:"in_flight"`

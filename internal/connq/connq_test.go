@@ -358,6 +358,49 @@ func TestHeldAckWaitsForItsDecisionAndKeepsOrder(t *testing.T) {
 	}
 }
 
+// TestJoinedHold: two writes hold one acknowledgement; it goes once both
+// released it, or as a failure as soon as one failed; a part that joins
+// after the others released it (mochi has not written the frame yet) holds
+// it again.
+func TestJoinedHold(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Hard: 1 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	r := bufioReader(b)
+
+	both := c.HoldAck(4, 1, true)
+	if c.HoldAck(4, 1, true) != both {
+		t.Fatal("a second hold of the frame did not join the first")
+	}
+	failing := c.HoldAck(4, 2, true)
+	c.HoldAck(4, 2, true)
+	late := c.HoldAck(4, 3, true)
+	late.Release() // released before the second part joins
+	if c.HoldAck(4, 3, true) != late {
+		t.Fatal("a late part did not join")
+	}
+	c.Write([]byte{0x40, 2, 0, 1})
+	c.Write([]byte{0x40, 2, 0, 2})
+	c.Write([]byte{0x40, 2, 0, 3})
+	both.Release()
+	if got := r.peek(); got != 0 {
+		t.Fatalf("%d bytes left while one part of PUBACK 1 is undecided", got)
+	}
+	both.Release()
+	failing.Fail(0x80) // one failure decides
+	want := []byte{0x40, 2, 0, 1, 0x40, 3, 0, 2, 0x80}
+	if got := r.read(t, len(want)); !bytes.Equal(got, want) {
+		t.Fatalf("peer read % x\nwant          % x", got, want)
+	}
+	if got := r.peek(); got != 0 {
+		t.Fatalf("PUBACK 3 went before its late part decided")
+	}
+	late.Release()
+	if got := r.read(t, 4); !bytes.Equal(got, []byte{0x40, 2, 0, 3}) {
+		t.Fatalf("peer read % x", got)
+	}
+}
+
 func TestFailedHoldCutsAnMQTT311Connection(t *testing.T) {
 	g := newGated()
 	c := New(g, Limits{Hard: 1 << 20}, nil, nil)

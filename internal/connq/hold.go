@@ -7,6 +7,9 @@ import "errors"
 // finished, without blocking mochi: frames queued after it wait behind it, so
 // the connection's order is kept. Release lets it go; Fail turns it into a
 // failure acknowledgement (MQTT 5) or cuts the connection (MQTT 3.1.1).
+// Several writes may hold one frame (a publish that Key-Shared groups and
+// persistent sessions both store): each HoldAck adds a part, and the frame
+// goes once every part released it, or as a failure as soon as one failed.
 type Hold struct {
 	c        *Conn
 	typ      byte   // MQTT packet type of the frame: 4 PUBACK, 5 PUBREC
@@ -17,16 +20,28 @@ type Hold struct {
 	decided  bool
 	failed   bool
 	code     byte
+	parts    int // HoldAcks of the frame that have not decided yet
 }
 
 // HoldAck holds the next acknowledgement of type typ (4 PUBACK, 5 PUBREC)
 // for packet id that is written to c. v5 says whether a failure can be told
-// with a reason code.
+// with a reason code. While mochi has not written the frame, another HoldAck
+// of it joins the first and returns the same Hold: call Release or Fail once
+// per HoldAck.
 func (c *Conn) HoldAck(typ byte, id uint16, v5 bool) *Hold {
-	h := &Hold{c: c, typ: typ, id: id, v5: v5}
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, h := range c.mu.holds {
+		if h.typ == typ && h.id == id && !h.attached {
+			h.parts++
+			if h.decided && !h.failed {
+				h.decided = false // released by the others: this part decides too
+			}
+			return h
+		}
+	}
+	h := &Hold{c: c, typ: typ, id: id, v5: v5, parts: 1}
 	c.mu.holds = append(c.mu.holds, h)
-	c.mu.Unlock()
 	return h
 }
 
@@ -70,6 +85,9 @@ func (h *Hold) decide(failed bool, code byte) {
 	defer c.mu.Unlock()
 	if h.decided {
 		return
+	}
+	if h.parts--; h.parts > 0 && !failed {
+		return // the other parts decide
 	}
 	h.decided, h.failed, h.code = true, failed, code
 	if !h.attached {

@@ -39,7 +39,10 @@ var ErrMalformed = errors.New("frame: malformed PUBLISH packet")
 type Publish struct {
 	// B is the whole packet, fixed header included. Never modify it.
 	B []byte
-	// Topic is the topic name, a view into B.
+	// Topic is the topic name, a view into B (the frame keeps B anyway):
+	// whatever keeps it past the frame must keep a copy (the alias table
+	// clones it; the conflation index re-points its key at the queued frame
+	// and drops it with that frame).
 	Topic string
 	// Version is the protocol level the packet is encoded for: 4 (MQTT 3.1
 	// and 3.1.1 share one encoding) or 5.

@@ -45,6 +45,9 @@ func (s *memStore) Delete(_ string, seq uint64)          { delete(s.recs, seq) }
 func (s *memStore) PutMeta(_ string, meta []byte)        { s.meta = slices.Clone(meta) }
 func (s *memStore) DeleteSession(string)                 { clear(s.recs); s.meta = nil }
 
+// Records implements Loader.
+func (s *memStore) Records(string) ([]Record, error) { return s.records(), nil }
+
 func (s *memStore) records() []Record {
 	var out []Record
 	for _, seq := range slices.Sorted(maps.Keys(s.recs)) {
@@ -309,7 +312,21 @@ func TestOutboxModel(t *testing.T) {
 					}
 				}
 				m.o = New("c", cfg)
-				if errs := m.o.Restore(store.meta, store.records()); len(errs) > 0 {
+				var errs []error
+				if op%2 == 0 {
+					errs = m.o.Restore(store.meta, store.records())
+				} else { // cold: figures now, frames when a connection comes
+					var cs []Cold
+					for _, r := range store.records() {
+						c, err := PeekRecord(r.Seq, r.Val)
+						if err != nil {
+							t.Fatalf("run %d step %d: peek record %d: %v", run, step, r.Seq, err)
+						}
+						cs = append(cs, c)
+					}
+					errs = m.o.RestoreCold(store.meta, cs)
+				}
+				if len(errs) > 0 {
 					t.Fatalf("run %d step %d: restore: %v", run, step, errs)
 				}
 				m.o.SetExternal(func(id uint16) bool { return m.external[id] || m.reserved[id] })

@@ -16,7 +16,12 @@
 //  3. at most Window messages are unacknowledged on the current connection;
 //  4. every message before the send cursor is on the current connection's
 //     wire (awaiting its acknowledgement); none at or after it is;
-//  5. at most Max messages are held; an Add past it is dropped and counted.
+//  5. at most Max messages, MaxBytes bytes of frames, are held; an Add past
+//     either (or past MaxTotalBytes for all outboxes of a Config) is dropped
+//     and counted;
+//  6. a restored message is held cold (its frame on disk, only its figures in
+//     memory) until the session gets a connection or stops being
+//     persistent: then every cold message is loaded, in order.
 package outbox
 
 import (
@@ -51,13 +56,36 @@ type Store interface {
 	DeleteSession(client string)
 }
 
+// DurableStore is a Store that can tell when a record is durable, so that
+// the publisher of a message for a persistent session is acknowledged only
+// once the message is stored (or is refused).
+type DurableStore interface {
+	Store
+	// PutDurable is Put, calling done with the outcome once the record is
+	// durable (nil) or its write failed; done must be short.
+	PutDurable(client string, seq uint64, rec []byte, done func(error))
+}
+
+// Loader is a Store that reads a session's records back, for messages
+// restored cold (RestoreCold): they are loaded when the session resumes.
+type Loader interface {
+	Store
+	// Records returns the client's stored message records, in seq order.
+	Records(client string) ([]Record, error)
+}
+
 // Stats are totals across outboxes, updated with atomics. Info pointers,
 // when set, mirror figures kept elsewhere (mochi's $SYS inflight counters).
 type Stats struct {
 	Added   atomic.Uint64 // messages queued
-	Dropped atomic.Uint64 // refused: the outbox held Max messages
+	Dropped atomic.Uint64 // refused: the outbox held Max messages or MaxBytes, or all held MaxTotalBytes
 	Expired atomic.Uint64 // dropped unsent past their deadline
 	Resent  atomic.Uint64 // sent again after a reconnect (DUP)
+	// Bytes is the frame bytes all outboxes hold (cold ones included);
+	// ColdBytes the part of it on disk only.
+	Bytes, ColdBytes atomic.Int64
+	// LoadErrors counts cold messages that could not be loaded (dropped).
+	LoadErrors atomic.Uint64
 
 	InfoInflight, InfoDropped *int64
 }
@@ -70,9 +98,12 @@ func addInfo(p *int64, n int64) {
 
 // Config is what every outbox shares.
 type Config struct {
-	Max   int    // messages held at most (queued and unacknowledged)
-	Stats *Stats // may be nil
-	Store Store  // nil: the session is not persisted
+	Max int // messages held at most (queued and unacknowledged)
+	// MaxBytes bounds the frame bytes one outbox holds, MaxTotalBytes those
+	// of all outboxes of this Config; 0: no bound.
+	MaxBytes, MaxTotalBytes int64
+	Stats                   *Stats // may be nil
+	Store                   Store  // nil: the session is not persisted
 	// Now returns the time in unix seconds (deadlines); nil: the wall clock.
 	Now func() int64
 }
@@ -84,15 +115,23 @@ const (
 	stReleased              // QoS 2: PUBREL sent, awaiting PUBCOMP
 )
 
-// entry is one message. A nil pub marks a finished (or dropped) slot.
+// entry is one message. A nil pub marks a finished (or dropped) slot, and
+// cold one whose frame is on disk, not loaded (invariant 6).
 type entry struct {
 	pub      *frame.Publish
 	created  int64 // unix seconds
 	deadline int64 // unix seconds past which an unsent message is dropped; 0: never
+	size     int32 // bytes of the frame, counted against the byte bounds
 	id       uint16
 	state    uint8
-	sent     bool // sent before: the next send carries DUP
+	sent     bool  // sent before: the next send carries DUP
+	qos      uint8 // of a cold entry (pub.QoS otherwise)
 }
+
+// cold marks an entry whose frame is on disk only.
+var cold = &frame.Publish{}
+
+func (e *entry) isCold() bool { return e.pub == cold }
 
 // Outbox is one session's outgoing QoS 1/2 messages. Its methods are safe
 // for concurrent use.
@@ -108,6 +147,9 @@ type Outbox struct {
 		next uint64  // seq of the next message added
 		live int     // messages held
 		ids  idTable // packet id -> seq, of live messages with an id
+		// bytes is the frame bytes held; cold counts the entries not loaded.
+		bytes int64
+		cold  int
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -156,12 +198,24 @@ func (o *Outbox) SetExternal(inUse func(id uint16) bool) {
 // never). It reports false when the outbox is full (the message is dropped
 // and counted) or discarded.
 func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
+	added, _ := o.AddDurable(p, created, deadline, nil)
+	return added
+}
+
+// AddDurable is Add for a message whose publisher waits to hear that it is
+// stored: when the session is persistent and its Store a DurableStore, the
+// message's record is written with PutDurable, stored hears the outcome,
+// and pending is true; otherwise stored is never called. (A message whose
+// record failed stays held in memory; its publisher is refused.)
+func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored func(error)) (added, pending bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.mu.gone {
-		return false
+		return false, false
 	}
-	if o.mu.live >= o.cfg.Max {
+	size := int64(len(p.B))
+	if o.mu.live >= o.cfg.Max || (o.cfg.MaxBytes > 0 && o.mu.bytes+size > o.cfg.MaxBytes) ||
+		(o.cfg.MaxTotalBytes > 0 && o.cfg.Stats.Bytes.Load()+size > o.cfg.MaxTotalBytes) {
 		o.cfg.Stats.Dropped.Add(1)
 		addInfo(o.cfg.Stats.InfoDropped, 1)
 		if o.mu.conn != nil {
@@ -169,9 +223,9 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 		} else {
 			o.mu.missed++
 		}
-		return false
+		return false, false
 	}
-	e := entry{pub: p, created: created, deadline: deadline}
+	e := entry{pub: p, created: created, deadline: deadline, size: int32(size)}
 	if !o.mu.frozen {
 		e.id = o.allocLocked()
 	}
@@ -179,14 +233,21 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 	o.mu.next++
 	o.mu.q = append(o.mu.q, e)
 	o.mu.live++
+	o.mu.bytes += size
+	o.cfg.Stats.Bytes.Add(size)
 	if e.id != 0 {
 		o.mu.ids.put(e.id, seq)
 	}
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
-	o.persistLocked(seq)
+	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
+		ds.PutDurable(o.client, seq, appendRecord(nil, &o.mu.q[len(o.mu.q)-1]), stored)
+		pending = true
+	} else {
+		o.persistLocked(seq)
+	}
 	o.pumpLocked()
-	return true
+	return true, pending
 }
 
 // allocLocked returns a packet id used neither by a live message nor
@@ -233,6 +294,7 @@ func (o *Outbox) Attach(conn Conn, window int) {
 	if window <= 0 {
 		window = o.cfg.Max
 	}
+	o.loadColdLocked()
 	o.mu.conn, o.mu.window = conn, window
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
 	if o.mu.missed > 0 {
@@ -348,6 +410,9 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 		return false
 	}
 	i := int(seq - o.mu.base)
+	if e.isCold() {
+		return true // ours; not sent on this connection (it was never loaded)
+	}
 	switch {
 	case typ == 4 && e.pub.QoS == 1 && e.state == stSent,
 		typ == 7 && e.pub.QoS == 2 && e.state == stReleased,
@@ -374,6 +439,7 @@ func (o *Outbox) finishLocked(i int) {
 	if e.id != 0 {
 		o.mu.ids.del(e.id)
 	}
+	o.forgetBytesLocked(e)
 	*e = entry{}
 	o.mu.live--
 	addInfo(o.cfg.Stats.InfoInflight, -1)
@@ -464,6 +530,9 @@ func (o *Outbox) Discard() {
 	}
 	o.mu.gone = true
 	addInfo(o.cfg.Stats.InfoInflight, -int64(o.mu.live))
+	for i := o.mu.head; i < len(o.mu.q); i++ {
+		o.forgetBytesLocked(&o.mu.q[i])
+	}
 	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
 	o.mu.external = nil // it reads the last client's in-flight map: let that go
 	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
@@ -490,12 +559,15 @@ func (o *Outbox) Len() (held, inflight int) {
 // Info describes one held message, for operators.
 type Info struct {
 	PacketID uint16
-	Topic    string
+	Topic    string // a view into the held frame: copy it to keep it
 	QoS      byte
 	Size     int
 	Created  int64 // unix seconds
 	InFlight bool  // on the current connection's wire
 	Released bool  // QoS 2: PUBREC received, PUBREL sent
+	// Cold: restored and not loaded yet (the frame is on disk; Topic is
+	// empty and Size the frame's).
+	Cold bool
 }
 
 // Snapshot lists at most n held messages, oldest first.
@@ -508,8 +580,25 @@ func (o *Outbox) Snapshot(n int) []Info {
 		if e.pub == nil {
 			continue
 		}
+		if e.isCold() {
+			out = append(out, Info{PacketID: e.id, QoS: e.qos, Size: int(e.size), Created: e.created, Released: e.state == stReleased, Cold: true})
+			continue
+		}
 		out = append(out, Info{PacketID: e.id, Topic: e.pub.Topic, QoS: e.pub.QoS, Size: len(e.pub.Payload()),
 			Created: e.created, InFlight: i < o.mu.cursor, Released: e.state == stReleased})
 	}
 	return out
+}
+
+// forgetBytesLocked takes e out of the byte counts.
+func (o *Outbox) forgetBytesLocked(e *entry) {
+	if e.pub == nil {
+		return
+	}
+	o.mu.bytes -= int64(e.size)
+	o.cfg.Stats.Bytes.Add(-int64(e.size))
+	if e.isCold() {
+		o.mu.cold--
+		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+	}
 }

@@ -44,21 +44,29 @@ func appendRecord(dst []byte, e *entry) []byte {
 	return append(dst, e.pub.B...)
 }
 
-func decodeRecord(b []byte) (entry, error) {
-	var e entry
+// recordHeader reads what a message record holds before its frame: state,
+// id, created, deadline and the expiry the frame stands for; rest is the
+// frame version byte and the frame.
+func recordHeader(b []byte) (state uint8, id uint16, vals [3]uint64, rest []byte, err error) {
 	if len(b) < 4 || b[0] != recordVersion || b[1] > stReleased {
-		return e, ErrBadRecord
+		return 0, 0, vals, nil, ErrBadRecord
 	}
-	e.state = b[1]
-	e.id = binary.BigEndian.Uint16(b[2:])
-	b = b[4:]
-	var vals [3]uint64
+	state, id, b = b[1], binary.BigEndian.Uint16(b[2:]), b[4:]
 	for i := range vals {
 		v, n := binary.Uvarint(b)
 		if n <= 0 {
-			return e, ErrBadRecord
+			return 0, 0, vals, nil, ErrBadRecord
 		}
 		vals[i], b = v, b[n:]
+	}
+	return state, id, vals, b, nil
+}
+
+func decodeRecord(b []byte) (entry, error) {
+	var e entry
+	state, id, vals, b, err := recordHeader(b)
+	if err != nil {
+		return e, err
 	}
 	if len(b) < 1 {
 		return e, ErrBadRecord
@@ -70,7 +78,7 @@ func decodeRecord(b []byte) (entry, error) {
 	if p.QoS == 0 {
 		return e, fmt.Errorf("%w: QoS 0 message", ErrBadRecord)
 	}
-	e.pub, e.created, e.deadline = p, int64(vals[0]), int64(vals[1])
+	e.pub, e.created, e.deadline, e.state, e.id = p, int64(vals[0]), int64(vals[1]), state, id
 	e.sent = e.state != stQueued
 	return e, nil
 }
@@ -109,6 +117,9 @@ func (o *Outbox) SetPersistent(p bool) {
 	if o.mu.gone || o.cfg.Store == nil || o.mu.persist == p {
 		return
 	}
+	if !p {
+		o.loadColdLocked() // before the records go
+	}
 	o.mu.persist = p
 	if !p {
 		o.cfg.Store.DeleteSession(o.client)
@@ -126,7 +137,7 @@ func (o *Outbox) persistLocked(seq uint64) {
 	if !o.mu.persist {
 		return
 	}
-	if e := o.entryLocked(seq); e != nil {
+	if e := o.entryLocked(seq); e != nil && !e.isCold() { // a cold one is stored as it is
 		o.cfg.Store.Put(o.client, seq, appendRecord(nil, e))
 	}
 }
@@ -152,6 +163,14 @@ type Record struct {
 func (o *Outbox) Restore(meta []byte, recs []Record) []error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	return o.restoreLocked(meta, len(recs), func(i int) (uint64, entry, error) {
+		e, err := decodeRecord(recs[i].Val)
+		return recs[i].Seq, e, err
+	})
+}
+
+// restoreLocked restores n messages, the i-th of which rec returns.
+func (o *Outbox) restoreLocked(meta []byte, n int, rec func(i int) (uint64, entry, error)) []error {
 	var errs []error
 	attached, sentTo, next := false, uint64(0), uint64(1)
 	if meta != nil {
@@ -164,31 +183,39 @@ func (o *Outbox) Restore(meta []byte, recs []Record) []error {
 		attached = true
 	}
 	o.mu.persist = o.cfg.Store != nil
-	for _, r := range recs {
-		e, err := decodeRecord(r.Val)
-		if err != nil || r.Seq == 0 || (len(o.mu.q) > 0 && r.Seq < o.mu.base+uint64(len(o.mu.q))) {
+	for i := range n {
+		seq, e, err := rec(i)
+		if err != nil || seq == 0 || (len(o.mu.q) > 0 && seq < o.mu.base+uint64(len(o.mu.q))) {
 			if err == nil {
-				err = fmt.Errorf("%w: seq %d out of order", ErrBadRecord, r.Seq)
+				err = fmt.Errorf("%w: seq %d out of order", ErrBadRecord, seq)
 			}
-			errs = append(errs, fmt.Errorf("outbox %q message %d: %w", o.client, r.Seq, err))
+			errs = append(errs, fmt.Errorf("outbox %q message %d: %w", o.client, seq, err))
 			continue
 		}
 		if len(o.mu.q) == 0 {
-			o.mu.base = r.Seq
+			o.mu.base = seq
 		}
-		for o.mu.base+uint64(len(o.mu.q)) < r.Seq {
+		for o.mu.base+uint64(len(o.mu.q)) < seq {
 			o.mu.q = append(o.mu.q, entry{}) // a gap: finished messages
 		}
 		if _, dupID := o.mu.ids.get(e.id); e.id != 0 && dupID {
 			e.id = 0 // assigned again before it is sent
 		}
-		e.sent = e.sent || r.Seq <= sentTo || attached
+		e.sent = e.sent || seq <= sentTo || attached
 		if e.sent {
-			sentTo = max(sentTo, r.Seq) // kept when the session record is next written
+			sentTo = max(sentTo, seq) // kept when the session record is next written
 		}
+		if !e.isCold() {
+			e.size = int32(len(e.pub.B))
+		} else {
+			o.mu.cold++
+			o.cfg.Stats.ColdBytes.Add(int64(e.size))
+		}
+		o.mu.bytes += int64(e.size)
+		o.cfg.Stats.Bytes.Add(int64(e.size))
 		o.mu.q = append(o.mu.q, e)
 		if e.id != 0 {
-			o.mu.ids.put(e.id, r.Seq)
+			o.mu.ids.put(e.id, seq)
 		}
 		o.mu.live++
 		addInfo(o.cfg.Stats.InfoInflight, 1)
@@ -205,4 +232,94 @@ func (o *Outbox) Restore(meta []byte, recs []Record) []error {
 	// does not take unsent messages for sent ones.
 	o.putMetaLocked(false)
 	return errs
+}
+
+// Cold is what a restored message costs in memory until its session
+// resumes: its stored record's figures, not its frame.
+type Cold struct {
+	Seq      uint64
+	state    uint8
+	id       uint16
+	qos      uint8
+	created  int64
+	deadline int64
+	size     int32
+}
+
+// PeekRecord reads the figures of a stored message record (as Store.Put
+// wrote it under seq) without keeping any of its bytes.
+func PeekRecord(seq uint64, b []byte) (Cold, error) {
+	c := Cold{Seq: seq}
+	state, id, vals, b, err := recordHeader(b)
+	if err != nil {
+		return c, err
+	}
+	// The frame: its version byte, then the PUBLISH (QoS in the fixed header).
+	if len(b) < 3 || b[1]>>4 != 3 {
+		return c, fmt.Errorf("%w: not a PUBLISH", ErrBadRecord)
+	}
+	if c.qos = (b[1] >> 1) & 3; c.qos == 0 || c.qos == 3 {
+		return c, fmt.Errorf("%w: QoS %d message", ErrBadRecord, c.qos)
+	}
+	c.state, c.id = state, id
+	c.created, c.deadline, c.size = int64(vals[0]), int64(vals[1]), int32(min(len(b)-1, 1<<31-1))
+	return c, nil
+}
+
+// RestoreCold is Restore for messages kept cold: only their figures are in
+// memory (the Store must be a Loader); their frames are read when the
+// session gets a connection (Attach) or stops being persistent. Records
+// must come in seq order; one out of order is skipped and returned.
+func (o *Outbox) RestoreCold(meta []byte, recs []Cold) []error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.cfg.Store.(Loader); !ok {
+		return []error{errors.New("outbox: RestoreCold needs a Store that is a Loader")}
+	}
+	return o.restoreLocked(meta, len(recs), func(i int) (uint64, entry, error) {
+		c := recs[i]
+		e := entry{pub: cold, state: c.state, id: c.id, qos: c.qos, created: c.created, deadline: c.deadline, size: c.size,
+			sent: c.state != stQueued}
+		return c.Seq, e, nil
+	})
+}
+
+// loadColdLocked reads the frames of the cold entries from the store; an
+// entry whose record is gone or unreadable is dropped (counted).
+func (o *Outbox) loadColdLocked() {
+	if o.mu.cold == 0 {
+		return
+	}
+	recs, err := o.cfg.Store.(Loader).Records(o.client)
+	byseq := make(map[uint64][]byte, len(recs))
+	for _, r := range recs {
+		byseq[r.Seq] = r.Val
+	}
+	var lost []uint64
+	for i := o.mu.head; i < len(o.mu.q) && o.mu.cold > len(lost); i++ {
+		e := &o.mu.q[i]
+		if !e.isCold() {
+			continue
+		}
+		var loaded entry
+		seq := o.mu.base + uint64(i)
+		val, ok := byseq[seq]
+		derr := err
+		if ok && derr == nil {
+			loaded, derr = decodeRecord(val)
+		}
+		if !ok || derr != nil {
+			lost = append(lost, seq)
+			continue
+		}
+		o.mu.cold--
+		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+		o.mu.bytes += int64(len(loaded.pub.B)) - int64(e.size)
+		o.cfg.Stats.Bytes.Add(int64(len(loaded.pub.B)) - int64(e.size))
+		e.pub, e.size = loaded.pub, int32(len(loaded.pub.B))
+	}
+	for _, seq := range lost { // finishing may move the queue: by seq
+		o.cfg.Stats.LoadErrors.Add(1)
+		o.finishLocked(int(seq - o.mu.base))
+	}
 }

@@ -1,7 +1,6 @@
 package seglog
 
 import (
-	"cmp"
 	"os"
 	"slices"
 )
@@ -48,7 +47,7 @@ func (l *Log) Checkpoint() *Snapshot {
 func (l *Log) Checkpointed(s *Snapshot) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if s == nil || s.seq <= l.mu.ckptDone || l.mu.closed {
+	if s == nil || s.seq <= l.mu.ckptDone || l.mu.closed || l.opts.ReadOnly {
 		return
 	}
 	l.mu.ckptDone = s.seq
@@ -72,19 +71,20 @@ func (l *Log) Checkpointed(s *Snapshot) {
 		}
 		l.mu.segs = slices.Delete(l.mu.segs, i, i+1)
 		sg.removed = true
-		if sg.refs == 0 {
+		if sg.pins == 0 {
 			sg.f.Close()
 		}
 		l.stats.removed.Add(1)
 	}
 }
 
-// copyRec is a live record the compactor copies forward.
+// copyRec is a live record the compactor copies forward, for the groups of
+// refs whose copy in src is still live.
 type copyRec struct {
-	group, offset uint64
-	data          []byte
-	src           *segment
-	srcEnd        int64
+	refs   []ref
+	data   []byte
+	src    *segment
+	srcEnd int64
 }
 
 // runCompactor copies the live records of sparse sealed segments forward
@@ -105,21 +105,29 @@ func (l *Log) runCompactor() {
 			if s == nil {
 				break
 			}
-			ok := l.compact(s)
+			copied, ok := l.compact(s)
 			l.mu.Lock()
-			s.compacting, s.compacted = false, true
+			s.compacting = false
+			if copied {
+				s.compacted = true
+			} else {
+				s.surveyLive = max(s.live, 1)
+			}
 			l.mu.Unlock()
 			if !ok {
 				return
 			}
-			l.stats.compactions.Add(1)
+			if copied {
+				l.stats.compactions.Add(1)
+			}
 		}
 	}
 }
 
-// pickCompaction returns the oldest sealed segment whose live records are
-// fewer than CompactLiveRatio of its records (marked compacting and
-// pinned), or nil.
+// pickCompaction returns the oldest sealed segment whose live references
+// are fewer than CompactLiveRatio of its references (and, if the compactor
+// looked at it before and kept it, half as many as then), marked
+// compacting, or nil.
 func (l *Log) pickCompaction() *segment {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -127,7 +135,9 @@ func (l *Log) pickCompaction() *segment {
 		return nil
 	}
 	for _, s := range l.mu.segs {
-		if s.sealed && !s.compacting && !s.compacted && s.live > 0 && float64(s.live) < l.opts.CompactLiveRatio*float64(s.records) {
+		if s.sealed && !s.compacting && !s.compacted && s.live > 0 &&
+			float64(s.live) < l.opts.CompactLiveRatio*float64(s.msgRefs) &&
+			(s.surveyLive == 0 || s.live*2 <= s.surveyLive) {
 			s.compacting = true
 			return s
 		}
@@ -136,23 +146,30 @@ func (l *Log) pickCompaction() *segment {
 }
 
 // compact copies the live records of s through the writer, in chunks of at
-// most 1 MiB (a quarter segment if less), each sorted by group and offset. It reports false if
-// the log is closing or failed.
-func (l *Log) compact(s *segment) bool {
+// most 1 MiB (a quarter segment if less), in their order in s (so each
+// group's offsets stay in order within a run). A record shared by several
+// groups is live while one of them needs it, so s is first surveyed: if its
+// live records still fill CompactLiveRatio of it, nothing is copied. It
+// reports whether it copied, and false for ok if the log is closing or
+// failed.
+func (l *Log) compact(s *segment) (copied, ok bool) {
+	liveBytes, ok := l.walkLive(s, nil)
+	if !ok {
+		return false, false
+	}
+	if float64(liveBytes) >= l.opts.CompactLiveRatio*float64(s.end-s.base) {
+		return false, true
+	}
 	chunkMax := min(1<<20, int(l.opts.SegmentSize/4))
-	sc := scanner{f: s.f, size: s.end}
 	var batch []copyRec
 	bytes := 0
 	flush := func() bool {
 		if len(batch) == 0 {
 			return true
 		}
-		slices.SortFunc(batch, func(a, b copyRec) int {
-			return cmp.Or(cmp.Compare(a.group, b.group), cmp.Compare(a.offset, b.offset))
-		})
 		o := &op{kind: opCopy, copies: batch, ch: make(chan struct{})}
 		for _, c := range batch {
-			o.bound += msgFrameBound(len(c.data))
+			o.bound += msgFrameBound(len(c.data), len(c.refs))
 		}
 		batch, bytes = nil, 0
 		if err := l.q.push(o); err != nil {
@@ -165,46 +182,74 @@ func (l *Log) compact(s *segment) bool {
 			return false
 		}
 	}
-	for pos := int64(0); pos < s.end; {
-		h, err := sc.at(pos, frameHeader)
-		if err != nil {
-			break
+	_, ok = l.walkLive(s, func(c copyRec) bool {
+		// A chunk stays within chunkMax, or is one record (which fits in a segment).
+		n := msgFrameBound(len(c.data), len(c.refs))
+		if bytes > 0 && bytes+n > chunkMax && !flush() {
+			return false
 		}
-		n, crc, st := parseHeader(h)
-		if st != frameOK {
-			break
-		}
-		body, err := sc.at(pos+frameHeader, n)
-		if err != nil || !checkCRC(body, crc) {
-			// Damaged since it was written: its live records stay where they
-			// are (ReadFrom reports the damage); nothing garbled is copied.
-			l.log.Error("compaction stopped at a bad frame", "segment", s.id, "pos", pos, "error", err)
-			break
-		}
-		end := pos + frameHeader + int64(n)
-		rec, err := decodeBody(body)
-		if err == nil && (rec.typ == recMessage || rec.typ == recMoved) && l.liveIn(s, rec.group, rec.offset) {
-			// A chunk stays within chunkMax, or is one record (which fits in a segment).
-			if bytes > 0 && bytes+msgFrameBound(len(rec.msg)) > chunkMax && !flush() {
-				return false
-			}
-			data := append([]byte(nil), rec.msg...)
-			batch = append(batch, copyRec{group: rec.group, offset: rec.offset, data: data, src: s, srcEnd: end})
-			bytes += msgFrameBound(len(data))
-		}
-		pos = end
-	}
-	return flush()
+		c.data = append([]byte(nil), c.data...)
+		batch = append(batch, c)
+		bytes += n
+		return true
+	})
+	return true, ok && flush()
 }
 
-// liveIn reports whether the index points at the record of off in s.
-func (l *Log) liveIn(s *segment, id, off uint64) bool {
+// walkLive walks the records of s that some group's index points at,
+// passing each (its data valid during the call) with the references live
+// in s to fn (nil: just count), and returns the frame bytes of those
+// records. A damaged stretch is skipped (its records stay where they are;
+// ReadFrom resolves them as lost). ok is false if fn returned false.
+func (l *Log) walkLive(s *segment, fn func(copyRec) bool) (liveBytes int64, ok bool) {
+	l.mu.Lock()
+	end := s.end
+	l.mu.Unlock()
+	w := newWalker(s.f, s.version, end)
+	for pos := s.base; pos < end; {
+		fr, err := w.at(pos)
+		if err != nil || fr.st == frameEnd {
+			break
+		}
+		if fr.st != frameOK {
+			next, err := w.resync(fr)
+			if err != nil || next < 0 {
+				break
+			}
+			if fn != nil {
+				l.log.Error("compaction skipped a damaged stretch", "segment", s.id, "pos", pos, "bytes", next-pos)
+			}
+			pos = next
+			continue
+		}
+		rec, _ := decodeBody(fr.body) // checked by at
+		if isMessage(rec.typ) {
+			if refs := l.liveRefs(s, &rec); len(refs) > 0 {
+				liveBytes += fr.end - pos
+				if fn != nil && !fn(copyRec{refs: refs, data: rec.msg, src: s, srcEnd: fr.end}) {
+					return liveBytes, false
+				}
+			}
+		}
+		pos = fr.end
+	}
+	return liveBytes, true
+}
+
+// liveRefs returns the references of rec whose offsets the index places in s.
+func (l *Log) liveRefs(s *segment, rec *record) []ref {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	g := l.mu.groups[id]
-	if g == nil || off <= g.cursor || g.resolved.contains(off) {
-		return false
+	var out []ref
+	it := rec.refs()
+	for x, ok := it.next(); ok; x, ok = it.next() {
+		g := l.mu.groups[x.group]
+		if g == nil || x.offset <= g.cursor || g.resolved.contains(x.offset) {
+			continue
+		}
+		if i := g.findRun(x.offset); i >= 0 && g.runs[i].seg == s {
+			out = append(out, x)
+		}
 	}
-	i := g.findRun(off)
-	return i >= 0 && g.runs[i].seg == s
+	return out
 }

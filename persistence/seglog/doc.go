@@ -9,15 +9,30 @@
 //
 // Segments live in Options.Dir as "<20-digit id>.seg", ids increasing, each
 // Options.SegmentSize bytes, pre-zeroed when created (in the background, one
-// spare ahead). A frame is
+// spare ahead). A segment of format 2 (FormatVersion) starts with a 32-byte
+// header: magic "KLSG", the format, the segment id, the size it was created
+// with and a CRC-32C of those. A frame is
 //
-//	uint32 LE body length | uint32 LE CRC-32C (Castagnoli) of body | body
+//	uint32 LE body length | uint32 LE CRC-32C (Castagnoli) of body |
+//	uint32 LE CRC-32C of the 8 bytes before | body
 //
-// and a zero length marks the end of a segment's data. Bodies:
+// and a zero header marks the end of a segment's data. Bodies:
 //
-//	message   1 | uvarint group | uvarint offset | message bytes
-//	moved     2 | same as message: a copy written by compaction
-//	resolve   3 | uvarint group | uvarint count | count × (uvarint gap from the previous range's end, uvarint length)
+//	shared     4 | uvarint n | n × (uvarint group, uvarint offset) | message bytes
+//	moved      5 | same as shared: a copy written by compaction
+//	resolve    3 | uvarint group | uvarint count | count × (uvarint gap from the previous range's end, uvarint length)
+//
+// An append to many groups stores its message once, for all of them (one
+// shared record per append), so disk and the room a commit needs grow with
+// the message, not with the number of groups that take it.
+//
+// Format 1 segments (written before formats had a number) have no header,
+// 8-byte frame headers (no header checksum), and one record per group:
+// message (1) and moved (2), each "type | uvarint group | uvarint offset |
+// message bytes". They are read, never written: the first commit after Open
+// goes to a new segment, and a format 1 spare gets a header first. A segment
+// of a newer format makes Open fail (ErrNewerFormat) before anything is
+// changed.
 //
 // # Groups
 //
@@ -50,8 +65,9 @@
 //  5. Runs of a group are sorted and disjoint; within a run byte positions
 //     increase with offsets; every offset of a run's range is either live in
 //     that run or resolved. Runs without live messages are removed.
-//  6. A segment's live count is the number of live messages the runs place
-//     in it; a sealed segment's live count never grows.
+//  6. A segment's live count is the number of live group references (a
+//     group's unresolved offset) the runs place in it; a sealed segment's
+//     live count never grows.
 //  7. A sealed segment is deleted only once it has no live message and a
 //     checkpoint taken after it was sealed was persisted (Checkpointed): its
 //     resolve records may concern messages in older segments.
@@ -62,27 +78,40 @@
 //
 // Open loads the given checkpoints and scans every segment in order without
 // holding payloads: records of unknown groups are garbage; a message is live
-// if it is above the cursor and not resolved (resolve records apply as they
-// are met, including before a moved copy of their offset); a moved copy of
-// an offset that is indexed already is ignored; the head is the larger of
-// the checkpoint's and the highest offset seen. A bad frame (CRC mismatch,
-// impossible length, undecodable body) in the last segment with data is
-// the torn tail of the last commit: it and everything after it is zeroed
-// and reported (RecoveryReport.TornBytes). A bad frame anywhere else, or
-// data after a sealed segment's end marker, is corruption: up to 4 MiB from
-// it are copied to Dir/quarantine/<segment>-<pos>.bin, the rest of that
-// segment is skipped, and unresolved offsets left without a record are
-// resolved and counted as lost, so that the cursor can pass them.
+// for a group if it is above the cursor and not resolved (resolve records
+// apply as they are met, including before a moved copy of their offset); a
+// moved copy of an offset that is indexed already is ignored; the head is
+// the larger of the checkpoint's and the highest offset seen. A bad frame
+// (a checksum mismatch, an impossible length, an undecodable body) is
+// skipped to the next good frame (resync: the frame's own extent when its
+// header is good, else the next position whose header and body check): the
+// bytes in between are damage, copied (up to 4 MiB) to
+// Dir/quarantine/<segment>-<pos>.bin and reported (RecoveryReport.Damage).
+// Only a bad frame that no good frame follows in the last segment with data
+// is the torn tail of the last commit: it and everything after it is zeroed
+// (RecoveryReport.TornBytes). Unresolved offsets left without a record are
+// resolved and counted as lost (GroupInfo.Lost), so that the cursor can pass
+// them. A damaged header, or a file shorter than its header says, is
+// reported too.
+//
+// ReadFrom handles damage that appears after Open the same way: a bad frame
+// in a run is skipped to the next good one, its bytes quarantined, and the
+// group's offsets it held resolved as lost (durably, with the next commit),
+// so that a damaged record never stalls its group.
 //
 // # Space
 //
 // Disk follows the unresolved messages, not the oldest one: a sealed
-// segment whose live records fall below CompactLiveRatio of its records has
-// them copied forward as moved records through the writer (in chunks of at
-// most 1 MiB, sorted by group and offset); once durable, the index points at
-// the copies and the old segment becomes garbage, deleted after the next
-// persisted checkpoint. One message nobody acknowledges thus keeps only
-// its own record on disk, copied forward now and then.
+// segment whose live group references fall below CompactLiveRatio of its
+// references, and whose live records (a shared record is live while one of
+// its groups needs it) fill less than that fraction of its bytes, has them
+// copied forward as moved records through the writer (in chunks of at most
+// 1 MiB, in their order, each for the groups that still need it); once
+// durable, the index points at the copies and the old segment becomes
+// garbage, deleted after the next persisted checkpoint. One message nobody
+// acknowledges thus keeps only its own record on disk, copied forward now
+// and then. A segment the compactor looked at and kept is looked at again
+// once its live references have halved.
 //
 // # Caveats
 //
@@ -95,8 +124,9 @@
 //   - Records of a commit that crashed between its write and its fdatasync
 //     may survive although nobody was told; a publisher that retries then
 //     duplicates its message.
-//   - Any bad frame in the last segment is taken for a torn tail: frames
-//     after it are dropped even if the damage was not a torn write.
+//   - A torn commit whose later frames reached the disk while an earlier
+//     one did not leaves good frames after a bad one: they are kept (their
+//     publishers were not told), and the bad frame is reported as damage.
 //   - GroupInfo.Bytes (and MaxBytes) is exact while each run's messages have
 //     one size; resolving a message that is no longer cached subtracts its
 //     run's average size, so the figure can be off by the size differences

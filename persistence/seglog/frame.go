@@ -6,28 +6,63 @@ import (
 	"hash/crc32"
 )
 
-// Frame layout: uint32 LE body length | uint32 LE CRC-32C of body | body.
-// A zero length marks the end of a segment's data (segments are pre-zeroed).
-const frameHeader = 8
+// Frame layouts (see the package doc, Files and framing):
+//
+//	format 1: uint32 LE body length | uint32 LE CRC-32C of body | body
+//	format 2: uint32 LE body length | uint32 LE CRC-32C of body |
+//	          uint32 LE CRC-32C of the 8 bytes before it | body
+//
+// A zero header marks the end of a segment's data (segments are pre-zeroed).
+// The header checksum of format 2 lets a reader that met a damaged frame find
+// the next good one by its header alone, and tells a damaged length from the
+// end of the data.
+const (
+	frameHeaderV1 = 8
+	frameHeaderV2 = 12
+	// frameHeader is the header size of the frames this package writes.
+	frameHeader = frameHeaderV2
+)
+
+// frameHeaderLen returns the frame header size of a segment format.
+func frameHeaderLen(version uint32) int {
+	if version < 2 {
+		return frameHeaderV1
+	}
+	return frameHeaderV2
+}
 
 // Record types: the first byte of a body.
 const (
-	recMessage byte = 1 // type | uvarint group | uvarint offset | message
-	recMoved   byte = 2 // same as recMessage: a copy written by compaction
+	recMessage byte = 1 // format 1: type | uvarint group | uvarint offset | message
+	recMoved   byte = 2 // format 1: same as recMessage: a copy written by compaction
 	recResolve byte = 3 // type | uvarint group | uvarint count | count × (uvarint gap, uvarint run length)
+	// recShared is a message stored once for the groups of one append:
+	// type | uvarint n | n × (uvarint group, uvarint offset) | message.
+	recShared byte = 4
+	// recSharedMoved is the same, written by compaction for the groups
+	// whose copy in an older segment was still live.
+	recSharedMoved byte = 5
 )
+
+// isMessage reports whether typ is a record type that holds a message.
+func isMessage(typ byte) bool {
+	return typ == recMessage || typ == recMoved || typ == recShared || typ == recSharedMoved
+}
+
+// isMoved reports whether typ is a copy written by compaction.
+func isMoved(typ byte) bool { return typ == recMoved || typ == recSharedMoved }
 
 // Size bounds.
 const (
-	// maxMsgHeader bounds type + uvarint group + uvarint offset.
-	maxMsgHeader = 1 + 2*binary.MaxVarintLen64
-	// maxBody is the largest body a frame may hold.
-	maxBody = MaxMessageSize + maxMsgHeader
+	// maxRefBytes bounds one group reference: uvarint group, uvarint offset.
+	maxRefBytes = 2 * binary.MaxVarintLen64
+	// maxMsgHeader bounds type + uvarint count + one reference.
+	maxMsgHeader = 1 + binary.MaxVarintLen64 + maxRefBytes
+	// maxBodyV1 is the largest body a format 1 frame may hold.
+	maxBodyV1 = MaxMessageSize + 1 + maxRefBytes
 	// maxResolveRanges bounds the ranges of one resolve record, so that a
 	// resolve record stays small; a larger set is written as several records.
 	maxResolveRanges = 4096
-	// maxResolveBody bounds the body of a resolve record.
-	maxResolveBody = 1 + 2*binary.MaxVarintLen64 + maxResolveRanges*2*binary.MaxVarintLen64
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -35,34 +70,45 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // errFrame is wrapped by every decoding error.
 var errFrame = errors.New("bad frame")
 
-// msgFrameBound returns an upper bound of the frame size of a message of n bytes.
-func msgFrameBound(n int) int { return frameHeader + maxMsgHeader + n }
-
-// appendMsgFrame appends a message (or moved) frame to dst and returns it and
-// the position of the message bytes within it.
-func appendMsgFrame(dst []byte, typ byte, group, offset uint64, msg []byte) ([]byte, int) {
-	start := len(dst)
-	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, typ)
-	dst = binary.AppendUvarint(dst, group)
-	dst = binary.AppendUvarint(dst, offset)
-	at := len(dst)
-	dst = append(dst, msg...)
-	sealFrame(dst[start:])
-	return dst, at
+// msgFrameBound returns an upper bound of the frame size of a message of n
+// bytes stored for groups groups.
+func msgFrameBound(n, groups int) int {
+	return frameHeader + 1 + binary.MaxVarintLen64 + groups*maxRefBytes + n
 }
 
-// sealFrame fills in the header of the frame f (header and body).
+// ref is one group's reference to a stored message: its offset in the group.
+type ref struct{ group, offset uint64 }
+
+// appendMsgFrame appends a recShared (or recSharedMoved) frame holding msg
+// for refs to dst.
+func appendMsgFrame(dst []byte, typ byte, refs []ref, msg []byte) []byte {
+	start := len(dst)
+	dst = append(dst, make([]byte, frameHeader)...)
+	dst = append(dst, typ)
+	dst = binary.AppendUvarint(dst, uint64(len(refs)))
+	for _, r := range refs {
+		dst = binary.AppendUvarint(dst, r.group)
+		dst = binary.AppendUvarint(dst, r.offset)
+	}
+	dst = append(dst, msg...)
+	sealFrame(dst[start:])
+	return dst
+}
+
+// sealFrame fills in the (format 2) header of the frame f (header and body).
 func sealFrame(f []byte) {
 	body := f[frameHeader:]
 	binary.LittleEndian.PutUint32(f[0:], uint32(len(body)))
 	binary.LittleEndian.PutUint32(f[4:], crc32.Checksum(body, castagnoli))
+	binary.LittleEndian.PutUint32(f[8:], crc32.Checksum(f[:8], castagnoli))
 }
 
 // appendResolveFrame appends a resolve frame for ranges (sorted, disjoint,
 // at most maxResolveRanges) to dst.
 func appendResolveFrame(dst []byte, group uint64, ranges []Range) []byte {
 	start := len(dst)
-	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0, recResolve)
+	dst = append(dst, make([]byte, frameHeader)...)
+	dst = append(dst, recResolve)
 	dst = binary.AppendUvarint(dst, group)
 	dst = binary.AppendUvarint(dst, uint64(len(ranges)))
 	var prev uint64 // end of the previous range (0 before the first)
@@ -80,43 +126,78 @@ func resolveFrameBound(n int) int {
 	return frameHeader + 1 + 2*binary.MaxVarintLen64 + n*2*binary.MaxVarintLen64
 }
 
-// frameState says what readFrame found at a position.
+// frameState says what parseHeader found at a position.
 type frameState int
 
 const (
 	frameOK    frameState = iota
-	frameEnd              // a zero length: the end of the data
+	frameEnd              // a zero header: the end of the data
 	frameShort            // the header or body runs past the available bytes
-	frameBad              // impossible length or CRC mismatch
+	frameBad              // impossible length, header or body checksum mismatch, undecodable body
 )
 
-// parseHeader reads a frame header. It returns the body length.
-func parseHeader(h []byte) (n int, crc uint32, st frameState) {
-	if len(h) < frameHeader {
+func (st frameState) String() string {
+	switch st {
+	case frameOK:
+		return "good frame"
+	case frameEnd:
+		return "data after the end marker"
+	case frameShort:
+		return "the file ends inside a frame (truncated?)"
+	}
+	return "bad frame (length, checksum or body)"
+}
+
+// parseHeader reads a frame header of a segment of the given format; room
+// is the number of bytes of the segment from the header on. It returns the
+// body length and CRC.
+func parseHeader(h []byte, version uint32, room int64) (n int, crc uint32, st frameState) {
+	hl := frameHeaderLen(version)
+	if len(h) < hl || room < int64(hl) {
 		return 0, 0, frameShort
 	}
 	l := binary.LittleEndian.Uint32(h)
-	if l == 0 {
+	crc = binary.LittleEndian.Uint32(h[4:])
+	if version < 2 {
+		switch {
+		case l == 0 && crc == 0:
+			return 0, 0, frameEnd
+		case l == 0 || l > maxBodyV1:
+			return 0, 0, frameBad
+		case int64(l) > room-int64(hl):
+			return 0, 0, frameShort
+		}
+		return int(l), crc, frameOK
+	}
+	hcrc := binary.LittleEndian.Uint32(h[8:])
+	switch {
+	case l == 0 && crc == 0 && hcrc == 0:
 		return 0, 0, frameEnd
-	}
-	if l > maxBody {
+	case crc32.Checksum(h[:8], castagnoli) != hcrc || l == 0:
 		return 0, 0, frameBad
+	case int64(l) > room-int64(hl):
+		return 0, 0, frameShort // a good header whose body the file does not hold: truncated
 	}
-	return int(l), binary.LittleEndian.Uint32(h[4:]), frameOK
+	return int(l), crc, frameOK
 }
 
-// record is a decoded message or resolve body. For a resolve record ranges
-// holds the encoded ranges (decode them with nextRange).
+// record is a decoded body. A message record's references are walked with
+// refs(); a resolve record's ranges with rangeDecoder().
 type record struct {
-	typ    byte
-	group  uint64
-	offset uint64 // message and moved
-	msg    []byte // message and moved: aliases the body
-	count  uint64 // resolve: number of ranges
-	ranges []byte // resolve: the encoded ranges
+	typ byte
+	// Message records: n references, encoded in refsRaw (recShared,
+	// recSharedMoved) or held in group and offset (recMessage, recMoved).
+	n       int
+	refsRaw []byte
+	group   uint64 // also the group of a resolve record
+	offset  uint64
+	msg     []byte // aliases the body
+	// Resolve records.
+	count  uint64
+	ranges []byte
 }
 
-// decodeBody decodes a frame body whose CRC matched.
+// decodeBody decodes a frame body whose CRC matched, checking every field.
 func decodeBody(b []byte) (record, error) {
 	var r record
 	if len(b) == 0 {
@@ -124,28 +205,97 @@ func decodeBody(b []byte) (record, error) {
 	}
 	r.typ = b[0]
 	b = b[1:]
-	g, n := binary.Uvarint(b)
-	if n <= 0 {
-		return r, errFrame
-	}
-	r.group, b = g, b[n:]
 	switch r.typ {
 	case recMessage, recMoved:
-		off, n := binary.Uvarint(b)
-		if n <= 0 || off == 0 {
+		x, n := parseRef(b)
+		if n <= 0 {
 			return r, errFrame
 		}
-		r.offset, r.msg = off, b[n:]
-	case recResolve:
+		r.n, r.group, r.offset, r.msg = 1, x.group, x.offset, b[n:]
+	case recShared, recSharedMoved:
 		c, n := binary.Uvarint(b)
-		if n <= 0 || c > maxResolveRanges {
+		if n <= 0 || c == 0 || c > uint64(len(b)) {
 			return r, errFrame
 		}
-		r.count, r.ranges = c, b[n:]
+		raw := b[n:]
+		p := raw
+		for range c {
+			_, n := parseRef(p)
+			if n <= 0 {
+				return r, errFrame
+			}
+			p = p[n:]
+		}
+		r.n, r.refsRaw, r.msg = int(c), raw[:len(raw)-len(p)], p
+	case recResolve:
+		g, n := binary.Uvarint(b)
+		if n <= 0 {
+			return r, errFrame
+		}
+		c, m := binary.Uvarint(b[n:])
+		if m <= 0 || c > maxResolveRanges {
+			return r, errFrame
+		}
+		r.group, r.count, r.ranges = g, c, b[n+m:]
+		d := r.rangeDecoder()
+		for _, ok := d.next(); ok; _, ok = d.next() {
+		}
+		if d.err != nil || d.left != 0 {
+			return r, errFrame
+		}
 	default:
 		return r, errFrame
 	}
 	return r, nil
+}
+
+// parseRef reads one reference (uvarint group, uvarint offset > 0) and
+// returns it and the bytes it took, 0 if b does not start with one.
+func parseRef(b []byte) (ref, int) {
+	g, n := binary.Uvarint(b)
+	if n <= 0 {
+		return ref{}, 0
+	}
+	off, m := binary.Uvarint(b[n:])
+	if m <= 0 || off == 0 {
+		return ref{}, 0
+	}
+	return ref{g, off}, n + m
+}
+
+// refIter walks the references of a message record.
+type refIter struct {
+	r    *record
+	i    int
+	rest []byte
+}
+
+func (r *record) refs() refIter { return refIter{r: r, rest: r.refsRaw} }
+
+// next returns the next reference; ok is false after the last. The record
+// was checked by decodeBody, so decoding cannot fail.
+func (it *refIter) next() (ref, bool) {
+	if it.i >= it.r.n {
+		return ref{}, false
+	}
+	it.i++
+	if it.r.refsRaw == nil {
+		return ref{it.r.group, it.r.offset}, true
+	}
+	x, n := parseRef(it.rest)
+	it.rest = it.rest[n:]
+	return x, true
+}
+
+// offsetOf returns the offset the record holds for group, if any.
+func (r *record) offsetOf(group uint64) (uint64, bool) {
+	it := r.refs()
+	for x, ok := it.next(); ok; x, ok = it.next() {
+		if x.group == group {
+			return x.offset, true
+		}
+	}
+	return 0, false
 }
 
 // rangeDecoder walks the ranges of a resolve record.

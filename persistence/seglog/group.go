@@ -51,6 +51,8 @@ type group struct {
 	// msgs and bytes count the unresolved indexed messages (sum of the runs).
 	msgs, bytes      uint64
 	dropped, refused uint64
+	// lost counts offsets resolved because their record was damaged or gone.
+	lost uint64
 
 	cache tailCache
 	hint  readHint
@@ -73,7 +75,7 @@ type readHint struct {
 }
 
 func newGroup(id uint64, st GroupState, lim Limits) *group {
-	g := &group{id: id, lim: lim, head: st.Head, cursor: min(st.Cursor, st.Head), dropped: st.Dropped}
+	g := &group{id: id, lim: lim, head: st.Head, cursor: min(st.Cursor, st.Head), dropped: st.Dropped, lost: st.Lost}
 	g.ckptCursor = g.cursor
 	for _, r := range st.Resolved {
 		if r.First > r.Last || r.Last <= g.cursor {
@@ -90,7 +92,7 @@ func newGroup(id uint64, st GroupState, lim Limits) *group {
 
 // state returns the group's state for a checkpoint.
 func (g *group) state() GroupState {
-	return GroupState{Head: g.head, Cursor: g.cursor, Resolved: g.resolved.ranges(), Dropped: g.dropped}
+	return GroupState{Head: g.head, Cursor: g.cursor, Resolved: g.resolved.ranges(), Dropped: g.dropped, Lost: g.lost}
 }
 
 // durableCursor returns the highest cursor no crash can take back.

@@ -82,8 +82,8 @@ func (l *Log) checkInvariants() error {
 		if s.live != segLive[s] {
 			bad("segment %d: live %d, runs hold %d", s.id, s.live, segLive[s])
 		}
-		if s.live > s.records || s.end > s.size || s.removed {
-			bad("segment %d: live %d records %d end %d size %d removed %v", s.id, s.live, s.records, s.end, s.size, s.removed)
+		if s.live > s.msgRefs || s.end > s.size || s.end < s.base || s.removed {
+			bad("segment %d: live %d references %d end %d size %d removed %v", s.id, s.live, s.msgRefs, s.end, s.size, s.removed)
 		}
 		if (i < len(l.mu.segs)-1) != s.sealed || (i > 0 && s.id <= l.mu.segs[i-1].id) {
 			bad("segment %d at %d: sealed %v", s.id, i, s.sealed)

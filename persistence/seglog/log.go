@@ -60,6 +60,7 @@ type Log struct {
 		commits, syncs, resolveCommits, commitFailures           atomic.Uint64
 		bytes, records, appends, moved, resolveRecs              atomic.Uint64
 		compactions, removed, cacheHits, cacheMisses, writeNanos atomic.Uint64
+		damaged                                                  atomic.Uint64
 	}
 }
 
@@ -75,19 +76,9 @@ func Open(opts Options, groups map[uint64]GroupState) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnusable, err)
-	}
-	lock, err := os.OpenFile(filepath.Join(opts.Dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o600)
+	lock, err := lockDir(opts.Dir, opts.ReadOnly)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrUnusable, err)
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lock.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: %s", ErrLocked, opts.Dir)
-		}
-		return nil, fmt.Errorf("%w: lock %s: %w", ErrUnusable, opts.Dir, err)
+		return nil, err
 	}
 	l := &Log{opts: opts, log: opts.Logger.With("log", opts.Dir), lock: lock, q: newQueue(),
 		stop: make(chan struct{}), wakeC: make(chan struct{}, 1)}
@@ -101,8 +92,17 @@ func Open(opts Options, groups map[uint64]GroupState) (*Log, error) {
 		for _, s := range l.mu.segs {
 			s.f.Close()
 		}
-		lock.Close()
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, err
+	}
+	if opts.ReadOnly {
+		if spare != nil {
+			spare.f.Close()
+		}
+		l.q.close()
+		return l, nil
 	}
 	l.prep = startPreparer(opts.Dir, opts.SegmentSize, opts.NoSync)
 	if spare != nil {
@@ -116,6 +116,38 @@ func Open(opts Options, groups map[uint64]GroupState) (*Log, error) {
 	go l.runCompactor()
 	l.wakeCompactor()
 	return l, nil
+}
+
+// lockDir takes the directory's lock: exclusive, creating the directory
+// and its LOCK file if needed, or shared for a read-only log (none if there
+// is no LOCK file: nobody ever wrote there).
+func lockDir(dir string, readOnly bool) (*os.File, error) {
+	path := filepath.Join(dir, "LOCK")
+	how := syscall.LOCK_EX
+	var lock *os.File
+	var err error
+	if readOnly {
+		how = syscall.LOCK_SH
+		if lock, err = os.Open(path); errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+	} else {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnusable, err)
+		}
+		lock, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnusable, err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), how|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s", ErrLocked, dir)
+		}
+		return nil, fmt.Errorf("%w: lock %s: %w", ErrUnusable, dir, err)
+	}
+	return lock, nil
 }
 
 // active returns the active segment (Log.mu or the writer).
@@ -208,7 +240,7 @@ func (l *Log) Group(id uint64) (GroupInfo, error) {
 		return GroupInfo{}, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
 	}
 	return GroupInfo{Head: g.head, Cursor: g.cursor, DurableCursor: g.durableCursor(),
-		Messages: g.msgs, Bytes: g.bytes, Dropped: g.dropped, Refused: g.refused,
+		Messages: g.msgs, Bytes: g.bytes, Dropped: g.dropped, Refused: g.refused, Lost: g.lost,
 		Cached: uint64(g.cache.n()), CachedBytes: uint64(g.cache.bytes), Runs: len(g.runs), Limits: g.lim,
 		Unsynced: g.pending.count() + g.inflightCount}, nil
 }
@@ -222,6 +254,7 @@ func (l *Log) Stats() Stats {
 		Compactions: l.stats.compactions.Load(), Removed: l.stats.removed.Load(),
 		CacheHits: l.stats.cacheHits.Load(), CacheMisses: l.stats.cacheMisses.Load(),
 		CommitFailures: l.stats.commitFailures.Load(), WriteTime: time.Duration(l.stats.writeNanos.Load()),
+		Damaged: l.stats.damaged.Load(),
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -247,7 +280,15 @@ func (l *Log) Stats() Stats {
 // After Close, done is called at once with ErrClosed.
 func (l *Log) Append(groups []uint64, msg []byte, done func([]Result)) {
 	o := getAppendOp(groups, msg, done)
-	if len(msg) > MaxMessageSize || o.bound > int(l.opts.SegmentSize) {
+	if l.opts.ReadOnly {
+		o.fail(ErrReadOnly)
+		if done != nil {
+			done(o.res)
+		}
+		putAppendOp(o)
+		return
+	}
+	if len(msg) > MaxMessageSize || int64(o.bound) > l.opts.SegmentSize-segHeaderSize {
 		o.err = fmt.Errorf("%w: %d bytes to %d groups (limit %d bytes, segment %d bytes)",
 			ErrTooLarge, len(msg), len(groups), MaxMessageSize, l.opts.SegmentSize)
 		o.bound = 0
@@ -267,6 +308,9 @@ func (l *Log) Append(groups []uint64, msg []byte, done func([]Result)) {
 // once everything before it is durable. It returns ErrClosed after Close, and
 // the writer's error (ErrFailed) if a commit failed.
 func (l *Log) Sync() error {
+	if l.opts.ReadOnly {
+		return ErrReadOnly
+	}
 	o := &op{kind: opSync, ch: make(chan struct{}), durableOnly: l.notify.OnNotifier()}
 	if err := l.q.push(o); err != nil {
 		return err
@@ -283,10 +327,24 @@ func (l *Log) Sync() error {
 // goroutine (which waits for that callback) gets ErrClosed at once. Later
 // calls return the first call's result (ErrClosed, from a callback).
 func (l *Log) Close() error {
-	if !l.closing.CompareAndSwap(false, true) && l.notify.OnNotifier() {
+	if !l.closing.CompareAndSwap(false, true) && !l.opts.ReadOnly && l.notify.OnNotifier() {
 		return ErrClosed
 	}
 	l.closeOnce.Do(func() {
+		if l.opts.ReadOnly {
+			l.mu.Lock()
+			l.mu.closed = true
+			var errs []error
+			for _, s := range l.mu.segs {
+				errs = append(errs, s.f.Close())
+			}
+			l.mu.Unlock()
+			if l.lock != nil {
+				errs = append(errs, l.lock.Close())
+			}
+			l.closeErr = errors.Join(errs...)
+			return
+		}
 		close(l.stop)
 		l.q.close()
 		l.wg.Wait()

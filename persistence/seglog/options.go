@@ -29,6 +29,9 @@ var ErrBacklogFull = errors.New("seglog: group backlog full")
 // MaxMessageSize.
 var ErrTooLarge = errors.New("seglog: message too large")
 
+// ErrReadOnly is returned for a change to a log opened with Options.ReadOnly.
+var ErrReadOnly = errors.New("seglog: log opened read-only")
+
 // ErrBadOptions is returned by Open for Options that do not validate.
 var ErrBadOptions = errors.New("seglog: invalid options")
 
@@ -85,6 +88,12 @@ type Options struct {
 	// fraction of its records is copied forward (default 0.25; negative
 	// disables compaction).
 	CompactLiveRatio float64
+	// ReadOnly opens the log to look at it only (the offline check): Open
+	// changes nothing (no torn tail is cut, nothing quarantined, no
+	// segment created or removed) and reports what it found; appends fail
+	// with ErrReadOnly. It fails with ErrLocked while another Log has the
+	// directory open.
+	ReadOnly bool
 	// OnAppend, if set, is called after each commit that added entries to a
 	// group, with the group's new head, on the notifier goroutine after that
 	// commit's callbacks.
@@ -148,6 +157,8 @@ type GroupState struct {
 	Resolved []Range
 	// Dropped counts offsets the drop-oldest policy resolved.
 	Dropped uint64
+	// Lost counts offsets resolved because their record was damaged or gone.
+	Lost uint64
 }
 
 // Limits bound a group's unresolved messages. A zero field means no bound.
@@ -195,6 +206,9 @@ type GroupInfo struct {
 	Dropped uint64
 	// Refused counts appends failed with ErrBacklogFull since Open.
 	Refused uint64
+	// Lost counts offsets resolved because their record was damaged or gone
+	// (found so at Open or while reading; persisted through checkpoints).
+	Lost uint64
 	// Cached counts the entries in the group's tail cache, and CachedBytes their bytes.
 	Cached, CachedBytes uint64
 	// Runs is the number of runs in the group's index.
@@ -217,9 +231,12 @@ type RecoveryReport struct {
 	// TornBytes counts the bytes dropped from the torn tail of the last
 	// segment (a commit that did not complete).
 	TornBytes int64
-	// Corrupt counts the bad frames found elsewhere; each was copied (up to
-	// a bound) under Dir/quarantine and the rest of its segment skipped.
+	// Corrupt counts the damaged stretches found (bad frames that good
+	// frames follow, or that end a sealed segment; damaged headers;
+	// truncated files); each was copied (up to a bound) under
+	// Dir/quarantine and skipped. Damage describes them.
 	Corrupt int
+	Damage  []Damage
 	// Quarantined lists the files written under Dir/quarantine.
 	Quarantined []string
 	// Garbage counts message records of groups not passed to Open.
@@ -256,6 +273,18 @@ type Stats struct {
 	CacheBytes             int64
 	// CommitFailures counts commits that failed (the first one stops the writer).
 	CommitFailures uint64
+	// Damaged counts damaged stretches ReadFrom met (their records were
+	// resolved as lost; see GroupInfo.Lost).
+	Damaged uint64
 	// WriteTime is the time spent in the commits' writes and fdatasyncs.
 	WriteTime time.Duration
+}
+
+// Damage is one damaged stretch of a segment file.
+type Damage struct {
+	Segment uint64
+	Path    string
+	// Pos and Len locate the bytes skipped.
+	Pos, Len int64
+	Reason   string
 }

@@ -61,8 +61,9 @@ func getAppendOp(groups []uint64, msg []byte, done func([]Result)) *op {
 		o.res = make([]Result, len(groups))
 	}
 	clear(o.res)
-	// Room for a drop-oldest resolve record per group is reserved too.
-	o.bound = len(groups) * (msgFrameBound(len(msg)) + resolveFrameBound(1))
+	// One record holds the message for every group; room for a drop-oldest
+	// resolve record per group is reserved too.
+	o.bound = msgFrameBound(len(msg), len(groups)) + len(groups)*resolveFrameBound(1)
 	return o
 }
 

@@ -54,7 +54,7 @@ func (l *Log) ReadFrom(id, from uint64, max int, buf []Entry) ([]Entry, error) {
 		}
 		hint := g.hint
 		l.mu.Unlock()
-		got, last, hintOut, err := readPlans(plans, hint, id, from, max-n, skip, buf)
+		got, last, hintOut, lost, err := l.readPlans(plans, hint, id, from, max-n, skip, buf)
 		l.mu.Lock()
 		for _, p := range plans {
 			l.unpinLocked(p.seg)
@@ -66,6 +66,16 @@ func (l *Log) ReadFrom(id, from uint64, max int, buf []Entry) ([]Entry, error) {
 		g = l.mu.groups[id]
 		if g == nil {
 			return buf, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
+		}
+		if len(lost) > 0 {
+			// Damaged records: resolved as lost (durably with the next
+			// commit), so the group goes on without them.
+			wasPending := len(l.mu.pendingGroups) > 0
+			l.loseLocked(g, lost)
+			g.advanceLocked()
+			if !wasPending && len(l.mu.pendingGroups) > 0 {
+				l.q.signal()
+			}
 		}
 		kept := got[:len(buf)]
 		for _, e := range got[len(buf):] {
@@ -114,79 +124,116 @@ func (l *Log) planLocked(g *group, from, hi uint64, plans []readPlan, skip []Ran
 	return plans, skip
 }
 
-func (l *Log) pinLocked(s *segment) { s.refs++ }
+func (l *Log) pinLocked(s *segment) { s.pins++ }
 
 func (l *Log) unpinLocked(s *segment) {
-	s.refs--
-	if s.refs == 0 && s.removed {
+	s.pins--
+	if s.pins == 0 && s.removed {
 		s.f.Close()
 	}
 }
 
 // readPlans reads the planned runs in order and appends up to max records
 // of group with offsets >= from (up to limit), strictly ascending, not in skip. It returns
-// the highest offset it looked at (so the caller can go on after it) and a
-// read hint for the next call.
-func readPlans(plans []readPlan, hint readHint, group, from uint64, limit int, skip []Range, buf []Entry) ([]Entry, uint64, readHint, error) {
+// the highest offset it looked at (so the caller can go on after it), a
+// read hint for the next call, and the offsets of group whose records it
+// found damaged (resolve them as lost: the group goes on without them).
+// Damaged bytes are copied to quarantine; the next good frame is found by
+// resync.
+func (l *Log) readPlans(plans []readPlan, hint readHint, group, from uint64, limit int, skip []Range, buf []Entry) ([]Entry, uint64, readHint, []Range, error) {
 	var out readHint
+	var lost []Range
 	last := from - 1
 	for _, p := range plans {
 		pos := p.start
 		if hint.seg == p.seg && p.runFirst <= hint.off && hint.off < from && pos < hint.pos && hint.pos <= p.end {
 			pos = hint.pos // the records of offsets > hint.off follow it
 		}
+		hl := frameHeaderLen(p.seg.version)
+		// gap is set after damage: the group's offsets from gapFrom up to the
+		// next of its records found are lost.
+		gap, gapFrom := false, uint64(0)
 		var chunk []byte
 		var chunkAt int64
 		for pos < p.end && limit > 0 {
-			if pos < chunkAt || pos+frameHeader > chunkAt+int64(len(chunk)) {
+			if pos < chunkAt || pos+int64(hl) > chunkAt+int64(len(chunk)) {
 				var err error
 				if chunk, err = readAt(p.seg, pos, min(readChunk, p.end-pos)); err != nil {
-					return buf, last, out, err
+					return buf, last, out, lost, err
 				}
 				chunkAt = pos
 			}
 			rel := int(pos - chunkAt)
-			n, crc, st := parseHeader(chunk[rel:])
-			if st != frameOK {
-				return buf, last, out, fmt.Errorf("seglog: segment %d at %d: bad frame in the index", p.seg.id, pos)
-			}
-			if rel+frameHeader+n > len(chunk) {
+			n, crc, st := parseHeader(chunk[rel:], p.seg.version, p.end-pos)
+			var rec record
+			end := pos + int64(hl) + int64(n)
+			if st == frameOK && rel+hl+n > len(chunk) {
 				var err error
-				if chunk, err = readAt(p.seg, pos, max(int64(frameHeader+n), min(readChunk, p.end-pos))); err != nil {
-					return buf, last, out, err
+				if chunk, err = readAt(p.seg, pos, max(int64(hl+n), min(readChunk, p.end-pos))); err != nil {
+					return buf, last, out, lost, err
 				}
 				chunkAt, rel = pos, 0
 			}
-			body := chunk[rel+frameHeader : rel+frameHeader+n]
-			end := pos + frameHeader + int64(n)
-			if typ := body[0]; typ == recMessage || typ == recMoved {
+			if st == frameOK {
+				body := chunk[rel+hl : rel+hl+n]
+				var err error
 				if !checkCRC(body, crc) {
-					return buf, last, out, fmt.Errorf("seglog: segment %d at %d: checksum mismatch", p.seg.id, pos)
+					st = frameBad
+				} else if rec, err = decodeBody(body); err != nil {
+					st = frameBad
 				}
-				rec, err := decodeBody(body)
+			}
+			if st != frameOK {
+				bad := frame{pos: pos, st: st}
+				if n > 0 {
+					bad.end = end
+				}
+				next, err := newWalker(p.seg.f, p.seg.version, p.end).resync(bad)
 				if err != nil {
-					return buf, last, out, fmt.Errorf("seglog: segment %d at %d: %w", p.seg.id, pos, err)
+					return buf, last, out, lost, fmt.Errorf("seglog: segment %d at %d: %w", p.seg.id, pos, err)
 				}
-				if rec.group == group && rec.offset >= p.lo && rec.offset <= p.hi && rec.offset > last {
-					last = rec.offset
-					out = readHint{seg: p.seg, off: rec.offset, pos: end}
-					if !inRanges(skip, rec.offset) {
-						buf = append(buf, Entry{Offset: rec.offset, Data: rec.msg[:len(rec.msg):len(rec.msg)]})
+				if next < 0 {
+					next = p.end
+				}
+				l.stats.damaged.Add(1)
+				name, _ := l.copyToQuarantine(p.seg, pos, next-pos, "damaged while in use")
+				l.log.Error("damaged segment read: the group's records in it are lost", "segment", p.seg.id, "pos", pos, "bytes", next-pos, "group", group, "quarantined", name)
+				if !gap {
+					gap, gapFrom = true, max(last+1, p.lo)
+				}
+				pos = next
+				continue
+			}
+			if isMessage(rec.typ) {
+				if off, ok := rec.offsetOf(group); ok && off >= p.lo && off <= p.hi && off > last {
+					if gap {
+						if off > gapFrom {
+							lost = append(lost, Range{gapFrom, off - 1})
+						}
+						gap = false
+					}
+					last = off
+					out = readHint{seg: p.seg, off: off, pos: end}
+					if !inRanges(skip, off) {
+						buf = append(buf, Entry{Offset: off, Data: rec.msg[:len(rec.msg):len(rec.msg)]})
 						limit--
 					}
-					if rec.offset == p.hi {
+					if off == p.hi {
 						break
 					}
 				}
 			}
 			pos = end
 		}
+		if gap && gapFrom <= p.hi {
+			lost = append(lost, Range{gapFrom, p.hi})
+		}
 		if limit == 0 {
-			return buf, last, out, nil
+			return buf, last, out, lost, nil
 		}
 		last = p.hi
 	}
-	return buf, last, out, nil
+	return buf, last, out, lost, nil
 }
 
 // readAt reads n bytes of s at off into a new buffer (entries keep it).

@@ -2,7 +2,6 @@ package seglog
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
@@ -20,16 +19,22 @@ const (
 
 // recover scans every segment in order and rebuilds the index (see the
 // package doc, Recovery). It returns the spare segment, if one was found.
+// With Options.ReadOnly it changes nothing and reports what it would do.
 func (l *Log) recover() (spare *segment, err error) {
 	start := time.Now()
 	rep := &l.report
-	ids, err := listSegments(l.opts.Dir)
+	ro := l.opts.ReadOnly
+	ids, err := segmentIDs(l.opts.Dir, !ro)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnusable, err)
 	}
 	var segs []*segment
+	mode := os.O_RDWR
+	if ro {
+		mode = os.O_RDONLY
+	}
 	for _, id := range ids {
-		s, err := openSegment(l.opts.Dir, id)
+		s, err := openSegmentMode(l.opts.Dir, id, mode)
 		if err != nil {
 			for _, s := range segs {
 				s.f.Close()
@@ -39,11 +44,16 @@ func (l *Log) recover() (spare *segment, err error) {
 		segs = append(segs, s)
 	}
 	l.mu.segs = segs // closed by Open on error
-	// The last segment that holds data: a non-zero length at position 0.
+	// Refuse a newer format before anything is changed.
+	for _, s := range segs {
+		if s.version > FormatVersion {
+			return nil, newerError(s.path, s.version)
+		}
+	}
+	// The last segment that holds data at its first frame position.
 	last := -1
 	for i := len(segs) - 1; i >= 0 && last < 0; i-- {
-		var h [4]byte
-		if n, _ := segs[i].f.ReadAt(h[:], 0); n == 4 && binary.LittleEndian.Uint32(h[:]) != 0 {
+		if segs[i].holdsData() {
 			last = i
 		}
 	}
@@ -55,18 +65,8 @@ func (l *Log) recover() (spare *segment, err error) {
 			continue
 		}
 		if s.size == l.opts.SegmentSize && (last >= 0 && spare == nil || last < 0 && len(keep) < 2) {
-			// Bytes in a segment without a first frame: the first commit into
-			// it was torn (or its first header was damaged): keep a copy.
-			if nz, err := firstNonZero(s, 0); err != nil {
-				return nil, fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
-			} else if nz >= 0 {
-				l.copyToQuarantine(s, nz, "data in a segment without a first frame")
-			}
-			if junk, err := l.zeroFrom(s, 0); err != nil {
-				return nil, fmt.Errorf("%w: clear segment %d: %w", ErrUnusable, s.id, err)
-			} else if junk > 0 {
-				rep.TornBytes += junk
-				l.log.Warn("cleared a segment without a first frame", "segment", s.id, "bytes", junk)
+			if err := l.clearUnused(s); err != nil {
+				return nil, err
 			}
 			if last >= 0 {
 				spare = s
@@ -74,6 +74,9 @@ func (l *Log) recover() (spare *segment, err error) {
 				keep = append(keep, s)
 			}
 			continue
+		}
+		if ro {
+			continue // would be removed
 		}
 		s.f.Close()
 		if err := os.Remove(s.path); err != nil {
@@ -84,7 +87,7 @@ func (l *Log) recover() (spare *segment, err error) {
 		spare, keep = keep[1], keep[:1]
 	}
 	l.mu.segs = keep
-	if len(keep) == 0 {
+	if len(keep) == 0 && !ro {
 		id := uint64(1)
 		if len(ids) > 0 {
 			id = ids[len(ids)-1] + 1
@@ -97,6 +100,12 @@ func (l *Log) recover() (spare *segment, err error) {
 	}
 	for i, s := range l.mu.segs {
 		isLast := i == len(l.mu.segs)-1
+		switch {
+		case s.hdrState == headerDamaged:
+			l.damage(s, 0, segHeaderSize, "damaged segment header")
+		case s.hdrState == headerOK && s.hdr.size > s.size:
+			l.damage(s, s.size, 0, fmt.Sprintf("truncated: the file has %d bytes, its header says %d", s.size, s.hdr.size))
+		}
 		if err := l.scan(s, isLast); err != nil {
 			if spare != nil {
 				spare.f.Close()
@@ -109,12 +118,39 @@ func (l *Log) recover() (spare *segment, err error) {
 	for _, g := range l.mu.groups {
 		l.settleLocked(g)
 	}
-	l.w.seg = l.active()
-	l.w.end = l.w.seg.end
+	if len(l.mu.segs) > 0 {
+		l.w.seg = l.active()
+		l.w.end = l.w.seg.end
+	}
 	rep.Took = time.Since(start)
 	l.log.Debug("recovered", "segments", rep.Segments, "bytes", rep.Bytes, "records", rep.Records, "live", rep.Live,
 		"torn_bytes", rep.TornBytes, "corrupt", rep.Corrupt, "garbage", rep.Garbage, "lost", rep.Lost, "took", rep.Took)
 	return spare, nil
+}
+
+// clearUnused prepares a segment that never held a committed frame for
+// use: bytes in it (the first commit into it was torn, or its first header
+// was damaged) are copied to quarantine and zeroed, and a segment without a
+// header (a format 1 spare) gets one.
+func (l *Log) clearUnused(s *segment) error {
+	if nz, err := firstNonZero(s, s.base); err != nil {
+		return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
+	} else if nz >= 0 {
+		l.copyToQuarantine(s, nz, s.size-nz, "data in a segment without a first frame")
+	}
+	if junk, err := l.zeroFrom(s, s.base); err != nil {
+		return fmt.Errorf("%w: clear segment %d: %w", ErrUnusable, s.id, err)
+	} else if junk > 0 {
+		l.report.TornBytes += junk
+		l.log.Warn("cleared a segment without a first frame", "segment", s.id, "bytes", junk)
+	}
+	if (s.version < FormatVersion || s.hdrState != headerOK) && !l.opts.ReadOnly {
+		if err := s.writeHeader(l.opts.NoSync); err != nil {
+			return fmt.Errorf("%w: write the header of segment %d: %w", ErrUnusable, s.id, err)
+		}
+	}
+	s.end = s.base
+	return nil
 }
 
 // settleLocked finishes a group's recovery: resolutions beyond the head go,
@@ -153,12 +189,7 @@ func (l *Log) settleLocked(g *group) {
 		next = max(next, r.last+1)
 	}
 	gap(g.head)
-	for _, r := range lost {
-		for off := r.First; off <= r.Last; off++ {
-			l.resolveLocked(g, off, false)
-		}
-		l.report.Lost += r.Last - r.First + 1
-	}
+	l.loseLocked(g, lost)
 	if len(lost) > 0 {
 		l.log.Error("messages lost: no record found for unresolved offsets", "group", g.id, "ranges", lost)
 	}
@@ -167,118 +198,128 @@ func (l *Log) settleLocked(g *group) {
 	g.cache.from = g.head + 1
 }
 
-// scan reads one segment: it applies its records, sets its end, and repairs
-// a torn tail (in the last segment) or quarantines a bad frame (elsewhere).
+// loseLocked resolves the unresolved offsets of ranges whose records are
+// gone, and counts them as lost.
+func (l *Log) loseLocked(g *group, ranges []Range) {
+	for _, r := range ranges {
+		for off := r.First; off <= r.Last; off++ {
+			if l.resolveLocked(g, off, false) {
+				g.lost++
+				l.report.Lost++
+			}
+		}
+	}
+}
+
+// scan reads one segment: it applies its good records and sets its end.
+// After a bad frame it goes on at the next good frame (the bad bytes are
+// copied to quarantine); only a bad frame that no good frame follows in the
+// last segment is a torn tail (the last commit did not complete), cut off;
+// one in a sealed segment is damage too, and the rest of that segment is
+// skipped.
 func (l *Log) scan(s *segment, last bool) error {
 	rep := &l.report
-	sc := scanner{f: s.f, size: s.size}
-	pos := int64(0)
-	bad := ""
+	w := newWalker(s.f, s.version, s.size)
+	pos := s.base
 	for {
-		h, err := sc.at(pos, frameHeader)
-		if err == io.EOF {
-			bad = "" // the file ends on a frame boundary without a terminating zero
-			if pos+frameHeader <= s.size {
-				bad = "short header"
+		fr, err := w.at(pos)
+		if err != nil {
+			return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
+		}
+		if fr.st == frameOK {
+			rec, _ := decodeBody(fr.body) // checked by at
+			l.applyLocked(s, &rec, pos, fr.end)
+			pos = fr.end
+			continue
+		}
+		reason := fr.st.String()
+		if fr.st == frameEnd {
+			nz, err := w.nonZeroFrom(pos)
+			if err != nil {
+				return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
 			}
-			break
+			if nz < 0 {
+				break // the end of the data: zeros to the end
+			}
 		}
+		next, err := w.resync(fr)
 		if err != nil {
 			return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
 		}
-		n, crc, st := parseHeader(h)
-		if st == frameEnd {
-			break
+		if next >= 0 {
+			// Good frames follow: damage, not the end of the data.
+			l.damage(s, pos, next-pos, reason)
+			pos = next
+			continue
 		}
-		if st == frameBad {
-			bad = "impossible length"
-			break
+		if !last {
+			nz, err := w.nonZeroFrom(pos)
+			if err != nil {
+				return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
+			}
+			if nz >= 0 {
+				l.damage(s, pos, s.size-pos, reason+"; nothing readable after it")
+			}
 		}
-		body, err := sc.at(pos+frameHeader, n)
-		if err == io.EOF {
-			bad = "frame runs past the end of the segment"
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
-		}
-		if !checkCRC(body, crc) {
-			bad = "checksum mismatch"
-			break
-		}
-		rec, err := decodeBody(body)
-		if err != nil {
-			bad = "undecodable record"
-			break
-		}
-		end := pos + frameHeader + int64(n)
-		if err := l.applyLocked(s, &rec, pos, end); err != nil {
-			bad = err.Error()
-			break
-		}
-		pos = end
+		break
 	}
 	s.end = pos
-	rep.Bytes += min(s.size, max(pos, sc.read))
-	if last {
-		junk, err := l.zeroFrom(s, pos)
-		if err != nil {
-			return fmt.Errorf("%w: truncate the torn tail of segment %d: %w", ErrUnusable, s.id, err)
-		}
-		if junk > 0 {
-			rep.TornBytes += junk
-			l.log.Warn("truncated the torn tail of the last commit", "segment", s.id, "pos", pos, "bytes", junk, "reason", bad)
-		}
+	rep.Bytes += min(s.size, max(pos, w.sc.read))
+	if !last {
 		return nil
 	}
-	if bad == "" {
-		// A sealed segment ends with zeros; anything else after its end is damage.
-		nz, err := firstNonZero(s, pos)
-		if err != nil {
-			return fmt.Errorf("%w: read segment %d: %w", ErrUnusable, s.id, err)
-		}
-		if nz < 0 {
-			return nil
-		}
-		bad = "data after the end marker"
-		pos = nz
+	junk, err := l.zeroFrom(s, pos)
+	if err != nil {
+		return fmt.Errorf("%w: truncate the torn tail of segment %d: %w", ErrUnusable, s.id, err)
 	}
-	l.quarantine(s, pos, bad)
+	if junk > 0 {
+		rep.TornBytes += junk
+		l.log.Warn("truncated the torn tail of the last commit", "segment", s.id, "pos", pos, "bytes", junk)
+	}
 	return nil
 }
 
+// damage reports n damaged bytes of s at pos and keeps a copy of them.
+func (l *Log) damage(s *segment, pos, n int64, reason string) {
+	l.report.Corrupt++
+	l.report.Damage = append(l.report.Damage, Damage{Segment: s.id, Path: s.path, Pos: pos, Len: n, Reason: reason})
+	name, _ := l.copyToQuarantine(s, pos, n, reason)
+	l.log.Error("damaged segment: bytes skipped", "segment", s.id, "pos", pos, "bytes", n, "reason", reason, "quarantined", name)
+}
+
 // applyLocked applies one valid record found at pos..end of s.
-func (l *Log) applyLocked(s *segment, rec *record, pos, end int64) error {
+func (l *Log) applyLocked(s *segment, rec *record, pos, end int64) {
 	rep := &l.report
 	s.records++
 	rep.Records++
-	g := l.mu.groups[rec.group]
-	if g == nil {
-		if rec.typ != recResolve {
-			rep.Garbage++
-			l.mu.retired[rec.group] = struct{}{}
+	if rec.typ == recResolve {
+		g := l.mu.groups[rec.group]
+		if g == nil {
+			return
 		}
-		return nil
-	}
-	switch rec.typ {
-	case recMessage, recMoved:
-		g.head = max(g.head, rec.offset)
-		if rec.offset <= g.cursor || g.resolved.contains(rec.offset) || g.findRun(rec.offset) >= 0 {
-			return nil // resolved, or a copy of an offset indexed already
-		}
-		g.indexLocked(rec.offset, s, pos, end, uint64(len(rec.msg)))
-		rep.Live++
-	case recResolve:
-		d := rec.rangeDecoder()
+		d := rec.rangeDecoder() // checked by decodeBody
 		for r, ok := d.next(); ok; r, ok = d.next() {
 			l.resolveRangeLocked(g, r)
 		}
-		if d.err != nil {
-			return fmt.Errorf("bad resolve record: %w", d.err)
-		}
 		g.advanceLocked()
+		return
 	}
-	return nil
+	it := rec.refs()
+	for x, ok := it.next(); ok; x, ok = it.next() {
+		s.msgRefs++
+		g := l.mu.groups[x.group]
+		if g == nil {
+			rep.Garbage++
+			l.mu.retired[x.group] = struct{}{}
+			continue
+		}
+		g.head = max(g.head, x.offset)
+		if x.offset <= g.cursor || g.resolved.contains(x.offset) || g.findRun(x.offset) >= 0 {
+			continue // resolved, or a copy of an offset indexed already
+		}
+		g.indexLocked(x.offset, s, pos, end, uint64(len(rec.msg)))
+		rep.Live++
+	}
 }
 
 // resolveRangeLocked applies a durable resolution of r during recovery.
@@ -311,20 +352,13 @@ func (l *Log) resolveRangeLocked(g *group, r Range) {
 	}
 }
 
-// quarantine reports a bad frame of s at pos and keeps a copy of its bytes;
-// the rest of s is skipped.
-func (l *Log) quarantine(s *segment, pos int64, reason string) {
-	l.report.Corrupt++
-	if name, ok := l.copyToQuarantine(s, pos, reason); ok {
-		l.log.Error("corrupt segment: the rest of it is skipped", "segment", s.id, "pos", pos, "reason", reason, "quarantined", name)
+// copyToQuarantine copies up to quarantineMax of the n bytes of s at pos to
+// Dir/quarantine/<segment>-<pos>.bin (nothing with ReadOnly).
+func (l *Log) copyToQuarantine(s *segment, pos, n int64, reason string) (string, bool) {
+	if l.opts.ReadOnly {
+		return "", false
 	}
-}
-
-// copyToQuarantine copies up to quarantineMax bytes of s from pos to
-// Dir/quarantine/<segment>-<pos>.bin.
-func (l *Log) copyToQuarantine(s *segment, pos int64, reason string) (string, bool) {
-	rep := &l.report
-	n := min(quarantineMax, s.size-pos)
+	n = min(n, quarantineMax, s.size-pos)
 	name := filepath.Join(l.opts.Dir, quarantineDir, fmt.Sprintf("%020d-%d.bin", s.id, pos))
 	b := make([]byte, n)
 	_, err := s.f.ReadAt(b, pos)
@@ -337,13 +371,13 @@ func (l *Log) copyToQuarantine(s *segment, pos int64, reason string) (string, bo
 		l.log.Error("could not quarantine", "segment", s.id, "pos", pos, "reason", reason, "error", err)
 		return "", false
 	}
-	rep.Quarantined = append(rep.Quarantined, name)
+	l.report.Quarantined = append(l.report.Quarantined, name)
 	return name, true
 }
 
 // zeroFrom writes zeros over the non-zero bytes of s from pos on and makes
 // that durable; it returns how many bytes past pos held data (up to the last
-// non-zero byte).
+// non-zero byte). With ReadOnly it only counts them.
 func (l *Log) zeroFrom(s *segment, pos int64) (int64, error) {
 	buf := make([]byte, scanBuffer)
 	lastNZ := int64(-1)
@@ -354,6 +388,9 @@ func (l *Log) zeroFrom(s *segment, pos int64) (int64, error) {
 		}
 		if i := lastNonZero(b); i >= 0 {
 			lastNZ = off + int64(i)
+			if l.opts.ReadOnly {
+				continue
+			}
 			if err := zeroRange(s.f, off, off+int64(len(b))); err != nil {
 				return 0, err
 			}
@@ -362,7 +399,7 @@ func (l *Log) zeroFrom(s *segment, pos int64) (int64, error) {
 	if lastNZ < 0 {
 		return 0, nil
 	}
-	if !l.opts.NoSync {
+	if !l.opts.NoSync && !l.opts.ReadOnly {
 		if err := fdatasync(s.f); err != nil {
 			return 0, err
 		}
@@ -421,10 +458,15 @@ func (sc *scanner) at(pos int64, n int) ([]byte, error) {
 		sc.buf = make([]byte, want)
 	}
 	sc.buf = sc.buf[:want]
-	if _, err := sc.f.ReadAt(sc.buf, pos); err != nil && err != io.EOF {
+	m, err := sc.f.ReadAt(sc.buf, pos)
+	if err != nil && err != io.EOF {
 		return nil, err
 	}
+	if m < n {
+		return nil, io.EOF // the file is shorter than it was
+	}
+	sc.buf = sc.buf[:m]
 	sc.at0 = pos
-	sc.read = max(sc.read, pos+int64(want))
+	sc.read = max(sc.read, pos+int64(m))
 	return sc.buf[:n], nil
 }

@@ -58,7 +58,11 @@ func segFiles(t testing.TB, dir string) ([]string, int) {
 	last := -1
 	for i, p := range m {
 		b := readFile(t, p)
-		if binary.LittleEndian.Uint32(b) != 0 {
+		base := 0
+		if string(b[:4]) == segMagic {
+			base = segHeaderSize
+		}
+		if binary.LittleEndian.Uint32(b[base:]) != 0 {
 			last = i
 		}
 	}
@@ -74,18 +78,28 @@ func readFile(t testing.TB, p string) []byte {
 	return b
 }
 
-// frames returns the start positions of the frames of a segment's bytes.
+// frames returns the start positions of the frames of a segment's bytes
+// (of either format).
 func frames(b []byte) []int {
 	var out []int
-	for pos := 0; pos+frameHeader <= len(b); {
+	pos, hl := 0, frameHeaderV1
+	if string(b[:4]) == segMagic {
+		pos, hl = segHeaderSize, frameHeaderV2
+	}
+	for pos+hl <= len(b) {
 		n := int(binary.LittleEndian.Uint32(b[pos:]))
 		if n == 0 {
 			break
 		}
 		out = append(out, pos)
-		pos += frameHeader + n
+		pos += hl + n
 	}
 	return out
+}
+
+// frameEnd returns the end of the frame at pos of a format 2 segment's bytes.
+func frameEndAt(b []byte, pos int) int {
+	return pos + frameHeader + int(binary.LittleEndian.Uint32(b[pos:]))
 }
 
 // checkGroup checks that the group holds exactly the messages lo..hi of
@@ -104,48 +118,55 @@ func checkGroup(t testing.TB, l *Log, g, lo, hi uint64) {
 	}
 }
 
+// TestTornTail: the final frame of the last segment is damaged as a crash
+// in the middle of the last commit leaves it: only that frame goes (it was
+// never acknowledged), and appends go on after it.
 func TestTornTail(t *testing.T) {
 	for _, mode := range []string{"garbled", "cut", "length"} {
 		t.Run(mode, func(t *testing.T) {
 			dir := t.TempDir()
-			const n = 1000
+			const n = 2000 // several segments
 			buildLog(t, dir, n)
+			// One more message, the last frame of the log.
+			l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+			if res := appendWait(t, l, []uint64{1, 2}, payload(1, n+1, 80+int((n+1)%40))); res[0].Offset != n+1 || res[1].Offset != n+1 {
+				t.Fatalf("append: %+v", res)
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
 			segs, last := segFiles(t, dir)
 			if last < 2 {
 				t.Fatalf("want several segments, the last with data is %d of %d", last, len(segs))
 			}
 			b := readFile(t, segs[last])
 			fr := frames(b)
-			// The last frames are resolve records (Close); the message frames before them.
-			var lastMsg int
-			for _, p := range fr {
-				if b[p+frameHeader] == recMessage {
-					lastMsg = p
-				}
+			lastFrame := fr[len(fr)-1]
+			if !isMessage(b[lastFrame+frameHeader]) {
+				t.Fatalf("the last frame is of type %d", b[lastFrame+frameHeader])
 			}
-			end := fr[len(fr)-1] + frameHeader + int(binary.LittleEndian.Uint32(b[fr[len(fr)-1]:]))
+			end := frameEndAt(b, lastFrame)
 			switch mode {
 			case "garbled": // a flipped byte in the body: CRC mismatch
-				b[lastMsg+frameHeader+5] ^= 0x40
+				b[lastFrame+frameHeader+5] ^= 0x40
 			case "cut": // the end of the write never reached the disk
-				clear(b[lastMsg+frameHeader+3 : end])
+				clear(b[lastFrame+frameHeader+3 : end])
 			case "length": // an impossible length
-				binary.LittleEndian.PutUint32(b[lastMsg:], maxBody+1)
+				binary.LittleEndian.PutUint32(b[lastFrame:], 0xfffff000)
 			}
 			if err := os.WriteFile(segs[last], b, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+			l = openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
 			rep := l.Recovery()
-			if rep.TornBytes <= 0 || rep.Corrupt != 0 {
+			if rep.TornBytes <= 0 || rep.Corrupt != 0 || rep.Lost != 0 {
 				t.Fatalf("report %+v", rep)
 			}
-			// The torn frame is the last message record (group 2's offset n);
-			// the resolve record of Close after it went with it.
-			checkGroup(t, l, 1, 1, n)
-			checkGroup(t, l, 2, 1, n-1)
-			if off := appendOK(t, l, 2, payload(1, n, 80+int(n%40))); off != n {
-				t.Fatalf("next offset %d, want %d", off, n)
+			// Close's resolutions of group 1 came before the torn frame.
+			checkGroup(t, l, 1, n/4+1, n)
+			checkGroup(t, l, 2, 1, n)
+			if off := appendOK(t, l, 2, payload(1, n+1, 80+int((n+1)%40))); off != n+1 {
+				t.Fatalf("next offset %d, want %d", off, n+1)
 			}
 			if err := l.Sync(); err != nil {
 				t.Fatal(err)
@@ -155,14 +176,66 @@ func TestTornTail(t *testing.T) {
 			if rep := l.Recovery(); rep.TornBytes != 0 || rep.Corrupt != 0 {
 				t.Fatalf("second reopen: %+v", rep)
 			}
-			checkGroup(t, l, 2, 1, n)
+			checkGroup(t, l, 2, 1, n+1)
 		})
+	}
+}
+
+// TestDamageInTheLastSegment: a damaged frame that good frames follow is
+// damage, not a torn tail: only its record is lost (both groups' offsets in
+// it), the frames after it stay.
+func TestDamageInTheLastSegment(t *testing.T) {
+	dir := t.TempDir()
+	const n = 2000 // several segments
+	buildLog(t, dir, n)
+	l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+	for i := uint64(n + 1); i <= n+20; i++ {
+		appendWait(t, l, []uint64{1, 2}, payload(1, i, 80+int(i%40)))
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	segs, last := segFiles(t, dir)
+	b := readFile(t, segs[last])
+	fr := frames(b)
+	var msgs []int
+	for _, p := range fr {
+		if isMessage(b[p+frameHeader]) {
+			msgs = append(msgs, p)
+		}
+	}
+	victim := msgs[len(msgs)/2]
+	rec, err := decodeBody(b[victim+frameHeader : frameEndAt(b, victim)])
+	if err != nil {
+		t.Fatal(err)
+	}
+	lostOff, _ := rec.offsetOf(2)
+	b[victim+frameHeader+7] ^= 0x10
+	if err := os.WriteFile(segs[last], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l = openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
+	rep := l.Recovery()
+	if rep.TornBytes != 0 || rep.Corrupt != 1 || rep.Lost != 2 || len(rep.Damage) != 1 || rep.Damage[0].Pos != int64(victim) {
+		t.Fatalf("report %+v", rep)
+	}
+	got := readAll(t, l, 2, 0)
+	if len(got) != n+20-1 {
+		t.Fatalf("group 2 holds %d, want %d", len(got), n+20-1)
+	}
+	for _, e := range got {
+		if e.Offset == lostOff || !bytes.Equal(e.Data, payload(1, e.Offset, 80+int(e.Offset%40))) {
+			t.Fatalf("offset %d holds %q (lost %d)", e.Offset, e.Data, lostOff)
+		}
+	}
+	if gi, _ := l.Group(2); gi.Lost != 1 || gi.Messages != n+20-1 {
+		t.Fatalf("group 2: %+v", gi)
 	}
 }
 
 func TestCorruptMiddleSegment(t *testing.T) {
 	dir := t.TempDir()
-	const n = 1000
+	const n = 2000 // several segments
 	buildLog(t, dir, n)
 	segs, last := segFiles(t, dir)
 	if last < 2 {
@@ -178,8 +251,13 @@ func TestCorruptMiddleSegment(t *testing.T) {
 	}
 	l := openLog(t, smallOpts(t, dir), map[uint64]GroupState{1: {}, 2: {}})
 	rep := l.Recovery()
-	if rep.Corrupt != 1 || len(rep.Quarantined) != 1 || rep.TornBytes != 0 || rep.Lost == 0 {
+	// One record lost (its two offsets, unless group 1's was resolved),
+	// not the rest of the segment.
+	if rep.Corrupt != 1 || len(rep.Quarantined) != 1 || rep.TornBytes != 0 || rep.Lost == 0 || rep.Lost > 2 {
 		t.Fatalf("report %+v", rep)
+	}
+	if gi, _ := l.Group(2); gi.Messages != n-1 || gi.Lost != 1 {
+		t.Fatalf("group 2: %+v", gi)
 	}
 	q := readFile(t, rep.Quarantined[0])
 	if !bytes.Equal(q[:64], b[at:at+64]) {

@@ -1,6 +1,7 @@
 package seglog
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -27,13 +28,27 @@ type segment struct {
 	f    *os.File
 	size int64
 
+	// version is the segment's format (1: no header); its frames start at
+	// base (segHeaderSize, 0 for format 1). Set before the writer starts,
+	// with the header and what Open found of it.
+	version  uint32
+	base     int64
+	hdr      segHeader
+	hdrState headerState
+
 	// Guarded by Log.mu.
-	end     int64  // bytes of committed frames; the active segment's next write position
+	end     int64  // end of the committed frames; the active segment's next write position
 	records uint64 // committed frames
-	live    uint64 // message records the index points at (unresolved, not moved away)
+	msgRefs uint64 // group references of the committed message records
+	live    uint64 // references the index points at (unresolved, not moved away)
 	sealed  bool   // no frame will be written to it again
-	refs    int    // readers between pin and unpin
-	removed bool   // unlinked; f is closed when refs drops to 0
+	pins    int    // readers between pin and unpin
+	removed bool   // unlinked; f is closed when pins drops to 0
+	// surveyLive is live when the compactor last found the segment not
+	// worth copying (its live records' bytes were not sparse: they are
+	// shared by several groups); 0 if it never did. It looks again once
+	// live has halved.
+	surveyLive uint64
 	// compacting is set while the compactor copies its live records
 	// forward; compacted once it did (a segment is compacted once per Open,
 	// so that records it could not move are not copied again and again).
@@ -44,7 +59,12 @@ func segName(id uint64) string { return fmt.Sprintf("%020d%s", id, segSuffix) }
 
 // listSegments returns the ids of the segment files in dir, ascending, and
 // removes leftover temporary files.
-func listSegments(dir string) ([]uint64, error) {
+func listSegments(dir string) ([]uint64, error) { return segmentIDs(dir, true) }
+
+// listSegmentsReadOnly is listSegments without removing anything.
+func listSegmentsReadOnly(dir string) ([]uint64, error) { return segmentIDs(dir, false) }
+
+func segmentIDs(dir string, removeTmp bool) ([]uint64, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, err
@@ -53,6 +73,9 @@ func listSegments(dir string) ([]uint64, error) {
 	for _, e := range ents {
 		name := e.Name()
 		if strings.HasSuffix(name, tmpSuffix) {
+			if !removeTmp {
+				continue
+			}
 			if err := os.Remove(filepath.Join(dir, name)); err != nil {
 				return nil, err
 			}
@@ -74,8 +97,12 @@ func listSegments(dir string) ([]uint64, error) {
 
 // openSegment opens an existing segment file.
 func openSegment(dir string, id uint64) (*segment, error) {
+	return openSegmentMode(dir, id, os.O_RDWR)
+}
+
+func openSegmentMode(dir string, id uint64, mode int) (*segment, error) {
 	path := filepath.Join(dir, segName(id))
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := os.OpenFile(path, mode, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +111,22 @@ func openSegment(dir string, id uint64) (*segment, error) {
 		f.Close()
 		return nil, err
 	}
-	return &segment{id: id, path: path, f: f, size: fi.Size()}, nil
+	s := &segment{id: id, path: path, f: f, size: fi.Size()}
+	h, st, err := readSegHeader(f)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if st == headerNone && v2FrameAt(f, segHeaderSize) {
+		// A header gone to zeros (a bad sector) before frames of the
+		// current format: damaged, not a format 1 segment.
+		h, st = segHeader{version: FormatVersion, id: id, size: s.size}, headerDamaged
+	}
+	s.version, s.hdr, s.hdrState = 1, h, st
+	if st == headerOK || st == headerDamaged {
+		s.version, s.base = h.version, segHeaderSize
+	}
+	return s, nil
 }
 
 // createSegment creates segment id in dir, size bytes of zeros, durably
@@ -107,6 +149,9 @@ func createSegment(dir string, id uint64, size int64, noSync bool) (*segment, er
 	if err := zeroRange(f, 0, size); err != nil {
 		return fail(err)
 	}
+	if _, err := f.WriteAt(appendSegHeader(nil, segHeader{version: FormatVersion, id: id, size: size}), 0); err != nil {
+		return fail(err)
+	}
 	if !noSync {
 		if err := fdatasync(f); err != nil {
 			return fail(err)
@@ -121,7 +166,24 @@ func createSegment(dir string, id uint64, size int64, noSync bool) (*segment, er
 			return nil, err
 		}
 	}
-	return &segment{id: id, path: path, f: f, size: size}, nil
+	h := segHeader{version: FormatVersion, id: id, size: size}
+	return &segment{id: id, path: path, f: f, size: size, version: FormatVersion, base: segHeaderSize, end: segHeaderSize, hdr: h, hdrState: headerOK}, nil
+}
+
+// writeHeader gives an unused headerless segment (a format 1 spare) a
+// header of the current format, durably.
+func (s *segment) writeHeader(noSync bool) error {
+	if _, err := s.f.WriteAt(appendSegHeader(nil, segHeader{version: FormatVersion, id: s.id, size: s.size}), 0); err != nil {
+		return err
+	}
+	if !noSync {
+		if err := fdatasync(s.f); err != nil {
+			return err
+		}
+	}
+	s.version, s.base, s.end = FormatVersion, segHeaderSize, segHeaderSize
+	s.hdr, s.hdrState = segHeader{version: FormatVersion, id: s.id, size: s.size}, headerOK
+	return nil
 }
 
 var zeros = make([]byte, zeroChunk)
@@ -208,4 +270,52 @@ func (p *preparer) close() {
 		}
 	default:
 	}
+}
+
+// HasRecords reports whether any segment file in dir holds a committed
+// frame. A missing dir holds none.
+func HasRecords(dir string) (bool, error) {
+	ids, err := listSegmentsReadOnly(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	for _, id := range ids {
+		s, err := openSegmentReadOnly(dir, id)
+		if err != nil {
+			return false, err
+		}
+		has := s.holdsData()
+		s.f.Close()
+		if has {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// openSegmentReadOnly opens an existing segment file for reading only.
+func openSegmentReadOnly(dir string, id uint64) (*segment, error) {
+	return openSegmentMode(dir, id, os.O_RDONLY)
+}
+
+// holdsData reports whether the segment's first frame position holds
+// anything (a frame, or the damaged remains of one).
+func (s *segment) holdsData() bool {
+	var h [4]byte
+	n, _ := s.f.ReadAt(h[:], s.base)
+	return n == 4 && binary.LittleEndian.Uint32(h[:]) != 0
+}
+
+// v2FrameAt reports whether a frame header of the current format (its own
+// checksum matching) is at pos of f.
+func v2FrameAt(f *os.File, pos int64) bool {
+	var h [frameHeaderV2]byte
+	if n, _ := f.ReadAt(h[:], pos); n < len(h) {
+		return false
+	}
+	_, _, st := parseHeader(h[:], FormatVersion, 1<<40)
+	return st == frameOK
 }

@@ -14,21 +14,29 @@ type writer struct {
 	carry []*op // ops cut from the last batch because the segment filled
 	buf   []byte
 	recs  []stagedRec
+	refs  []stagedRef // the references of recs
+	tmp   []ref       // one record's references, as appendMsgFrame takes them
 	res   []stagedResolve
 	rbuf  []Range // ranges of res
 	touch []*group
 	fail  error // ErrFailed once a write or fdatasync failed
 }
 
-// stagedRec is one message or moved record of the batch.
+// stagedRec is one message or moved record of the batch: one copy of data
+// for the groups of refs[from:to].
 type stagedRec struct {
-	g        *group
-	off      uint64
 	typ      byte
+	from, to int
 	data     []byte
 	pos, end int // frame bounds in buf
 	src      *segment
 	srcEnd   int64 // moved: end of the original record in src
+}
+
+// stagedRef is one group's offset in a staged record.
+type stagedRef struct {
+	g   *group
+	off uint64
 }
 
 // stagedResolve is one resolve record of the batch: ranges rbuf[from:to].
@@ -91,7 +99,9 @@ func (l *Log) commit(ops []*op) int {
 		if len(ops) > 0 && ops[0].err == nil {
 			need = ops[0].bound + resolveFrameBound(1)
 		}
-		if w.seg.size-w.end < int64(need) && w.end > 0 {
+		// A segment of an older format is never written: the first commit
+		// after Open moves on to a new one.
+		if w.seg.version < FormatVersion || (w.seg.size-w.end < int64(need) && w.end > w.seg.base) {
 			if err := l.roll(); err != nil {
 				for _, o := range ops {
 					o.err = err
@@ -153,7 +163,11 @@ func (l *Log) commit(ops []*op) int {
 	for i := range w.recs {
 		r := &w.recs[i]
 		r.pos = len(w.buf)
-		w.buf, _ = appendMsgFrame(w.buf, r.typ, r.g.id, r.off, r.data)
+		w.tmp = w.tmp[:0]
+		for _, x := range w.refs[r.from:r.to] {
+			w.tmp = append(w.tmp, ref{x.g.id, x.off})
+		}
+		w.buf = appendMsgFrame(w.buf, r.typ, w.tmp, r.data)
 		r.end = len(w.buf)
 	}
 	for _, r := range w.res {
@@ -175,7 +189,7 @@ func (l *Log) commit(ops []*op) int {
 			g.assigned = g.head
 		}
 		l.mu.Unlock()
-		w.touch, w.recs, w.res = w.touch[:0], w.recs[:0], w.res[:0]
+		w.touch, w.recs, w.refs, w.res = w.touch[:0], w.recs[:0], w.refs[:0], w.res[:0]
 		for _, o := range ops {
 			o.err = w.fail
 		}
@@ -185,7 +199,7 @@ func (l *Log) commit(ops []*op) int {
 	if len(ops) == 0 && len(w.res) > 0 {
 		l.stats.resolveCommits.Add(1)
 	}
-	w.recs, w.res, w.rbuf = w.recs[:0], w.res[:0], w.rbuf[:0]
+	w.recs, w.refs, w.res, w.rbuf = w.recs[:0], w.refs[:0], w.res[:0], w.rbuf[:0]
 	return l.finish(ops, heads)
 }
 
@@ -234,7 +248,7 @@ func (l *Log) roll() error {
 	w.seg.sealed = true
 	l.mu.segs = append(l.mu.segs, pr.seg)
 	l.mu.Unlock()
-	w.seg, w.end = pr.seg, 0
+	w.seg, w.end = pr.seg, pr.seg.base
 	l.prep.req <- pr.seg.id + 1
 	l.wakeCompactor()
 	return nil
@@ -250,6 +264,7 @@ func (l *Log) assignLocked(o *op) {
 	switch o.kind {
 	case opAppend:
 		size := uint64(len(o.msg))
+		from := len(w.refs)
 		for j, id := range o.groups {
 			g := l.mu.groups[id]
 			if g == nil {
@@ -265,15 +280,22 @@ func (l *Log) assignLocked(o *op) {
 			g.batchSizes = append(g.batchSizes, size)
 			g.batchKeptB += size
 			o.res[j] = Result{Offset: g.assigned}
-			w.recs = append(w.recs, stagedRec{g: g, off: g.assigned, typ: recMessage, data: o.msg})
+			w.refs = append(w.refs, stagedRef{g, g.assigned})
+		}
+		if len(w.refs) > from { // one copy for every group that took it
+			w.recs = append(w.recs, stagedRec{typ: recShared, from: from, to: len(w.refs), data: o.msg})
 		}
 	case opCopy:
 		for _, c := range o.copies {
-			g := l.mu.groups[c.group]
-			if g == nil {
-				continue
+			from := len(w.refs)
+			for _, x := range c.refs {
+				if g := l.mu.groups[x.group]; g != nil {
+					w.refs = append(w.refs, stagedRef{g, x.offset})
+				}
 			}
-			w.recs = append(w.recs, stagedRec{g: g, off: c.offset, typ: recMoved, data: c.data, src: c.src, srcEnd: c.srcEnd})
+			if len(w.refs) > from {
+				w.recs = append(w.recs, stagedRec{typ: recSharedMoved, from: from, to: len(w.refs), data: c.data, src: c.src, srcEnd: c.srcEnd})
+			}
 		}
 	}
 }
@@ -386,26 +408,29 @@ func (l *Log) publish() []groupHead {
 	l.mu.Lock()
 	for i := range w.recs {
 		r := &w.recs[i]
-		g := r.g
 		size := uint64(len(r.data))
 		pos, end := base+int64(r.pos), base+int64(r.end)
 		seg.records++
-		if g.removed {
-			continue
-		}
-		switch r.typ {
-		case recMessage:
-			g.head = r.off
-			l.stats.appends.Add(1)
-			if r.off < g.batchFirst+uint64(g.batchDrop) { // dropped in its own batch
-				g.resolved.add(r.off)
-				l.cachePushLocked(g, r.off, nil)
+		for _, x := range w.refs[r.from:r.to] {
+			g, off := x.g, x.off
+			seg.msgRefs++
+			if g.removed {
 				continue
 			}
-			g.indexLocked(r.off, seg, pos, end, size)
-			l.cachePushLocked(g, r.off, r.data)
-		case recMoved:
-			l.moveLocked(r, seg, pos, end)
+			switch r.typ {
+			case recShared:
+				g.head = off
+				l.stats.appends.Add(1)
+				if off < g.batchFirst+uint64(g.batchDrop) { // dropped in its own batch
+					g.resolved.add(off)
+					l.cachePushLocked(g, off, nil)
+					continue
+				}
+				g.indexLocked(off, seg, pos, end, size)
+				l.cachePushLocked(g, off, r.data)
+			case recSharedMoved:
+				l.moveLocked(g, off, r, seg, pos, end)
+			}
 		}
 	}
 	for _, r := range w.res {
@@ -430,26 +455,26 @@ func (l *Log) publish() []groupHead {
 	return heads
 }
 
-// moveLocked points the index at the moved copy r (at pos..end of seg) if
-// the original is still live in r.src and every offset of its run before it
-// was copied before it or is resolved; otherwise the copy is garbage.
-func (l *Log) moveLocked(r *stagedRec, seg *segment, pos, end int64) {
-	g := r.g
-	i := g.findRun(r.off)
-	if i < 0 || g.runs[i].seg != r.src || r.off <= g.cursor || g.resolved.contains(r.off) {
+// moveLocked points the index of g's offset off at the moved copy r (at
+// pos..end of seg) if the original is still live in r.src and every offset
+// of its run before it was copied before it or is resolved; otherwise the
+// copy is garbage (for g).
+func (l *Log) moveLocked(g *group, off uint64, r *stagedRec, seg *segment, pos, end int64) {
+	i := g.findRun(off)
+	if i < 0 || g.runs[i].seg != r.src || off <= g.cursor || g.resolved.contains(off) {
 		return
 	}
 	run := &g.runs[i]
-	if lo := max(run.first, g.cursor+1); lo < r.off && !g.resolved.covers(lo, r.off-1) {
+	if lo := max(run.first, g.cursor+1); lo < off && !g.resolved.covers(lo, off-1) {
 		return
 	}
 	size := uint64(len(r.data))
-	first, last, srcEnd := r.off+1, run.last, r.srcEnd
+	first, last, srcEnd := off+1, run.last, r.srcEnd
 	g.unindexLocked(i, size, true)
-	if first <= last && i < len(g.runs) && g.runs[i].first <= r.off {
+	if first <= last && i < len(g.runs) && g.runs[i].first <= off {
 		g.runs[i].first, g.runs[i].start = first, srcEnd
 	}
-	g.indexLocked(r.off, seg, pos, end, size)
+	g.indexLocked(off, seg, pos, end, size)
 	l.stats.moved.Add(1)
 }
 

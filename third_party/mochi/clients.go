@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -225,13 +224,13 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.Net.Listener = lid
 
 	cl.Properties.ProtocolVersion = pk.ProtocolVersion
-	// Copies, here and for the id and the will below: the decoded values are
-	// views into the CONNECT, which would otherwise stay in memory, password
-	// included, for the session's life (Keyline's fork: PATCHES.md).
+	// Copies, here and for the will's payload below: the decoded []byte
+	// fields are views into the CONNECT, which would otherwise stay in
+	// memory, password included, for the session's life (Keyline's fork:
+	// PATCHES.md; decoded strings are copies already).
 	cl.Properties.Username = bytes.Clone(pk.Connect.Username)
 	cl.Properties.Clean = pk.Connect.Clean
 	cl.Properties.Props = pk.Properties.Copy(false)
-	detachStrings(&cl.Properties.Props)
 
 	if cl.Properties.Props.ReceiveMaximum > cl.ops.options.Capabilities.MaximumInflight { // 3.3.4 Non-normative
 		cl.Properties.Props.ReceiveMaximum = cl.ops.options.Capabilities.MaximumInflight
@@ -251,7 +250,7 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.State.Inflight.ResetSendQuota(int32(cl.Properties.Props.ReceiveMaximum))            // client receive max
 	cl.State.TopicAliases.Outbound = NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
 
-	cl.ID = strings.Clone(pk.Connect.ClientIdentifier)
+	cl.ID = pk.Connect.ClientIdentifier
 	if cl.ID == "" {
 		cl.ID = xid.New().String() // [MQTT-3.1.3-6] [MQTT-3.1.3-7]
 		cl.Properties.Props.AssignedClientID = cl.ID
@@ -262,9 +261,9 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 			Qos:               pk.Connect.WillQos,
 			Retain:            pk.Connect.WillRetain,
 			Payload:           bytes.Clone(pk.Connect.WillPayload),
-			TopicName:         strings.Clone(pk.Connect.WillTopic),
+			TopicName:         pk.Connect.WillTopic,
 			WillDelayInterval: pk.Connect.WillProperties.WillDelayInterval,
-			User:              cloneUserProperties(pk.Connect.WillProperties.User),
+			User:              pk.Connect.WillProperties.User,
 		}
 		if pk.Properties.SessionExpiryIntervalFlag &&
 			pk.Properties.SessionExpiryInterval < pk.Connect.WillProperties.WillDelayInterval {
@@ -274,30 +273,6 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 			cl.Properties.Will.Flag = 1 // atomic for checking
 		}
 	}
-}
-
-// detachStrings makes the string properties of a CONNECT that a client
-// keeps copies (Properties.Copy copies bytes, not strings).
-func detachStrings(p *packets.Properties) {
-	p.ContentType = strings.Clone(p.ContentType)
-	p.ResponseTopic = strings.Clone(p.ResponseTopic)
-	p.AssignedClientID = strings.Clone(p.AssignedClientID)
-	p.AuthenticationMethod = strings.Clone(p.AuthenticationMethod)
-	p.ResponseInfo = strings.Clone(p.ResponseInfo)
-	p.ServerReference = strings.Clone(p.ServerReference)
-	p.ReasonString = strings.Clone(p.ReasonString)
-	p.User = cloneUserProperties(p.User)
-}
-
-func cloneUserProperties(u []packets.UserProperty) []packets.UserProperty {
-	if len(u) == 0 {
-		return nil
-	}
-	c := make([]packets.UserProperty, len(u))
-	for i, p := range u {
-		c[i] = packets.UserProperty{Key: strings.Clone(p.Key), Val: strings.Clone(p.Val)}
-	}
-	return c
 }
 
 // refreshDeadline refreshes the read/write deadline for the net.Conn connection.

@@ -9,13 +9,15 @@ import (
 	"encoding/binary"
 	"io"
 	"unicode/utf8"
-	"unsafe"
 )
 
-// bytesToString provides a zero-alloc no-copy byte to string conversion.
-// via https://github.com/golang/go/issues/25484#issuecomment-391415660
+// bytesToString returns a copy of bs as a string. (Keyline: mochi returned
+// a view into the packet's bytes here. Decoded strings outlive their packet:
+// a subscription filter is kept for the session, a client id for the
+// client, a topic in caches and alias tables; each view kept the whole packet
+// alive with it, up to the maximum packet size per string. See PATCHES.md.)
 func bytesToString(bs []byte) string {
-	return *(*string)(unsafe.Pointer(&bs))
+	return string(bs)
 }
 
 // decodeUint16 extracts the value of two bytes from a byte array.

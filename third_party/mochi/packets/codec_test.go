@@ -19,6 +19,14 @@ func TestBytesToString(t *testing.T) {
 	require.Equal(t, "abc", bytesToString(b))
 }
 
+// Keyline: a decoded string is a copy, never a view into the packet.
+func TestBytesToStringCopies(t *testing.T) {
+	b := []byte{'a', 'b', 'c'}
+	s := bytesToString(b)
+	b[0] = 'x'
+	require.Equal(t, "abc", s)
+}
+
 func TestDecodeString(t *testing.T) {
 	expect := []struct {
 		name       string
