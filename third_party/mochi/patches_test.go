@@ -322,3 +322,83 @@ func TestPatchSubscriptionsSmallThenMap(t *testing.T) {
 	s2.Delete("x")
 	require.Nil(t, s2.small, "an emptied small set lets go of its array")
 }
+
+// qosHook records what the in-flight table held when OnQosPublish saw an ack.
+type qosHook struct {
+	HookBase
+	mu        sync.Mutex
+	published []packets.Packet
+	completed []packets.Packet
+	heldAt    []int // cl.State.Inflight.Len() at each OnQosPublish
+}
+
+func (h *qosHook) ID() string { return "qos-recorder" }
+func (h *qosHook) Provides(b byte) bool {
+	return b == OnQosPublish || b == OnQosComplete
+}
+func (h *qosHook) OnQosPublish(cl *Client, pk packets.Packet, _ int64, _ int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.published = append(h.published, pk)
+	h.heldAt = append(h.heldAt, cl.State.Inflight.Len())
+}
+func (h *qosHook) OnQosComplete(_ *Client, pk packets.Packet) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.completed = append(h.completed, pk)
+}
+
+// A QoS 1 publish is acknowledged without its PUBACK passing through the
+// in-flight table (v2.7.9 set it there and deleted it right after the write,
+// an 808-byte Packet allocated and freed per publish); the hooks still see
+// OnQosPublish and OnQosComplete with the PUBACK, and the receive quota is
+// given back. A QoS 2 publish's PUBREC is still held until its PUBREL.
+func TestPatchQos1AckIsNotHeldInFlight(t *testing.T) {
+	s := newServer()
+	h := new(qosHook)
+	require.NoError(t, s.AddHook(h, nil))
+	cl, r, w := newTestClient()
+	quota := atomic.LoadInt32(&cl.State.Inflight.receiveQuota)
+	pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
+	go func() {
+		_ = s.processPacket(cl, pk)
+		_ = w.Close()
+	}()
+	buf, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, []byte{packets.Puback << 4, 2, byte(pk.PacketID >> 8), byte(pk.PacketID)}, buf)
+	require.Len(t, h.published, 1)
+	require.Equal(t, packets.Puback, h.published[0].FixedHeader.Type)
+	require.Equal(t, []int{0}, h.heldAt, "the PUBACK was put in the in-flight table")
+	require.Len(t, h.completed, 1)
+	require.Equal(t, 0, cl.State.Inflight.Len())
+	require.Equal(t, int64(0), atomic.LoadInt64(&s.Info.Inflight))
+	require.Equal(t, quota, atomic.LoadInt32(&cl.State.Inflight.receiveQuota))
+
+	cl2, r2, w2 := newTestClient()
+	pk2 := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos2).Packet
+	go func() {
+		_ = s.processPacket(cl2, pk2)
+		_ = w2.Close()
+	}()
+	_, err = io.ReadAll(r2)
+	require.NoError(t, err)
+	require.Equal(t, 1, cl2.State.Inflight.Len(), "the PUBREC waits for its PUBREL")
+}
+
+// BenchmarkPatchQos1Publish is one QoS 1 publish (no subscriber) and its
+// PUBACK, written straight to the connection (DirectWrites).
+func BenchmarkPatchQos1Publish(b *testing.B) {
+	s := newPatchedServer()
+	c := new(captureConn)
+	cl := s.NewClient(c, "t1", "bench", false)
+	cl.State.Inflight.ResetReceiveQuota(1024)
+	pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := s.processPacket(cl, pk); err != nil {
+			b.Fatal(err)
+		}
+		c.reset()
+	}
+}

@@ -1024,22 +1024,26 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
 	}
 
-	if ok := cl.State.Inflight.Set(ack); ok {
-		atomic.AddInt64(&s.Info.Inflight, 1)
-		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
-	}
-
-	err = cl.WritePacket(ack)
-	if err != nil {
-		return err
-	}
-
 	if pk.FixedHeader.Qos == 1 {
-		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
-			atomic.AddInt64(&s.Info.Inflight, -1)
+		// Keyline's fork (PATCHES.md): the PUBACK is complete once written,
+		// so it is not put in the in-flight table only to be taken out
+		// again: that cost an 808-byte Packet allocated, typed and freed
+		// per QoS 1 publish. Any in-flight entry with this id was deleted
+		// above; the hooks see the same calls as before.
+		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		if err = cl.WritePacket(ack); err != nil {
+			return err
 		}
 		cl.State.Inflight.IncreaseReceiveQuota()
 		s.hooks.OnQosComplete(cl, ack)
+	} else {
+		if ok := cl.State.Inflight.Set(ack); ok {
+			atomic.AddInt64(&s.Info.Inflight, 1)
+			s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		}
+		if err = cl.WritePacket(ack); err != nil {
+			return err
+		}
 	}
 
 	s.publishToSubscribers(pk)

@@ -1726,6 +1726,9 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 			}()
 
 			buf, err := io.ReadAll(r)
+			// Keyline: Stop closes the connection (ReadAll returns) before it
+			// marks the client closed; wait for processPublish to return.
+			wg.Wait()
 			require.NoError(t, err)
 
 			if tx.expectReponse != nil {
@@ -1733,7 +1736,6 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 			}
 
 			require.Equal(t, tx.expectDisconnect, cl.Closed())
-			wg.Wait()
 		})
 	}
 }
