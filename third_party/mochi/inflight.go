@@ -25,9 +25,7 @@ type Inflight struct {
 
 // NewInflights returns a new instance of an Inflight packets map.
 func NewInflights() *Inflight {
-	return &Inflight{
-		internal: map[uint16]packets.Packet{},
-	}
+	return &Inflight{} // its map is made by the first Set (Keyline's fork: most clients never hold one)
 }
 
 // Set adds or updates an inflight packet by packet id.
@@ -35,6 +33,9 @@ func (i *Inflight) Set(m packets.Packet) bool {
 	i.Lock()
 	defer i.Unlock()
 
+	if i.internal == nil {
+		i.internal = map[uint16]packets.Packet{}
+	}
 	_, ok := i.internal[m.PacketID]
 	i.internal[m.PacketID] = m
 	if !ok {
@@ -68,6 +69,9 @@ func (i *Inflight) Clone() *Inflight {
 	c := NewInflights()
 	i.RLock()
 	defer i.RUnlock()
+	if len(i.internal) > 0 {
+		c.internal = make(map[uint16]packets.Packet, len(i.internal))
+	}
 	for k, v := range i.internal {
 		c.internal[k] = v
 	}

@@ -790,7 +790,7 @@ func TestIsSharedFilter(t *testing.T) {
 func TestNewInboundAliases(t *testing.T) {
 	a := NewInboundTopicAliases(5)
 	require.NotNil(t, a)
-	require.NotNil(t, a.internal)
+	require.Nil(t, a.internal) // Keyline's fork: made by the first Set
 	require.Equal(t, uint16(5), a.maximum)
 }
 
@@ -816,7 +816,7 @@ func TestInboundAliasesSetMaxZero(t *testing.T) {
 func TestNewOutboundAliases(t *testing.T) {
 	a := NewOutboundTopicAliases(5)
 	require.NotNil(t, a)
-	require.NotNil(t, a.internal)
+	require.Nil(t, a.internal) // Keyline's fork: made by the first Set
 	require.Equal(t, uint16(5), a.maximum)
 	require.Equal(t, uint32(0), a.cursor)
 }
