@@ -4,6 +4,7 @@ package mqtt
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -400,5 +401,20 @@ func BenchmarkPatchQos1Publish(b *testing.B) {
 			b.Fatal(err)
 		}
 		c.reset()
+	}
+}
+
+// BenchmarkPatchSubscribersMiss is the topic walk for a topic nobody
+// subscribed to, in an index holding 10,000 clients' filters of their own and
+// one shared subscription on "#" (as Keyline's fan-out hook keeps one).
+func BenchmarkPatchSubscribersMiss(b *testing.B) {
+	x := NewTopicsIndex()
+	for i := 0; i < 10_000; i++ {
+		x.Subscribe(fmt.Sprintf("c%d", i), packets.Subscription{Filter: fmt.Sprintf("dev/%d/cmd", i)})
+	}
+	x.Subscribe("placeholder", packets.Subscription{Filter: SharePrefix + "/keyline/#"})
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_ = x.Subscribers("dev/42/tele")
 	}
 }

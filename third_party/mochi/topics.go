@@ -172,6 +172,17 @@ func (s *SharedSubscriptions) Len() int {
 }
 
 // GetAll returns all shared subscription groups and their subscriptions.
+// each calls f for every shared subscription, under the read lock.
+func (s *SharedSubscriptions) each(f func(group, id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for group, subs := range s.internal {
+		for id, sub := range subs {
+			f(group, id, sub)
+		}
+	}
+}
+
 func (s *SharedSubscriptions) GetAll() map[string]map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -216,6 +227,15 @@ func (s *InlineSubscriptions) Add(val InlineSubscription) {
 }
 
 // GetAll returns all internal subscriptions.
+// each calls f for every inline subscription, under the read lock.
+func (s *InlineSubscriptions) each(f func(id int, sub InlineSubscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+}
+
 func (s *InlineSubscriptions) GetAll() map[int]InlineSubscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -302,6 +322,19 @@ func (s *Subscriptions) Add(id string, val packets.Subscription) {
 	}
 	s.internal[id] = val
 	s.small = nil
+}
+
+// each calls f for every subscription, under the read lock (Keyline's
+// fork: the topic walk reads the entries without a copy of them).
+func (s *Subscriptions) each(f func(id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+	for _, e := range s.small {
+		f(e.id, e.sub)
+	}
 }
 
 // GetAll returns all subscriptions.
@@ -696,9 +729,9 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		subs.Subscriptions = map[string]packets.Subscription{}
 	}
 
-	for client, sub := range particle.subscriptions.GetAll() {
+	particle.subscriptions.each(func(client string, sub packets.Subscription) {
 		if len(sub.Filter) > 0 && topic[0] == '$' && (sub.Filter[0] == '+' || sub.Filter[0] == '#') { // don't match $ topics with top level wildcards [MQTT-4.7.1-1] [MQTT-4.7.1-2]
-			continue
+			return
 		}
 
 		cls, ok := subs.Subscriptions[client]
@@ -707,7 +740,7 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		}
 
 		subs.Subscriptions[client] = cls.Merge(sub)
-	}
+	})
 }
 
 // gatherSharedSubscriptions gathers all shared subscriptions for a particle.
@@ -716,15 +749,13 @@ func (x *TopicsIndex) gatherSharedSubscriptions(particle *particle, subs *Subscr
 		subs.Shared = map[string]map[string]packets.Subscription{}
 	}
 
-	for _, shares := range particle.shared.GetAll() {
-		for client, sub := range shares {
-			if _, ok := subs.Shared[sub.Filter]; !ok {
-				subs.Shared[sub.Filter] = map[string]packets.Subscription{}
-			}
-
-			subs.Shared[sub.Filter][client] = sub
+	particle.shared.each(func(_, client string, sub packets.Subscription) {
+		if _, ok := subs.Shared[sub.Filter]; !ok {
+			subs.Shared[sub.Filter] = map[string]packets.Subscription{}
 		}
-	}
+
+		subs.Shared[sub.Filter][client] = sub
+	})
 }
 
 // gatherSharedSubscriptions gathers all inline subscriptions for a particle.
@@ -733,9 +764,9 @@ func (x *TopicsIndex) gatherInlineSubscriptions(particle *particle, subs *Subscr
 		subs.InlineSubscriptions = map[int]InlineSubscription{}
 	}
 
-	for id, inline := range particle.inlineSubscriptions.GetAll() {
+	particle.inlineSubscriptions.each(func(id int, inline InlineSubscription) {
 		subs.InlineSubscriptions[id] = inline
-	}
+	})
 }
 
 // isolateParticle extracts a particle between d / and d+1 / without allocations.
