@@ -206,6 +206,9 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
+	// The fan-out hook sends retained messages on SUBSCRIBE, through the
+	// session's outbox like every other delivery (hooks/fanout_retained.go).
+	c.Compatibilities.NoRetainedOnSubscribe = true
 	return c
 }
 

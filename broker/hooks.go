@@ -10,7 +10,7 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // hookRow is one hook of the broker's chain and why it sits where it does.
@@ -75,15 +75,14 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	}
 	// In cluster mode sessions, retained messages and Key-Shared groups
 	// live in the cluster, not in the data file.
-	var groups persistence.GroupStore = b.db.Groups()
+	var backend keyshared.Backend
 	if b.clusterMode() {
-		if err := b.startCluster(); err != nil {
+		if err := b.joinCluster(); err != nil {
 			return nil, err
 		}
-		if err := b.startGroups(); err != nil {
-			return nil, err
-		}
-		groups = b.groups
+		backend = b.groups
+	} else {
+		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
 	b.fanout = hooks.NewFanout(b.server, hooks.FanoutConfig{
 		CanRead: canRead,
@@ -91,13 +90,16 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 			l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 			return l
 		},
-		Store:           hooks.NewOutboxStore(b.sessions),
+		Store:           b.outboxStore(),
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
-		SharedElsewhere: true,            // the Key-Shared hook delivers every $share group
-		MochiTracksQoS:  b.clusterMode(), // see hooks.FanoutConfig
+		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
+		Refs:            b.messageRefs(),
 	})
-	b.keyShared = hooks.NewKeyShared(b.server, groups, hooks.KeySharedConfig{
+	if b.cluster != nil {
+		b.cluster.Outboxes = b.fanout // a session taken over gets its queued messages there
+	}
+	b.keyShared = hooks.NewKeyShared(b.server, backend, hooks.KeySharedConfig{
 		KeyProperty:        b.cfg.KeyProperty,
 		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
@@ -105,7 +107,6 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
-		Cluster:            b.groups,
 		AllocPacketID:      b.fanout.AllocPacketID, // the fan-out's session outboxes share each client's packet ids
 	})
 	b.clusterKS.Store(b.keyShared)

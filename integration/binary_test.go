@@ -56,8 +56,9 @@ type proc struct {
 	addrs map[string]string // listener name -> bound address, from the "keyline started" log line
 	mu    sync.Mutex
 	logs  strings.Builder
-	done  chan struct{} // closed when the process has exited and its logs are read
-	err   error         // Wait's result, valid after done
+	ready chan map[string]string // the listeners' addresses, once started
+	done  chan struct{}          // closed when the process has exited and its logs are read
+	err   error                  // Wait's result, valid after done
 }
 
 func (p *proc) Logs() string {
@@ -70,12 +71,23 @@ func (p *proc) Logs() string {
 // waits for its "keyline started" line. It is killed when the test ends.
 func startKeyline(t testing.TB, dataDir string, extra ...string) *proc {
 	t.Helper()
-	return startKeylineLimited(t, 0, dataDir, extra...)
+	p := launchKeyline(t, 0, dataDir, extra...)
+	p.waitStarted(t, mqtttest.Timeout)
+	return p
 }
 
 // startKeylineLimited is startKeyline with the process's open-files limit
 // (soft and hard, as `ulimit -n` sets it) at nofile; 0 keeps the test's.
 func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...string) *proc {
+	t.Helper()
+	p := launchKeyline(t, nofile, dataDir, extra...)
+	p.waitStarted(t, mqtttest.Timeout)
+	return p
+}
+
+// launchKeyline starts the binary as startKeyline does without waiting,
+// with its open-files limit at nofile (0: the test's).
+func launchKeyline(t testing.TB, nofile int, dataDir string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
@@ -86,7 +98,7 @@ func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...stri
 		// The shell sets the limit and becomes keyline (same pid).
 		cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, nofile), keylineBin}, args...)...)
 	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
+	p := &proc{cmd: cmd, done: make(chan struct{}), ready: make(chan map[string]string, 1)}
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +106,6 @@ func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...stri
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	ready := make(chan map[string]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -110,7 +121,7 @@ func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...stri
 						addrs[k] = v
 					}
 				}
-				ready <- addrs
+				p.ready <- addrs
 			}
 		}
 		p.err = p.cmd.Wait()
@@ -123,14 +134,19 @@ func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...stri
 			t.Logf("keyline logs:\n%s", p.Logs())
 		}
 	})
+	return p
+}
+
+// waitStarted waits up to d for the "keyline started" line.
+func (p *proc) waitStarted(t testing.TB, d time.Duration) {
+	t.Helper()
 	select {
-	case p.addrs = <-ready:
+	case p.addrs = <-p.ready:
 	case <-p.done:
 		t.Fatalf("keyline exited before it started: %v\n%s", p.err, p.Logs())
-	case <-time.After(mqtttest.Timeout):
-		t.Fatalf("keyline did not start within %v\n%s", mqtttest.Timeout, p.Logs())
+	case <-time.After(d):
+		t.Fatalf("keyline did not start within %v\n%s", d, p.Logs())
 	}
-	return p
 }
 
 // signal sends sig and waits for the process to exit, returning its exit code.
