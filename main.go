@@ -139,7 +139,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 
 	f = mqttLimits.fs
 	f.Uint32Var(&cfg.MaxPacketSize, "max-packet-size", cfg.MaxPacketSize, "largest MQTT packet accepted, in bytes (0: no limit)")
-	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once (0: no limit)")
+	f.Int64Var(&cfg.MaxClients, "max-clients", cfg.MaxClients, "most clients connected at once; past it CONNACK 0x89 (3.1.1: 0x03) (0: no limit; the default is the open-files limit minus 512)")
 	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
 	f.Var(&cfg.MaxSessionQueueBytes, "max-session-queue-bytes", "bytes of QoS 1/2 messages held per session, queued or unacknowledged (0: no limit)")
 	f.Var(&cfg.MaxQueuedBytes, "max-queued-bytes", "bytes of QoS 1/2 messages held for all sessions together (0: no limit)")

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/broker/ops"
@@ -28,6 +27,7 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/netpoll"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -50,7 +50,8 @@ type Broker struct {
 	// httpConns bounds the HTTP connections (nil without --http).
 	httpConns *httpConns
 
-	connStats *connq.Stats // totals of every connection's outbound queue
+	connStats *connq.Stats    // totals of every connection's outbound queue
+	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
 	auth      *hooks.Auth
 	storage   *hooks.Storage // single node only
 	fanout    *hooks.Fanout
@@ -133,9 +134,25 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities: b.capabilities(),
 		Logger:       logger,
-		// mochi's default per-connection buffers (2 KiB each) stay: devices are
-		// many and mostly idle, and writes coalesce in the connection queue.
+		// Every connection writes through its queue (internal/connq), which
+		// never blocks: mochi needs no outbound channel and write goroutine
+		// per client; and a disconnected session is kept as a compact record
+		// (third_party/mochi/PATCHES.md).
+		DirectWrites: true,
+		// TLS and WebSocket connections keep mochi's blocking reader; it reads
+		// from the TLS or WebSocket layer, which buffers the socket itself, so
+		// a small buffer costs no system calls (2 KiB by default).
+		ClientNetReadBufferSize: 512,
+		// Not in cluster mode: the cluster hook knows a session by the
+		// *mqtt.Client it was connected with, and the record replaces it.
+		CompactSessions: !cfg.Cluster.Enabled(),
 	})
+	// Plain TCP connections are read from readiness events, with no
+	// goroutine per connection (Linux; elsewhere, and for TLS and
+	// WebSocket, a goroutine per connection reads: eventconn.go).
+	if b.poller, err = netpoll.New(netpoll.Config{}); err != nil && !errors.Is(err, netpoll.ErrUnsupported) {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	info := b.server.Info
 	b.connStats = &connq.Stats{
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
@@ -149,12 +166,14 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
+		if ln.proto == "tcp" {
+			ln.poller, ln.server = b.poller, b.server
+		}
 		ln.queue = func(c net.Conn) *connq.Conn {
 			q := connq.New(c, limits, b.connStats, logger)
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q
 		}
-		ln.closeClients = b.disconnectListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -178,9 +197,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	return b, nil
 }
 
-// clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
-const clientWritesPending = 1024
-
 func (b *Broker) capabilities() *mqtt.Capabilities {
 	c := mqtt.NewDefaultServerCapabilities()
 	c.MaximumPacketSize = b.cfg.MaxPacketSize
@@ -200,20 +216,9 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	c.MaximumClientIDLength = int(b.cfg.MaxClientID)
 	c.MaximumClientSubscriptions = b.cfg.MaxSubscriptionsPerClient
 	c.MaximumSubscriptions = b.cfg.MaxSubscriptions
-	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
-	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
-	// is not a valid PUBACK reason: acks carry no properties and mean success.
-	c.Compatibilities.NoInheritedPropertiesOnAck = true
 	// The fan-out hook sends retained messages on SUBSCRIBE, through the
 	// session's outbox like every other delivery (hooks/fanout_retained.go).
 	c.Compatibilities.NoRetainedOnSubscribe = true
-	// mochi gives every client a channel of this many packet pointers for
-	// the publishes it routes (8192 by default: 64 KiB per connection and per
-	// offline session, the largest item of an idle client). Its writer drains
-	// the channel into the connection queue (internal/connq), which holds
-	// the bytes and applies the slow-consumer policy, so the channel only has
-	// to absorb a burst between two runs of that goroutine.
-	c.MaximumClientWritesPending = clientWritesPending
 	return c
 }
 
@@ -249,6 +254,11 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
+		b.bg.Add(1)
+		go func() {
+			defer b.bg.Done()
+			b.releaseMemory()
+		}()
 		if idle, holding := b.cfg.GroupIdleTTL, b.cfg.GroupBacklogTTL; idle > 0 || holding > 0 {
 			b.bg.Add(1)
 			go func() {
@@ -318,16 +328,6 @@ func (b *Broker) shutdown() error {
 	b.bg.Wait()
 	b.log.Info("keyline stopped")
 	return err
-}
-
-// disconnectListenerClients disconnects the clients of listener id taking
-// the clients' lock once (Clients.GetAll; see listener.closeClients).
-func (b *Broker) disconnectListenerClients(id string) {
-	for _, cl := range b.server.Clients.GetAll() {
-		if cl.Net.Listener == id && !cl.Closed() {
-			_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
-		}
-	}
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.
@@ -410,6 +410,9 @@ func (b *Broker) closeResources() error {
 	if b.node != nil {
 		b.node.Close() // after the server: its hooks write session records on the way out
 	}
+	if b.poller != nil {
+		errs = append(errs, b.poller.Close()) // after the server: its connections have ended
+	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())
 	}
@@ -448,4 +451,22 @@ func (b *Broker) Addr(name string) string {
 
 // Ready reports whether the broker is serving MQTT and not shutting down
 // (and, in cluster mode, is connected to NATS with JetStream available).
-func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
+// A listener that stopped accepting (an accept error that is not temporary)
+// makes it not ready.
+func (b *Broker) Ready() bool { return b.NotReady() == nil }
+
+// NotReady says why the broker is not ready, or returns nil when it is.
+func (b *Broker) NotReady() error {
+	if !b.ready.Load() {
+		return errors.New("not serving (starting or shutting down)")
+	}
+	for _, ln := range b.mqttLns {
+		if err := ln.Stopped(); err != nil {
+			return err
+		}
+	}
+	if !b.clusterReady() {
+		return errors.New("cluster: not connected to NATS with JetStream available")
+	}
+	return nil
+}

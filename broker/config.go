@@ -46,7 +46,7 @@ type Config struct {
 
 	// MQTT limits.
 	MaxPacketSize uint32 `yaml:"max-packet-size"` // bytes; larger packets close the connection (0: no limit)
-	MaxClients    int64  `yaml:"max-clients"`     // connected clients at once (0: no limit)
+	MaxClients    int64  `yaml:"max-clients"`     // connected clients at once (0: no limit); DefaultMaxClients by default
 	MaxInflight   uint16 `yaml:"max-inflight"`    // QoS 1/2 messages held per session (queued or unacknowledged)
 	// MaxSessionQueueBytes and MaxQueuedBytes bound the same messages in
 	// bytes, per session and for all sessions together (0: no bound).
@@ -217,6 +217,25 @@ const MaxStorableClientID = 16 << 10
 // keep their sessions and abandoned ones do not pile up for ever.
 const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 
+// FDReserve is how many file descriptors the default max-clients leaves for
+// everything but clients: the data file and segment files, HTTP connections
+// (http-max-conns, 256 by default), NATS, and connections accepted but not
+// yet past their CONNECT.
+const FDReserve = 512
+
+// DefaultMaxClients is the default max-clients: the open-files limit minus
+// FDReserve (at least half the limit), so that a broker near its limit
+// refuses new clients with a CONNACK (0x89; 3.1.1: 0x03) instead of failing
+// to accept connections (and, with them, HTTP requests and files). 0 (no
+// limit) when the open-files limit is unknown.
+func DefaultMaxClients() int64 {
+	n := openFilesLimit()
+	if n <= 0 {
+		return 0
+	}
+	return max(n/2, n-FDReserve)
+}
+
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
@@ -228,6 +247,7 @@ func DefaultConfig() Config {
 		LogLevel:      LogInfo,
 		LogFormat:     LogText,
 		MaxPacketSize: 1 << 20,
+		MaxClients:    DefaultMaxClients(),
 		MaxInflight:   8192,
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.

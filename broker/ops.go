@@ -82,7 +82,7 @@ func (v opsView) Groups() ops.Groups { return v.b.keyShared }
 
 func (v opsView) Bridges() []adminapi.BridgeView { return v.b.BridgeViews() }
 
-func (v opsView) Ready() bool { return v.b.Ready() }
+func (v opsView) NotReady() error { return v.b.NotReady() }
 
 func (v opsView) Figures() ops.Figures {
 	b := v.b

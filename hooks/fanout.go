@@ -284,17 +284,11 @@ func (h *Fanout) OnStarted() {
 	h.invalidate()
 }
 
-// OnClientExpired discards the session, takes its subscriptions out of
-// mochi's topic index and invalidates the cached routes. mochi (v2.7.9,
-// clearExpiredClients) deletes an expired client but leaves its
-// subscriptions indexed: every persistent session that ever expired kept its
-// filters, and the index nodes under them, for the broker's life (found by
-// TestSoakStaysFlat).
+// OnClientExpired discards the session and invalidates the cached routes
+// (mochi takes the client's subscriptions out of its topic index after the
+// hooks: third_party/mochi/PATCHES.md).
 func (h *Fanout) OnClientExpired(cl *mqtt.Client) {
 	h.sessions.drop(cl.ID, nil)
-	if cl.State.Subscriptions.Len() > 0 {
-		h.server.UnsubscribeClient(cl)
-	}
 	h.invalidate()
 }
 

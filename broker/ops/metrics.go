@@ -77,7 +77,7 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	f := c.s.b.Figures()
 	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.s.started).Seconds(), "keyline_ready": 0}
-	if c.s.b.Ready() {
+	if c.s.b.NotReady() == nil {
 		values["keyline_ready"] = 1
 	}
 	values["keyline_clients_connected"] = float64(f.ClientsConnected)

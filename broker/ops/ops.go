@@ -48,8 +48,9 @@ type Broker interface {
 	Groups() Groups
 	// Bridges returns every bridge's view, in configuration order.
 	Bridges() []adminapi.BridgeView
-	// Ready reports whether the broker serves MQTT (/readyz).
-	Ready() bool
+	// NotReady says why the broker does not serve MQTT (/readyz 503 with
+	// the reason; keyline_ready 0), or returns nil when it does.
+	NotReady() error
 }
 
 // Groups is what the operator surface needs of Key-Shared groups.
@@ -206,8 +207,8 @@ func (s *Service) Handler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.b.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if err := s.b.NotReady(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")

@@ -695,6 +695,7 @@ type result struct {
 	Connections     *connJSON     `json:"connections,omitempty"`
 	Conflate        *conflateJSON `json:"conflate,omitempty"`
 	Sessions        *sessionsJSON `json:"sessions,omitempty"`
+	Wake            *wakeJSON     `json:"wake,omitempty"`
 	ElapsedS        float64       `json:"elapsed_s"`
 }
 

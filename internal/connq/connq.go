@@ -183,6 +183,7 @@ type Conn struct {
 	stats *Stats
 	log   *slog.Logger
 	tcp   *net.TCPConn     // set when writev is available
+	raw   rawWriter        // set for direct writes (direct.go)
 	now   func() time.Time // the clock for the soft limit's grace; tests replace it
 
 	mu struct {
@@ -208,8 +209,14 @@ type Conn struct {
 		// before (a session attached while its CONNACK is on its way) wait,
 		// and the CONNACK goes in front of them.
 		connacked bool
+		onClose   func()        // Watch: called once when closing starts (events.go)
+		afterDone func()        // AfterDone: called once finished
+		finished  bool          // the connection is flushed (or failed) and closed
+		done      chan struct{} // Done's channel, made when asked for; closed when finished
 	}
-	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
+	// onDeadline (Watch) is told every change of the read deadline; set
+	// once before use.
+	onDeadline func(time.Time)
 
 	// aliases is the writer's table of topic aliases (topic -> alias), and
 	// aliasBytes the bytes of its topics (at most Session.TopicAliasBytes);
@@ -237,8 +244,9 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, done: make(chan struct{})}
+	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now}
 	q.tcp, _ = c.(*net.TCPConn)
+	q.raw = rawOf(c)
 	q.mu.limits = limits
 	q.mu.connacked = true
 	return q
@@ -292,6 +300,12 @@ func (c *Conn) SetSession(s Session) {
 // for the socket. If p would take the queue past the hard limit the
 // connection is cut and Write returns ErrSlowConsumer.
 func (c *Conn) Write(p []byte) (int, error) {
+	if ok, err := c.direct(p, kindMochi, false); ok {
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	b := make([]byte, len(p))
 	copy(b, p)
 	if err := c.queue(entry{b: b}); err != nil {
@@ -305,6 +319,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // does not write itself, counted in mochi's sent figures when written. Past
 // the hard limit the connection is cut and Send returns ErrSlowConsumer.
 func (c *Conn) Send(b []byte) error {
+	if ok, err := c.direct(b, kindSent, true); ok {
+		return err
+	}
 	return c.queue(entry{b: b, kind: kindSent})
 }
 
@@ -366,6 +383,7 @@ func (c *Conn) failLocked(err error) {
 		return
 	}
 	c.mu.failed = err
+	c.notifyCloseLocked()
 	if errors.Is(err, ErrSlowConsumer) {
 		c.stats.SlowDisconnects.Add(1)
 		c.log.Warn("disconnecting slow consumer: outbound queue full",
@@ -387,13 +405,26 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.mu.closing = true
+	c.notifyCloseLocked()
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(FlushTimeout))
 	c.scheduleLocked()
 	return nil
 }
 
 // Done is closed once the writer has exited and the connection is closed.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.finished {
+		return closedChan
+	}
+	if c.mu.done == nil {
+		c.mu.done = make(chan struct{}) // made when asked for: most owners use AfterDone
+	}
+	return c.mu.done
+}
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 // Queued returns the bytes waiting to be written.
 func (c *Conn) Queued() int {
@@ -430,6 +461,10 @@ func (c *Conn) scheduleLocked() {
 func (c *Conn) SetDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.readDeadline.Store(0)
+		if c.onDeadline != nil {
+			c.onDeadline(t)
+			return nil
+		}
 		return c.Conn.SetReadDeadline(t)
 	}
 	want := t.UnixNano()
@@ -438,6 +473,10 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	}
 	t = t.Add(DeadlineSlack)
 	c.readDeadline.Store(t.UnixNano())
+	if c.onDeadline != nil {
+		c.onDeadline(t)
+		return nil
+	}
 	return c.Conn.SetReadDeadline(t)
 }
 

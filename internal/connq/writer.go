@@ -98,8 +98,10 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 	if c.mu.head == len(c.mu.q) {
 		c.mu.shift += uint64(c.mu.head)
 		c.mu.q, c.mu.head = c.mu.q[:0], 0
-		if cap(c.mu.q) > 4096 {
-			c.mu.q = nil // a burst is over: do not keep its backing array
+		if cap(c.mu.q) > 4096 || cap(c.mu.q) <= 4 {
+			// A burst is over: do not keep its backing array; nor a small one,
+			// which is what an idle connection had (CONNACK, SUBACK, PINGRESP).
+			c.mu.q = nil
 		}
 	} else if c.mu.head > 1024 && c.mu.head*2 > len(c.mu.q) {
 		c.mu.shift += uint64(c.mu.head)
@@ -133,7 +135,7 @@ func (c *Conn) run() {
 		case takeDone:
 			bt.release()
 			_ = c.Conn.Close()
-			close(c.done)
+			c.finish()
 			return
 		}
 		if wake != nil {

@@ -96,7 +96,7 @@ type Compatibilities struct {
 	PassiveClientDisconnect    bool `yaml:"passive_client_disconnect" json:"passive_client_disconnect"`           // don't disconnect the client forcefully after sending disconnect packet (paho - spec violation)
 	AlwaysReturnResponseInfo   bool `yaml:"always_return_response_info" json:"always_return_response_info"`       // always return response info (useful for testing)
 	RestoreSysInfoOnRestart    bool `yaml:"restore_sys_info_on_restart" json:"restore_sys_info_on_restart"`       // restore system info from store as if server never stopped
-	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // don't allow inherited user properties on ack (paho - spec violation)
+	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // acks never inherit properties now (Keyline's fork); kept for compatibility
 	NoRetainedOnSubscribe      bool `yaml:"no_retained_on_subscribe" json:"no_retained_on_subscribe"`             // don't send retained messages on SUBSCRIBE: a hook delivers them (Keyline: PATCHES.md)
 }
 
@@ -136,6 +136,18 @@ type Options struct {
 	// Enable Inline client to allow direct subscribing and publishing from the parent codebase,
 	// with negligible performance difference (disabled by default to prevent confusion in statistics).
 	InlineClient bool `yaml:"inline_client" json:"inline_client"`
+
+	// DirectWrites says that writing to a client's connection never blocks
+	// (the listeners' connections queue what is written, as Keyline's do):
+	// a publish routed to a client is then written from the publishing
+	// goroutine, and clients get no outbound channel and no write goroutine
+	// (Keyline's fork: PATCHES.md).
+	DirectWrites bool `yaml:"-" json:"-"`
+
+	// CompactSessions keeps a disconnected persistent session as a compact
+	// client (Client.offline: its session state, none of its connection's)
+	// in place of the client that was connected (Keyline's fork: PATCHES.md).
+	CompactSessions bool `yaml:"-" json:"-"`
 }
 
 // Server is an MQTT broker server. It should be created with server.New()
@@ -383,6 +395,17 @@ func (s *Server) eventLoop() {
 	s.Log.Debug("system event loop started")
 	defer s.Log.Debug("system event loop halted")
 
+	// The two sweeps over every client (expired sessions, expired in-flight
+	// messages) take one pass, and run less often as clients grow (every
+	// second up to 100,000 clients, every 10 s from 1,000,000): each costs
+	// a visit per client (Keyline's fork, PATCHES.md).
+	var lastSweep time.Time
+	sweep := func(now time.Time) {
+		if now.Sub(lastSweep) >= sweepInterval(s.Clients.Len()) {
+			lastSweep = now
+			s.sweepClients(now.Unix())
+		}
+	}
 	for {
 		select {
 		case <-s.done:
@@ -390,16 +413,40 @@ func (s *Server) eventLoop() {
 			return
 		case <-s.loop.sysTopics.C:
 			s.publishSysTopics()
-		case <-s.loop.clientExpiry.C:
-			s.clearExpiredClients(time.Now().Unix())
+		case now := <-s.loop.clientExpiry.C:
+			sweep(now)
 		case <-s.loop.retainedExpiry.C:
 			s.clearExpiredRetainedMessages(time.Now().Unix())
 		case <-s.loop.willDelaySend.C:
 			s.sendDelayedLWT(time.Now().Unix())
-		case <-s.loop.inflightExpiry.C:
-			s.clearExpiredInflights(time.Now().Unix())
+		case now := <-s.loop.inflightExpiry.C:
+			sweep(now)
 		}
 	}
+}
+
+// sweepInterval is how often the clients are swept for expired sessions and
+// in-flight messages, given how many there are.
+func sweepInterval(clients int) time.Duration {
+	return min(max(time.Second, time.Duration(clients)*time.Second/100_000), 10*time.Second)
+}
+
+// sweepClients expires the sessions and in-flight messages due at now, in
+// one pass over the clients.
+func (s *Server) sweepClients(now int64) {
+	var expired, holding []*Client
+	s.Clients.RLock()
+	for _, client := range s.Clients.internal {
+		if s.sessionExpired(client, now) {
+			expired = append(expired, client)
+		}
+		if client.State.Inflight.held.Load() > 0 {
+			holding = append(holding, client)
+		}
+	}
+	s.Clients.RUnlock()
+	s.expireClients(expired)
+	s.expireInflights(holding, now)
 }
 
 // EstablishConnection establishes a new client when a listener accepts a new connection.
@@ -414,7 +461,9 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	defer s.Listeners.ClientsWg.Done()
 	s.Listeners.ClientsWg.Add(1)
 
-	go cl.WriteLoop()
+	if !s.Options.DirectWrites {
+		go cl.WriteLoop()
+	}
 	defer cl.Stop(nil)
 
 	pk, err := s.readConnectionPacket(cl)
@@ -422,6 +471,18 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return fmt.Errorf("read connection: %w", err)
 	}
 
+	if err := s.attach(cl, listener, pk); err != nil {
+		return err
+	}
+
+	err = cl.Read(s.receivePacket)
+	return s.detach(cl, listener, err)
+}
+
+// attach handles a connection's CONNECT: it validates it, authenticates the
+// client, takes over or starts its session and sends the CONNACK. An error
+// ends the connection before it was attached (no will, no OnDisconnect).
+func (s *Server) attach(cl *Client, listener string, pk packets.Packet) error {
 	cl.ParseConnect(listener, pk)
 	if atomic.LoadInt64(&s.Info.ClientsConnected) >= s.Options.Capabilities.MaximumClients {
 		if cl.Properties.ProtocolVersion < 5 {
@@ -441,7 +502,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return code // [MQTT-3.2.2-7] [MQTT-3.1.4-6]
 	}
 
-	err = s.hooks.OnConnect(cl, pk)
+	err := s.hooks.OnConnect(cl, pk)
 	if err != nil {
 		return err
 	}
@@ -457,7 +518,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	atomic.AddInt64(&s.Info.ClientsConnected, 1)
-	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	cl.State.connected.Store(true) // detach (or End) counts it out
 
 	s.hooks.OnSessionEstablish(cl, pk)
 
@@ -466,6 +527,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
+		s.disconnected(cl)
 		return fmt.Errorf("ack connection packet: %w", err)
 	}
 
@@ -474,13 +536,29 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	if sessionPresent {
 		err = cl.ResendInflightMessages(true)
 		if err != nil {
+			s.disconnected(cl)
 			return fmt.Errorf("resend inflight: %w", err)
 		}
 	}
 
 	s.hooks.OnSessionEstablished(cl, pk)
+	return nil
+}
 
-	err = cl.Read(s.receivePacket)
+// disconnected counts a connected client out of ClientsConnected, once.
+func (s *Server) disconnected(cl *Client) {
+	if cl.State.connected.CompareAndSwap(true, false) {
+		atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	}
+}
+
+// detach ends an attached client's connection after its reading ended with
+// err (nil: the client disconnected normally or was stopped): the will,
+// the OnDisconnect hooks, and the end of a session that does not outlive
+// its connection. A session that does is kept as a compact record
+// (Client.offline) in place of the connection's client.
+func (s *Server) detach(cl *Client, listener string, err error) error {
+	defer s.disconnected(cl)
 	if err != nil {
 		s.sendLWT(cl)
 		cl.Stop(err)
@@ -496,6 +574,8 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		cl.ClearInflights()
 		s.UnsubscribeClient(cl)
 		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
+	} else if !expire && s.Options.CompactSessions {
+		s.Clients.replace(cl, cl.offline())
 	}
 
 	return err
@@ -971,27 +1051,31 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	cl.State.Inflight.DecreaseReceiveQuota()
-	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[pk.FixedHeader.Qos]) // [MQTT-4.3.2-4]
+	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.CodeSuccess) // [MQTT-4.3.2-4]; 0x01 is no PUBACK reason code
 	if pk.FixedHeader.Qos == 2 {
 		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
 	}
 
-	if ok := cl.State.Inflight.Set(ack); ok {
-		atomic.AddInt64(&s.Info.Inflight, 1)
-		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
-	}
-
-	err = cl.WritePacket(ack)
-	if err != nil {
-		return err
-	}
-
 	if pk.FixedHeader.Qos == 1 {
-		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
-			atomic.AddInt64(&s.Info.Inflight, -1)
+		// Keyline's fork (PATCHES.md): the PUBACK is complete once written,
+		// so it is not put in the in-flight table only to be taken out
+		// again: that cost an 808-byte Packet allocated, typed and freed
+		// per QoS 1 publish. Any in-flight entry with this id was deleted
+		// above; the hooks see the same calls as before.
+		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		if err = cl.WritePacket(ack); err != nil {
+			return err
 		}
 		cl.State.Inflight.IncreaseReceiveQuota()
 		s.hooks.OnQosComplete(cl, ack)
+	} else {
+		if ok := cl.State.Inflight.Set(ack); ok {
+			atomic.AddInt64(&s.Info.Inflight, 1)
+			s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		}
+		if err = cl.WritePacket(ack); err != nil {
+			return err
+		}
 	}
 
 	s.publishToSubscribers(pk)
@@ -1161,6 +1245,14 @@ func (s *Server) publishToClient(cl *Client, sub packets.Subscription, pk packet
 		return out, packets.CodeDisconnect
 	}
 
+	if s.Options.DirectWrites {
+		if err := cl.WritePacket(out); err != nil {
+			// As WriteLoop does: the packet stays in flight (QoS > 0) for a resend.
+			cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", out)
+		}
+		return out, nil
+	}
+
 	select {
 	case cl.State.outbound <- &out:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
@@ -1198,10 +1290,12 @@ func (s *Server) publishRetainedToClient(cl *Client, sub packets.Subscription, e
 }
 
 // buildAck builds a standardised ack message for Puback, Pubrec, Pubrel, Pubcomp packets.
-func (s *Server) buildAck(packetID uint16, pkt, qos byte, properties packets.Properties, reason packets.Code) packets.Packet {
-	if s.Options.Capabilities.Compatibilities.NoInheritedPropertiesOnAck {
-		properties = packets.Properties{}
-	}
+// The ack carries none of the properties of the packet it answers (v2.7.9
+// copied them, user properties included, unless NoInheritedPropertiesOnAck
+// was set: a publisher's user properties came back on its PUBACK, with the
+// granted QoS as an invalid reason code), only a reason string on failure.
+func (s *Server) buildAck(packetID uint16, pkt, qos byte, _ packets.Properties, reason packets.Code) packets.Packet {
+	properties := packets.Properties{}
 	if reason.Code >= packets.ErrUnspecifiedError.Code {
 		properties.ReasonString = reason.Reason
 	}
@@ -1760,6 +1854,8 @@ func (s *Server) loadClients(v []storage.Client) {
 		if expire {
 			cl.ClearInflights()
 			s.UnsubscribeClient(cl)
+		} else if s.Options.CompactSessions {
+			s.Clients.Add(cl.offline()) // a stored session is an offline one
 		} else {
 			s.Clients.Add(cl)
 		}
@@ -1785,21 +1881,36 @@ func (s *Server) loadRetained(v []storage.Message) {
 // clearExpiredClients deletes all clients which have been disconnected for longer
 // than their given expiry intervals.
 func (s *Server) clearExpiredClients(dt int64) {
-	for id, client := range s.Clients.GetAll() {
-		disconnected := client.StopTime()
-		if disconnected == 0 {
-			continue
-		}
+	// Only the expired ones are copied out (v2.7.9 copied the whole map of
+	// clients every second: Keyline's fork, PATCHES.md).
+	s.expireClients(s.Clients.collect(func(client *Client) bool { return s.sessionExpired(client, dt) }))
+}
 
-		expire := s.Options.Capabilities.MaximumSessionExpiryInterval
-		if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
-			expire = client.Properties.Props.SessionExpiryInterval
-		}
+// sessionExpired reports whether client's session has been disconnected
+// for longer than its expiry interval at dt.
+func (s *Server) sessionExpired(client *Client, dt int64) bool {
+	disconnected := client.StopTime()
+	if disconnected == 0 {
+		return false
+	}
+	expire := s.Options.Capabilities.MaximumSessionExpiryInterval
+	if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
+		expire = client.Properties.Props.SessionExpiryInterval
+	}
+	return disconnected+int64(expire) < dt
+}
 
-		if disconnected+int64(expire) < dt {
-			s.hooks.OnClientExpired(client)
-			s.Clients.Delete(id) // [MQTT-4.1.0-2]
+// expireClients ends the sessions of expired clients.
+func (s *Server) expireClients(expired []*Client) {
+	for _, client := range expired {
+		if cur, ok := s.Clients.Get(client.ID); !ok || cur != client {
+			continue // resumed (or taken over) since it was found expired
 		}
+		s.hooks.OnClientExpired(client)
+		// Its subscriptions leave the topic index with it: v2.7.9 left them
+		// there (and the index nodes under them) for the server's life.
+		s.UnsubscribeClient(client)
+		s.Clients.deleteIf(client) // [MQTT-4.1.0-2]
 	}
 }
 
@@ -1822,7 +1933,14 @@ func (s *Server) clearExpiredRetainedMessages(now int64) {
 
 // clearExpiredInflights deletes any inflight messages which have expired.
 func (s *Server) clearExpiredInflights(now int64) {
-	for _, client := range s.Clients.GetAll() {
+	// Only clients with messages in flight are looked at (v2.7.9 copied the
+	// map of clients and each client's in-flight messages every second).
+	s.expireInflights(s.Clients.collect(func(client *Client) bool { return client.State.Inflight.held.Load() > 0 }), now)
+}
+
+// expireInflights drops the expired in-flight messages of clients.
+func (s *Server) expireInflights(clients []*Client, now int64) {
+	for _, client := range clients {
 		if deleted := client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval); len(deleted) > 0 {
 			for _, id := range deleted {
 				s.hooks.OnQosDropped(client, packets.Packet{PacketID: id})

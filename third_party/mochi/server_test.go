@@ -176,7 +176,7 @@ func TestServerNewClient(t *testing.T) {
 	require.Equal(t, "test", cl.ID)
 	require.Equal(t, "testing", cl.Net.Listener)
 	require.False(t, cl.Net.Inline)
-	require.NotNil(t, cl.State.Inflight.internal)
+	require.NotNil(t, cl.State.Inflight) // Keyline's fork: its map is made by the first Set
 	require.NotNil(t, cl.State.Subscriptions)
 	require.NotNil(t, cl.State.TopicAliases)
 	require.Equal(t, defaultKeepalive, cl.State.Keepalive)
@@ -723,6 +723,14 @@ func TestEstablishConnectionInheritExistingTrueTakeover(t *testing.T) {
 	cl1.State.Subscriptions.Add("d/e/f", packets.Subscription{Filter: "d/e/f", Qos: 0})
 	time.Sleep(time.Millisecond * 50)
 
+	// Capture first Client pointer (Keyline: before the second connection
+	// starts; once it runs, "zen" may already be the new client, which
+	// failed 1 in 4 runs on a loaded machine: a race in the test itself)
+	clp1, ok := s.Clients.Get("zen")
+	require.True(t, ok)
+	require.Empty(t, clp1.Properties.Username)
+	require.NotEmpty(t, clp1.State.Subscriptions.GetAll())
+
 	// Make the second connection
 	r2, w2 := net.Pipe()
 	o2 := make(chan error)
@@ -743,12 +751,6 @@ func TestEstablishConnectionInheritExistingTrueTakeover(t *testing.T) {
 		require.NoError(t, err)
 		recv2 <- buf
 	}()
-
-	// Capture first Client pointer
-	clp1, ok := s.Clients.Get("zen")
-	require.True(t, ok)
-	require.Empty(t, clp1.Properties.Username)
-	require.NotEmpty(t, clp1.State.Subscriptions.GetAll())
 
 	err1 := <-o1
 	require.Error(t, err1)
@@ -1479,7 +1481,7 @@ func TestServerBuildAck(t *testing.T) {
 	require.Equal(t, packets.Puback, ack.FixedHeader.Type)
 	require.Equal(t, uint8(1), ack.FixedHeader.Qos)
 	require.Equal(t, packets.CodeGrantedQos1.Code, ack.ReasonCode)
-	require.Equal(t, properties, ack.Properties)
+	require.Equal(t, packets.Properties{}, ack.Properties) // Keyline: acks inherit no properties (PATCHES.md)
 }
 
 func TestServerBuildAckError(t *testing.T) {
@@ -1493,8 +1495,7 @@ func TestServerBuildAckError(t *testing.T) {
 	require.Equal(t, packets.Puback, ack.FixedHeader.Type)
 	require.Equal(t, uint8(1), ack.FixedHeader.Qos)
 	require.Equal(t, packets.ErrMalformedPacket.Code, ack.ReasonCode)
-	properties.ReasonString = packets.ErrMalformedPacket.Reason
-	require.Equal(t, properties, ack.Properties)
+	require.Equal(t, packets.Properties{ReasonString: packets.ErrMalformedPacket.Reason}, ack.Properties) // Keyline: acks inherit no properties
 }
 
 func TestServerBuildAckPahoCompatibility(t *testing.T) {
@@ -1720,7 +1721,7 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 			protocolVersion:  5,
 			pk:               *packets.TPacketData[packets.Publish].Get(packets.TPublishQos2Mqtt5).Packet,
 			expectErr:        nil,
-			expectReponse:    packets.TPacketData[packets.Pubrec].Get(packets.TPubrecMqtt5NotAuthorized).RawBytes,
+			expectReponse:    patchedAck(packets.Pubrec, 7, packets.ErrNotAuthorized), // Keyline: acks inherit no properties (PATCHES.md)
 			expectDisconnect: false,
 		},
 	}
@@ -1750,6 +1751,9 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 			}()
 
 			buf, err := io.ReadAll(r)
+			// Keyline: Stop closes the connection (ReadAll returns) before it
+			// marks the client closed; wait for processPublish to return.
+			wg.Wait()
 			require.NoError(t, err)
 
 			if tx.expectReponse != nil {

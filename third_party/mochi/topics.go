@@ -33,10 +33,7 @@ func NewTopicAliases(topicAliasMaximum uint16) TopicAliases {
 
 // NewInboundTopicAliases returns a pointer to InboundTopicAliases.
 func NewInboundTopicAliases(topicAliasMaximum uint16) *InboundTopicAliases {
-	return &InboundTopicAliases{
-		maximum:  topicAliasMaximum,
-		internal: map[uint16]string{},
-	}
+	return &InboundTopicAliases{maximum: topicAliasMaximum} // the map is made by the first Set (Keyline's fork)
 }
 
 var (
@@ -95,6 +92,9 @@ func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (st
 
 	topic = strings.Clone(topic)
 	a.bytes += len(topic) - len(existing)
+	if a.internal == nil {
+		a.internal = map[uint16]string{}
+	}
 	a.internal[id] = topic
 	return topic, packets.CodeSuccess
 }
@@ -104,7 +104,7 @@ func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (st
 func (a *InboundTopicAliases) Reset() {
 	a.Lock()
 	defer a.Unlock()
-	a.internal = map[uint16]string{}
+	a.internal = nil // made again by the next Set
 	a.bytes = 0
 }
 
@@ -118,10 +118,7 @@ type OutboundTopicAliases struct {
 
 // NewOutboundTopicAliases returns a pointer to OutboundTopicAliases.
 func NewOutboundTopicAliases(topicAliasMaximum uint16) *OutboundTopicAliases {
-	return &OutboundTopicAliases{
-		maximum:  topicAliasMaximum,
-		internal: map[string]uint16{},
-	}
+	return &OutboundTopicAliases{maximum: topicAliasMaximum} // the map is made by the first Set (Keyline's fork)
 }
 
 // Set sets a new topic alias for a topic and returns the alias value, and a boolean
@@ -144,6 +141,9 @@ func (a *OutboundTopicAliases) Set(topic string) (uint16, bool) {
 		return 0, false
 	}
 
+	if a.internal == nil {
+		a.internal = map[string]uint16{}
+	}
 	a.internal[topic] = uint16(i) + 1
 	atomic.StoreUint32(&a.cursor, i+1)
 	return uint16(i) + 1, false
@@ -156,17 +156,19 @@ type SharedSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewSharedSubscriptions returns a new instance of Subscriptions.
+// NewSharedSubscriptions returns a new instance of Subscriptions. Its map is
+// made by the first Add (Keyline's fork: most index nodes have none).
 func NewSharedSubscriptions() *SharedSubscriptions {
-	return &SharedSubscriptions{
-		internal: map[string]map[string]packets.Subscription{},
-	}
+	return &SharedSubscriptions{}
 }
 
 // Add creates a new shared subscription for a group and client id pair.
 func (s *SharedSubscriptions) Add(group, id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[string]map[string]packets.Subscription{}
+	}
 	if _, ok := s.internal[group]; !ok {
 		s.internal[group] = map[string]packets.Subscription{}
 	}
@@ -215,6 +217,17 @@ func (s *SharedSubscriptions) Len() int {
 }
 
 // GetAll returns all shared subscription groups and their subscriptions.
+// each calls f for every shared subscription, under the read lock.
+func (s *SharedSubscriptions) each(f func(group, id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for group, subs := range s.internal {
+		for id, sub := range subs {
+			f(group, id, sub)
+		}
+	}
+}
+
 func (s *SharedSubscriptions) GetAll() map[string]map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -242,21 +255,32 @@ type InlineSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewInlineSubscriptions returns a new instance of InlineSubscriptions.
+// NewInlineSubscriptions returns a new instance of InlineSubscriptions. Its
+// map is made by the first Add (Keyline's fork: most index nodes have none).
 func NewInlineSubscriptions() *InlineSubscriptions {
-	return &InlineSubscriptions{
-		internal: map[int]InlineSubscription{},
-	}
+	return &InlineSubscriptions{}
 }
 
 // Add adds a new internal subscription for a client id.
 func (s *InlineSubscriptions) Add(val InlineSubscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[int]InlineSubscription{}
+	}
 	s.internal[val.Identifier] = val
 }
 
 // GetAll returns all internal subscriptions.
+// each calls f for every inline subscription, under the read lock.
+func (s *InlineSubscriptions) each(f func(id int, sub InlineSubscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+}
+
 func (s *InlineSubscriptions) GetAll() map[int]InlineSubscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -291,16 +315,28 @@ func (s *InlineSubscriptions) Delete(id int) {
 }
 
 // Subscriptions is a map of subscriptions keyed on client.
+//
+// Keyline's fork: up to smallSubscriptions entries are kept in a small
+// slice, a map only beyond (a Go map with one entry of this size takes
+// some 700 bytes; a client with one subscription, and the topic index node
+// it subscribes to, had one each). See PATCHES.md.
 type Subscriptions struct {
-	internal map[string]packets.Subscription
+	internal map[string]packets.Subscription // nil while small holds every entry
+	small    []subscriptionEntry             // the entries while there are at most smallSubscriptions
 	sync.RWMutex
 }
 
+type subscriptionEntry struct {
+	id  string
+	sub packets.Subscription
+}
+
+// smallSubscriptions is how many entries Subscriptions keeps without a map.
+const smallSubscriptions = 4
+
 // NewSubscriptions returns a new instance of Subscriptions.
 func NewSubscriptions() *Subscriptions {
-	return &Subscriptions{
-		internal: map[string]packets.Subscription{},
-	}
+	return &Subscriptions{}
 }
 
 // Add adds a new subscription for a client. ID can be a filter in the
@@ -308,16 +344,54 @@ func NewSubscriptions() *Subscriptions {
 func (s *Subscriptions) Add(id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal != nil {
+		s.internal[id] = val
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			s.small[i].sub = val
+			return
+		}
+	}
+	if len(s.small) < smallSubscriptions {
+		if len(s.small) == cap(s.small) { // grow by one: most hold one entry for good
+			s.small = append(make([]subscriptionEntry, 0, len(s.small)+1), s.small...)
+		}
+		s.small = append(s.small, subscriptionEntry{id: id, sub: val})
+		return
+	}
+	s.internal = make(map[string]packets.Subscription, len(s.small)+1)
+	for _, e := range s.small {
+		s.internal[e.id] = e.sub
+	}
 	s.internal[id] = val
+	s.small = nil
+}
+
+// each calls f for every subscription, under the read lock (Keyline's
+// fork: the topic walk reads the entries without a copy of them).
+func (s *Subscriptions) each(f func(id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+	for _, e := range s.small {
+		f(e.id, e.sub)
+	}
 }
 
 // GetAll returns all subscriptions.
 func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
-	m := map[string]packets.Subscription{}
+	m := make(map[string]packets.Subscription, len(s.internal)+len(s.small))
 	for k, v := range s.internal {
 		m[k] = v
+	}
+	for _, e := range s.small {
+		m[e.id] = e.sub
 	}
 	return m
 }
@@ -326,23 +400,45 @@ func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 func (s *Subscriptions) Get(id string) (val packets.Subscription, ok bool) {
 	s.RLock()
 	defer s.RUnlock()
-	val, ok = s.internal[id]
-	return val, ok
+	if s.internal != nil {
+		val, ok = s.internal[id]
+		return val, ok
+	}
+	for _, e := range s.small {
+		if e.id == id {
+			return e.sub, true
+		}
+	}
+	return val, false
 }
 
 // Len returns the number of subscriptions.
 func (s *Subscriptions) Len() int {
 	s.RLock()
 	defer s.RUnlock()
-	val := len(s.internal)
-	return val
+	return len(s.internal) + len(s.small)
 }
 
 // Delete removes a subscription by client or filter id.
 func (s *Subscriptions) Delete(id string) {
 	s.Lock()
 	defer s.Unlock()
-	delete(s.internal, id)
+	if s.internal != nil {
+		delete(s.internal, id)
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			last := len(s.small) - 1
+			s.small[i] = s.small[last]
+			s.small[last] = subscriptionEntry{}
+			s.small = s.small[:last]
+			if last == 0 {
+				s.small = nil
+			}
+			return
+		}
+	}
 }
 
 // ClientSubscriptions is a map of aggregated subscriptions for a client.
@@ -696,9 +792,9 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		subs.Subscriptions = map[string]packets.Subscription{}
 	}
 
-	for client, sub := range particle.subscriptions.GetAll() {
+	particle.subscriptions.each(func(client string, sub packets.Subscription) {
 		if len(sub.Filter) > 0 && topic[0] == '$' && (sub.Filter[0] == '+' || sub.Filter[0] == '#') { // don't match $ topics with top level wildcards [MQTT-4.7.1-1] [MQTT-4.7.1-2]
-			continue
+			return
 		}
 
 		cls, ok := subs.Subscriptions[client]
@@ -707,7 +803,7 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		}
 
 		subs.Subscriptions[client] = cls.Merge(sub)
-	}
+	})
 }
 
 // gatherSharedSubscriptions gathers all shared subscriptions for a particle.
@@ -716,15 +812,13 @@ func (x *TopicsIndex) gatherSharedSubscriptions(particle *particle, subs *Subscr
 		subs.Shared = map[string]map[string]packets.Subscription{}
 	}
 
-	for _, shares := range particle.shared.GetAll() {
-		for client, sub := range shares {
-			if _, ok := subs.Shared[sub.Filter]; !ok {
-				subs.Shared[sub.Filter] = map[string]packets.Subscription{}
-			}
-
-			subs.Shared[sub.Filter][client] = sub
+	particle.shared.each(func(_, client string, sub packets.Subscription) {
+		if _, ok := subs.Shared[sub.Filter]; !ok {
+			subs.Shared[sub.Filter] = map[string]packets.Subscription{}
 		}
-	}
+
+		subs.Shared[sub.Filter][client] = sub
+	})
 }
 
 // gatherSharedSubscriptions gathers all inline subscriptions for a particle.
@@ -733,9 +827,9 @@ func (x *TopicsIndex) gatherInlineSubscriptions(particle *particle, subs *Subscr
 		subs.InlineSubscriptions = map[int]InlineSubscription{}
 	}
 
-	for id, inline := range particle.inlineSubscriptions.GetAll() {
+	particle.inlineSubscriptions.each(func(id int, inline InlineSubscription) {
 		subs.InlineSubscriptions[id] = inline
-	}
+	})
 }
 
 // skipParticles returns what follows the first d levels of topic.
@@ -849,15 +943,18 @@ type particles struct {
 }
 
 // newParticles returns a map of particles.
+// newParticles returns an empty set of particles; its map is made by the
+// first add (Keyline's fork: leaf nodes have none).
 func newParticles() particles {
-	return particles{
-		internal: map[string]*particle{},
-	}
+	return particles{}
 }
 
 // add adds a new particle.
 func (p *particles) add(val *particle) {
 	p.Lock()
+	if p.internal == nil {
+		p.internal = map[string]*particle{}
+	}
 	p.internal[val.key] = val
 	p.Unlock()
 }
