@@ -53,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runBackup(args[1:], stdout, stderr)
 		case "restore":
 			return runRestore(args[1:], stdout, stderr)
+		case "passwd":
+			return runPasswd(args[1:], os.Stdin, stdout, stderr)
 		}
 	}
 	cfg, action, err := parseArgs(args)
@@ -248,6 +250,8 @@ Usage:
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
   keyline check [--data-dir DIR] [--json]
       (offline check of a stopped broker's data dir; exit code 1 names the damage it found)
+  keyline passwd [-c | -D] [--hash argon2id|bcrypt] FILE USER
+      (writes USER's password hash into a password file, as mosquitto_passwd does)
 
 `)
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {
