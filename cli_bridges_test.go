@@ -9,6 +9,7 @@ import (
 	"github.com/keyline-mq/keyline/broker"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 func TestBridgeFlagParsesLikeTheConfigFile(t *testing.T) {
@@ -52,16 +53,14 @@ func TestBridgesCommand(t *testing.T) {
 	edge := startTestBrokerWith(t, func(cfg *broker.Config) { cfg.Bridges = []broker.BridgeConfig{bc} })
 	server := "http://" + edge.Addr("http")
 	deadline := time.Now().Add(mqtttest.Timeout)
-	for {
-		code, out, _ := keyline(t, "bridges", "--server", server, "--json")
+	var code int
+	var out string
+	if !poll.Within(time.Until(deadline), func() bool { // the broker's bridge state
+		code, out, _ = keyline(t, "bridges", "--server", server, "--json")
 		var v adminapi.BridgeList
-		if code == 0 && json.Unmarshal([]byte(out), &v) == nil && len(v.Bridges) == 1 && v.Bridges[0].State == "connected" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bridges --json: exit %d, %s", code, out)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the broker's bridge state
+		return code == 0 && json.Unmarshal([]byte(out), &v) == nil && len(v.Bridges) == 1 && v.Bridges[0].State == "connected"
+	}) {
+		t.Fatalf("bridges --json: exit %d, %s", code, out)
 	}
 	code, out, stderr := keyline(t, "bridges", "--server", server)
 	if code != 0 || !strings.Contains(out, "BRIDGE") || !strings.Contains(out, "up") || !strings.Contains(out, "connected") {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/mqttwire"
+	"github.com/keyline-mq/keyline/internal/poll"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -215,13 +216,7 @@ func runBridge(t *testing.T, remote *fakeRemote, mod func(*Config)) (*Bridge, *f
 func deliver(t *testing.T, b *Bridge, off uint64, qos byte) {
 	t.Helper()
 	m := &keyshared.Message{Offset: off, Key: "t/1", Topic: "t/1", QoS: qos, Payload: []byte("x")}
-	deadline := time.Now().Add(mqtttest.Timeout)
-	for !b.outs[0].Deliver(b.member, m, 1) {
-		if time.Now().After(deadline) {
-			t.Fatal("the bridge refused the delivery")
-		}
-		time.Sleep(time.Millisecond) // polling for the session
-	}
+	poll.Until(t, mqtttest.Timeout, "the bridge to take the delivery", func() bool { return b.outs[0].Deliver(b.member, m, 1) })
 }
 
 func TestQoS2InFlightIsReleasedOnAResumedSession(t *testing.T) {
@@ -294,12 +289,8 @@ func TestRefusedBridgeMarkIsDroppedFor311(t *testing.T) {
 		t.Fatalf("second CONNECT protocol level %#x, want 4", level)
 	}
 	c2.send(t, mqtttest.Frame(mqttwire.TypeConnack, 0, []byte{0, 0}))
-	deadline := time.Now().Add(mqtttest.Timeout)
-	for b.Status().State != "connected" {
-		if time.Now().After(deadline) {
-			t.Fatalf("not connected over 3.1.1 without the mark: %+v", b.Status())
-		}
-		time.Sleep(time.Millisecond) // polling the bridge's state
+	if !poll.Within(mqtttest.Timeout, func() bool { return b.Status().State == "connected" }) {
+		t.Fatalf("not connected over 3.1.1 without the mark: %+v", b.Status())
 	}
 	c2.Close()
 	c3, connect3 := remote.accept(t)

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 )
 
@@ -17,11 +18,11 @@ func (b *Broker) registerBackup(mux *http.ServeMux) {
 	var running atomic.Bool
 	mux.HandleFunc("POST "+adminapi.PathBackup, func(w http.ResponseWriter, r *http.Request) {
 		if b.db == nil {
-			writeJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: "no data dir is open"})
+			ops.WriteJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: "no data dir is open"})
 			return
 		}
 		if !running.CompareAndSwap(false, true) {
-			writeJSON(w, http.StatusConflict, adminapi.Error{Error: "a backup is already running"})
+			ops.WriteJSON(w, http.StatusConflict, adminapi.Error{Error: "a backup is already running"})
 			return
 		}
 		defer running.Store(false)
@@ -34,7 +35,7 @@ func (b *Broker) registerBackup(mux *http.ServeMux) {
 			// without its manifest, which `keyline backup` and restore refuse.
 			b.log.Error("backup failed", "error", err, "bytes_sent", cw.n)
 			if cw.n == 0 {
-				writeJSON(w, http.StatusInternalServerError, adminapi.Error{Error: err.Error()})
+				ops.WriteJSON(w, http.StatusInternalServerError, adminapi.Error{Error: err.Error()})
 			}
 			return
 		}

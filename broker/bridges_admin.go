@@ -1,8 +1,6 @@
 package broker
 
 import (
-	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,27 +50,6 @@ func bridgeView(c *BridgeConfig, st bridge.Status) adminapi.BridgeView {
 }
 
 func timePtr(t time.Time) *time.Time { return &t }
-
-// registerBridges serves the bridges' views.
-func (b *Broker) registerBridges(mux *http.ServeMux) {
-	mux.HandleFunc("GET "+adminapi.PathBridges, func(w http.ResponseWriter, r *http.Request) {
-		if _, err := queryParams(r); err != nil {
-			badRequest(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, adminapi.BridgeList{Bridges: b.BridgeViews()})
-	})
-	mux.HandleFunc("GET "+adminapi.PathBridges+"/{name}", func(w http.ResponseWriter, r *http.Request) {
-		name := r.PathValue("name")
-		for _, v := range b.BridgeViews() {
-			if v.Name == name {
-				writeJSON(w, http.StatusOK, v)
-				return
-			}
-		}
-		writeJSON(w, http.StatusNotFound, adminapi.Error{Error: fmt.Sprintf("no bridge named %q", name)})
-	})
-}
 
 // bridgeCollector exports every bridge's figures, labelled by bridge.
 type bridgeCollector struct{ b *Broker }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // bridgeTo returns a bridge config to addr with topic lines.
@@ -31,18 +32,19 @@ func bridgeTo(t *testing.T, name, addr, protocol string, topics ...string) Bridg
 // waitBridge polls a bridge's status until ok holds.
 func waitBridge(t *testing.T, b *Broker, name, what string, ok func(bridge.Status) bool) bridge.Status {
 	t.Helper()
-	deadline := time.Now().Add(mqtttest.Timeout)
-	for {
+	var found bridge.Status
+	if !poll.Within(mqtttest.Timeout, func() bool { // the bridge's figures
 		for _, st := range b.bridges.Statuses() {
 			if st.Name == name && ok(st) {
-				return st
+				found = st
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bridge %s: not %s within %v: %+v", name, what, mqtttest.Timeout, b.bridges.Statuses())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the bridge's figures
+		return false
+	}) {
+		t.Fatalf("bridge %s: not %s within %v: %+v", name, what, mqtttest.Timeout, b.bridges.Statuses())
 	}
+	return found
 }
 
 func connected(st bridge.Status) bool  { return st.State == "connected" }

@@ -42,6 +42,11 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 		return false
 	}
 	pk := publishPacket(m, min(m.QoS, ms.qos))
+	if ms.subID > 0 && cl.Properties.ProtocolVersion == 5 {
+		// [MQTT-3.3.4-3] holds for shared subscriptions too; it is also in
+		// the packet mochi keeps in flight, so a resend carries it.
+		pk.Properties.SubscriptionIdentifier = []int{ms.subID}
+	}
 	if pk.FixedHeader.Qos == 0 {
 		return o.deliverQoS0(cl, pk, m)
 	}
@@ -65,7 +70,7 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 		if err == packets.ErrPacketTooLarge {
 			// The member will never take it; another may: dead-letter it
 			// with the reason, rather than retry it here forever.
-			_ = o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge)
+			h.resultDropped(o.g, member, m.Offset, o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge))
 			return true
 		}
 		return false
@@ -81,7 +86,7 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 	if !ok {
 		return cl.WritePacket(pk)
 	}
-	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
+	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, pk.Properties.SubscriptionIdentifier, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
 	}
@@ -97,7 +102,7 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 		if !ok {
 			return cl.WritePacket(pk) == nil
 		}
-		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, nil)
+		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, pk.Properties.SubscriptionIdentifier)
 		if err != nil || !fits(maxPacketSize(cl), len(p.B)) {
 			return false // dropped and counted by the router
 		}
@@ -106,12 +111,13 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 	err := cl.WritePacket(pk)
 	switch {
 	case err == packets.ErrPacketTooLarge:
-		_ = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
+		err = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
 	case err != nil:
 		return false
 	default:
-		_ = o.g.d.Ack(cl.ID, m.Offset)
+		err = o.g.d.Ack(cl.ID, m.Offset)
 	}
+	o.h.resultDropped(o.g, cl.ID, m.Offset, err)
 	return true
 }
 

@@ -9,6 +9,7 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 
+	"github.com/keyline-mq/keyline/internal/poll"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -36,10 +37,14 @@ func (o *chanOut) Revoke(_ string, offset uint64) {
 	o.mu.Unlock()
 }
 
-func newInternalFixture(t *testing.T, backlog persistence.GroupConfig) (*KeyShared, *persistence.MemGroups) {
+func newInternalFixture(t *testing.T, backlog persistence.GroupConfig) (*KeyShared, persistence.GroupStore) {
 	t.Helper()
 	server := mqtt.New(&mqtt.Options{})
-	store := persistence.NewMemGroups()
+	db, err := persistence.Open(t.TempDir(), persistence.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := db.Groups()
 	h := NewKeyShared(server, store, KeySharedConfig{
 		KeyProperty: "key",
 		GroupSettings: func(string) (keyshared.Config, persistence.GroupConfig) {
@@ -51,7 +56,9 @@ func newInternalFixture(t *testing.T, backlog persistence.GroupConfig) (*KeyShar
 	}
 	t.Cleanup(func() {
 		_ = h.Stop()
-		_ = store.Close()
+		if err := db.Close(); err != nil {
+			t.Error(err)
+		}
 	})
 	return h, store
 }
@@ -123,19 +130,12 @@ func TestInternalGroupTakesPublishesAndStaysHidden(t *testing.T) {
 	if len(list) != 1 {
 		t.Fatalf("Groups lists %d groups, want the client group only", len(list))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := ig.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Cursor == info.Head && info.Head == 1 && info.Members == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("internal group %+v: want one message, acked, and one member", info)
-		}
-		time.Sleep(5 * time.Millisecond) // polling the store's view of the ack
+	var info persistence.GroupInfo
+	if !poll.Within(10*time.Second, func() bool { // the store's view of the ack
+		info, err = ig.Info()
+		return err != nil || (info.Cursor == info.Head && info.Head == 1 && info.Members == 1)
+	}) || err != nil {
+		t.Fatalf("internal group %+v (%v): want one message, acked, and one member", info, err)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // mosq is Debian's mosquitto run as a child on a loopback port of its own,
@@ -145,23 +146,27 @@ func (m *mosq) stop(t testing.TB, sig syscall.Signal) {
 // waitListening polls addr until it accepts a TCP connection.
 func waitListening(t testing.TB, addr string, exited <-chan struct{}) {
 	t.Helper()
-	deadline := time.Now().Add(mqtttest.Timeout)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
+	var err error
+	gone := false
+	if poll.Within(mqtttest.Timeout, func() bool { // the child's listener
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
 			c.Close()
-			return
+			return true
 		}
 		select {
 		case <-exited:
-			t.Fatalf("broker on %s exited before it listened", addr)
+			gone = true
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nothing listens on %s after %v: %v", addr, mqtttest.Timeout, err)
-		}
-		time.Sleep(10 * time.Millisecond) // polling for the child's listener
+		return gone
+	}) && !gone {
+		return
 	}
+	if gone {
+		t.Fatalf("broker on %s exited before it listened", addr)
+	}
+	t.Fatalf("nothing listens on %s after %v: %v", addr, mqtttest.Timeout, err)
 }
 
 // bridgeStatus reads one bridge's view from a keyline's admin API.
@@ -182,17 +187,11 @@ func bridgeStatus(t testing.TB, p *proc, name string) adminapi.BridgeView {
 // waitBridge polls a bridge's view until ok holds.
 func waitBridge(t testing.TB, p *proc, name, what string, timeout time.Duration, ok func(adminapi.BridgeView) bool) adminapi.BridgeView {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		v := bridgeStatus(t, p, name)
-		if ok(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bridge %s not %s within %v: %+v", name, what, timeout, v)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the admin API
+	var v adminapi.BridgeView
+	if !poll.Within(timeout, func() bool { v = bridgeStatus(t, p, name); return ok(v) }) { // the admin API
+		t.Fatalf("bridge %s not %s within %v: %+v", name, what, timeout, v)
 	}
+	return v
 }
 
 func bridgeUp(v adminapi.BridgeView) bool { return v.State == "connected" && v.Subscribed }
@@ -581,17 +580,13 @@ func TestBridgeLoopDoesNotAmplify(t *testing.T) {
 			}
 			// Wait for the expected copies, then for every bridge to have
 			// nothing queued or in flight: from then on nothing can come.
-			deadline := time.Now().Add(3 * mqtttest.Timeout)
-			for {
-				ta, _ := subA.counts()
-				tb, _ := subB.counts()
-				if ta >= tc.wantA*m && tb >= tc.wantB*m {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("copies: A %d, B %d; want %d and %d", ta, tb, tc.wantA*m, tc.wantB*m)
-				}
-				time.Sleep(10 * time.Millisecond) // polling the subscribers' counts
+			var ta, tb int
+			if !poll.Within(3*mqtttest.Timeout, func() bool { // the subscribers' counts
+				ta, _ = subA.counts()
+				tb, _ = subB.counts()
+				return ta >= tc.wantA*m && tb >= tc.wantB*m
+			}) {
+				t.Fatalf("copies: A %d, B %d; want %d and %d", ta, tb, tc.wantA*m, tc.wantB*m)
 			}
 			idle := func(v adminapi.BridgeView) bool { return v.QueuedMessages == 0 && v.InFlight == 0 }
 			va := waitBridge(t, a, "toB", "idle", mqtttest.Timeout, idle)
@@ -649,23 +644,19 @@ func TestBridgeClusterRunsOnOneNodeAndMoves(t *testing.T) {
 		return at
 	}
 	waitRunning := func(skip int, timeout time.Duration) int {
-		deadline := time.Now().Add(timeout)
-		for {
-			if i := running(skip); i >= 0 {
-				return i
-			}
-			if time.Now().After(deadline) {
-				var states []string
-				for i, p := range nodes {
-					if i != skip {
-						v := bridgeStatus(t, p, "central")
-						states = append(states, fmt.Sprintf("node %d: %s (lease %q, last error %q)", i, v.State, v.Node, v.LastError))
-					}
-				}
-				t.Fatalf("no node runs the bridge within %v: %s", timeout, strings.Join(states, "; "))
-			}
-			time.Sleep(20 * time.Millisecond) // polling the nodes' admin APIs
+		at := -1
+		if poll.Within(timeout, func() bool { at = running(skip); return at >= 0 }) { // the nodes' admin APIs
+			return at
 		}
+		var states []string
+		for i, p := range nodes {
+			if i != skip {
+				v := bridgeStatus(t, p, "central")
+				states = append(states, fmt.Sprintf("node %d: %s (lease %q, last error %q)", i, v.State, v.Node, v.LastError))
+			}
+		}
+		t.Fatalf("no node runs the bridge within %v: %s", timeout, strings.Join(states, "; "))
+		return -1
 	}
 	victim := waitRunning(-1, 2*mqtttest.Timeout)
 	var pubs []*mqtttest.V3
