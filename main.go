@@ -87,6 +87,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP (and POST /api/v1/reload) re-read the config file and the
+	// command line; a reload that fails is logged and changes nothing.
+	b.SetReloadSource(func() (broker.Config, error) {
+		cfg, _, err := parseArgs(args)
+		return cfg, err
+	})
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_, _ = b.Reload() // logged by Reload
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	if err := b.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "keyline: %v\n", err)
 		return 1
@@ -120,8 +139,14 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
 	f.StringVar(&cfg.WS, "ws", cfg.WS, "MQTT over WebSocket address, e.g. :8080 (empty disables)")
 	f.StringVar(&cfg.TLS, "tls", cfg.TLS, "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
-	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls")
-	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls")
+	f.StringVar(&cfg.WSS, "wss", cfg.WSS, "MQTT over WebSocket over TLS address, e.g. :8443 (needs --tls-cert and --tls-key; the client certificate options apply)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls and --wss (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls and --wss (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM bundle of the CAs that sign client certificates (reloaded on SIGHUP)")
+	f.Var(&cfg.TLSClientAuth, "tls-client-auth", "client certificates on --tls and --wss: none, request (verified when sent) or require")
+	f.Var(&cfg.TLSIdentity, "tls-identity", "what of a verified client certificate becomes the MQTT user name, with no password: cn, san-dns, san-uri or none")
+	f.StringVar(&cfg.TLSCRL, "tls-crl", cfg.TLSCRL, "PEM certificate revocation lists, signed by a CA of --tls-client-ca (reloaded on SIGHUP)")
+	f.StringVar(&cfg.PasswordFile, "password-file", cfg.PasswordFile, "users and password hashes, one user:hash a line (keyline passwd or mosquitto_passwd write it; reloaded on SIGHUP)")
 	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz and the admin API (empty disables)")
 	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none; also $KEYLINE_HTTP_TOKEN or the config file, which keep it off the command line)")
 	f.StringSliceVar(&cfg.HTTPAllowedHosts, "http-allowed-hosts", cfg.HTTPAllowedHosts, "host names the HTTP listener answers to, besides IP addresses and localhost (DNS rebinding protection)")
@@ -258,7 +283,8 @@ Usage:
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {
 		fmt.Fprintf(w, "%s:\n%s\n", g.title, g.fs.FlagUsages())
 	}
-	fmt.Fprint(w, `Auth users and ACL rules live in the config file only (mochi's ledger format, under "auth:").
+	fmt.Fprint(w, `Auth users and ACL rules live in the config file only (mochi's ledger format, under "auth:");
+SIGHUP or POST /api/v1/reload re-reads them with the password file and the certificates.
 See README.md for the config file reference.
 `)
 }

@@ -51,6 +51,8 @@ type Broker struct {
 	httpSrv *http.Server
 
 	connStats *connq.Stats // totals of every connection's outbound queue
+	tls       *tlsServer   // the tls and wss listeners' certificates (nil without them; tlsconf.go)
+	reload    reloads      // live reload (reload.go)
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
@@ -91,19 +93,18 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}()
 
+	if b.tls, err = newTLSServer(&cfg, logger); err != nil {
+		return nil, err
+	}
 	var tlsConf *tls.Config
-	if cfg.TLS != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("broker: tls-cert %s / tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
-		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if b.tls != nil {
+		tlsConf = b.tls.listenerConfig()
 	}
 
 	for _, l := range []struct {
 		id, proto, addr string
 		tls             *tls.Config
-	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}} {
+	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}, {"wss", "wss", cfg.WSS, tlsConf}} {
 		if l.addr == "" {
 			continue
 		}
@@ -205,7 +206,14 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 }
 
 func (b *Broker) addHooks() error {
-	b.auth = hooks.NewAuth(b.server, b.cfg.Auth)
+	policy, err := authPolicy(&b.cfg, b.log)
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
+	}
+	b.auth = hooks.NewAuthWith(b.server, policy)
+	b.auth.Identity = b.certIdentity
+	b.reload.identity.Store(uint32(b.cfg.TLSIdentity))
+	b.reload.last = b.cfg
 	b.auth.FreshSessions = b.cfg.SessionOwnership == OwnershipFresh
 	if err := b.server.AddHook(b.auth, nil); err != nil {
 		return fmt.Errorf("broker: auth hook: %w", err)
@@ -214,7 +222,7 @@ func (b *Broker) addHooks() error {
 		return fmt.Errorf("broker: bridge-mark hook: %w", err)
 	}
 	var canRead func(*mqtt.Client, string) bool
-	if b.cfg.Auth != nil {
+	if b.cfg.authRequired() {
 		canRead = b.auth.CanRead
 	} else {
 		var exposed []string
@@ -496,8 +504,8 @@ func ignoreClosed(err error) error {
 // Server returns the underlying mochi server, for tests and embedding.
 func (b *Broker) Server() *mqtt.Server { return b.server }
 
-// Addr returns the bound address of a listener: "tcp", "tls", "ws" or
-// "http"; "" when that listener is disabled.
+// Addr returns the bound address of a listener: "tcp", "tls", "ws", "wss"
+// or "http"; "" when that listener is disabled.
 func (b *Broker) Addr(name string) string {
 	if name == "http" {
 		if b.httpLn == nil {

@@ -28,10 +28,11 @@ func (b *Broker) newOps() *ops.Service {
 		AllowedHosts: b.cfg.HTTPAllowedHosts,
 		Pprof:        b.cfg.Pprof,
 		Settings:     b.cfg.settingsView,
-		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}),
+		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}, identityCollector{b}),
 		Routes: func(mux *http.ServeMux) {
 			b.registerCluster(mux)
 			b.registerBackup(mux)
+			b.registerReload(mux)
 		},
 		Logger: b.log,
 	})

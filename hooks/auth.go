@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
@@ -33,8 +34,16 @@ import (
 type Auth struct {
 	mqtt.HookBase
 	server *mqtt.Server
-	ledger *auth.Ledger // nil: no auth configured
-	acl    *acl
+	// policy is who may connect and what they may do; Reload replaces it
+	// whole. Its Required never changes.
+	policy atomic.Pointer[AuthPolicy]
+	// clients holds how each connected client authenticated
+	// (*mqtt.Client -> *clientAuth), for Reload's re-check (auth_reload.go).
+	clients sync.Map
+	// Identity, when set, returns the identity of a client's verified
+	// certificate on a listener that uses it as the user name (the broker's
+	// --tls-identity); ok is false without one.
+	Identity func(cl *mqtt.Client) (name string, ok bool)
 	// FreshSessions: a CONNECT with another user's client id discards that
 	// session and starts afresh instead of being refused.
 	FreshSessions bool
@@ -47,36 +56,111 @@ type Auth struct {
 	Refused atomic.Uint64
 }
 
-// NewAuth returns an auth hook over ledger (nil: allow every client).
-func NewAuth(server *mqtt.Server, ledger *auth.Ledger) *Auth {
-	return &Auth{server: server, ledger: ledger, acl: compileACL(ledger)}
+// AuthPolicy is the part of auth a reload replaces.
+type AuthPolicy struct {
+	// Ledger holds the ACL rules and the users' own ACLs; nil: none.
+	Ledger *auth.Ledger
+	// Credentials decide user names and passwords; nil: none verify.
+	Credentials *Credentials
+	// Required: clients must authenticate (a ledger, a password file or
+	// certificate identities are configured). Without it every client
+	// may connect and use every topic but the reserved ones.
+	Required bool
+	acl      *acl
 }
+
+// NewAuthPolicy compiles a policy.
+func NewAuthPolicy(ledger *auth.Ledger, creds *Credentials, required bool) *AuthPolicy {
+	return &AuthPolicy{Ledger: ledger, Credentials: creds, Required: required, acl: compileACL(ledger)}
+}
+
+// NewAuth returns an auth hook over ledger (nil: allow every client), its
+// users' passwords read as package passwd does.
+func NewAuth(server *mqtt.Server, ledger *auth.Ledger) (*Auth, error) {
+	creds, err := NewCredentials(ledger, nil)
+	if err != nil {
+		return nil, err
+	}
+	return NewAuthWith(server, NewAuthPolicy(ledger, creds, ledger != nil)), nil
+}
+
+// NewAuthWith returns an auth hook over p.
+func NewAuthWith(server *mqtt.Server, p *AuthPolicy) *Auth {
+	h := &Auth{server: server}
+	h.policy.Store(p)
+	return h
+}
+
+// Policy returns the policy in force.
+func (h *Auth) Policy() *AuthPolicy { return h.policy.Load() }
+
+// required reports whether clients must authenticate.
+func (h *Auth) required() bool { return h.policy.Load().Required }
 
 // ID returns the hook's id.
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
 func (h *Auth) Provides(b byte) bool {
-	if b == mqtt.OnPacketEncode && h.ledger == nil {
+	if b == mqtt.OnPacketEncode && !h.required() {
 		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
 	}
 	return authEvents.has(b)
 }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnDisconnect, mqtt.OnSessionEstablished,
 )
 
-// OnConnectAuthenticate reports whether the ledger lets the client connect,
-// and keeps a client id to the user whose session it is.
+// OnConnectAuthenticate reports whether the client may connect (by its
+// certificate's identity, or its user name and password), and keeps a
+// client id to the user whose session it is.
 func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
-	if h.ledger == nil {
+	p := h.policy.Load()
+	if !p.Required {
 		return true
 	}
-	if _, ok := h.ledger.AuthOk(cl, pk); !ok {
+	a, ok := h.authenticate(p, cl, pk)
+	if !ok {
 		h.Log.Info("client failed authentication", "client", clip(cl.ID), "username", clip(string(pk.Connect.Username)), "remote", cl.Net.Remote)
 		return false
 	}
+	if !h.ownsClientID(cl) {
+		return false
+	}
+	h.clients.Store(cl, &clientAuth{authn: a, policy: p})
+	return true
+}
+
+// authenticate decides a CONNECT: a verified certificate's identity on a
+// listener that takes it becomes the user name (no password is checked, as
+// mosquitto's use_identity_as_username); else the user name and password.
+func (h *Auth) authenticate(p *AuthPolicy, cl *mqtt.Client, pk packets.Packet) (authn, bool) {
+	if h.Identity != nil {
+		if name, ok := h.Identity(cl); ok {
+			if name == "" {
+				h.Log.Info("refused a client certificate without the identity the listener takes as user name", "client", clip(cl.ID), "remote", cl.Net.Remote)
+				return authn{}, false
+			}
+			if p.Credentials != nil && p.Credentials.disallowed(name) {
+				return authn{}, false
+			}
+			if string(cl.Properties.Username) != name {
+				h.Log.Debug("the certificate's identity is the user name", "client", clip(cl.ID), "identity", clip(name), "username", clip(string(cl.Properties.Username)))
+			}
+			cl.Properties.Username = []byte(name)
+			return authn{kind: authnCert, user: name}, true
+		}
+	}
+	if p.Credentials == nil {
+		return authn{}, false
+	}
+	return p.Credentials.Authenticate(cl.ID, string(cl.Properties.Username), cl.Net.Remote, pk.Connect.Password)
+}
+
+// ownsClientID keeps a client id to the user whose session it is: another
+// user's CONNECT is refused, or with FreshSessions takes a fresh session.
+func (h *Auth) ownsClientID(cl *mqtt.Client) bool {
 	existing, ok := h.server.Clients.Get(cl.ID)
 	if !ok || bytes.Equal(existing.Properties.Username, cl.Properties.Username) {
 		return true
@@ -144,13 +228,14 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 		h.Log.Info("refused a publish into a reserved topic", "client", clip(cl.ID), "topic", clip(topic))
 		return false
 	}
-	if h.ledger == nil {
+	p := h.policy.Load()
+	if !p.Required {
 		return true
 	}
-	ok := h.allowed(cl, topic, write)
+	ok := h.allowed(p, cl, topic, write)
 	if !write {
 		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
-			ok = ok && h.allowed(cl, n.Filter, false)
+			ok = ok && h.allowed(p, cl, n.Filter, false)
 		}
 	}
 	if !ok {
@@ -159,8 +244,8 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	return ok
 }
 
-func (h *Auth) allowed(cl *mqtt.Client, topic string, write bool) bool {
-	return h.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
+func (h *Auth) allowed(p *AuthPolicy, cl *mqtt.Client, topic string, write bool) bool {
+	return p.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
 }
 
 // CanRead reports whether cl may receive a message published on topic.
@@ -170,7 +255,7 @@ func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.OnACLCheck
 // ACL when its CONNACK goes out (mochi resends them right after, unchecked):
 // what the user may not read now is dropped from its inflight state.
 func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || h.ledger == nil {
+	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || !h.required() {
 		return pk
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {

@@ -110,6 +110,9 @@ type Hash struct {
 // Scheme reports the hash's scheme.
 func (h Hash) Scheme() Scheme { return h.scheme }
 
+// Valid reports whether h is a hash (the zero Hash is not).
+func (h Hash) Valid() bool { return h.valid }
+
 // Plain reports whether the hash is a password in plain text.
 func (h Hash) Plain() bool { return h.valid && h.scheme == Plain }
 
@@ -281,15 +284,15 @@ func (h Hash) Dummy() Hash {
 	case Bcrypt:
 		enc, err := bcrypt.GenerateFromPassword(randomBytes(16), int(h.rounds))
 		if err != nil {
-			return DefaultDummy()
+			return defaultDummy()
 		}
 		d.encoded = enc
 	}
 	return d
 }
 
-// DefaultDummy is Dummy of a hash New would write.
-func DefaultDummy() Hash {
+// defaultDummy is Dummy of a hash New would write.
+func defaultDummy() Hash {
 	return Hash{scheme: Argon2id, salt: randomBytes(argon2SaltLen), key: randomBytes(argon2KeyLen),
 		rounds: DefaultArgon2Passes, memory: DefaultArgon2Memory, lanes: 1, valid: true}
 }
