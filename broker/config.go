@@ -240,8 +240,10 @@ func (c *Config) Validate() error {
 		seen[l.addr] = l.name
 	}
 	switch {
-	case (c.TLS != "" || c.WSS != "") && (c.TLSCert == "" || c.TLSKey == ""):
-		return fmt.Errorf("%w: tls and wss need both tls-cert and tls-key", ErrInvalidConfig)
+	case c.TLS != "" && (c.TLSCert == "" || c.TLSKey == ""):
+		return fmt.Errorf("%w: tls needs both tls-cert and tls-key", ErrInvalidConfig)
+	case c.WSS != "" && (c.TLSCert == "" || c.TLSKey == ""):
+		return fmt.Errorf("%w: wss needs both tls-cert and tls-key", ErrInvalidConfig)
 	case c.TLS == "" && c.WSS == "" && (c.TLSCert != "" || c.TLSKey != ""):
 		return fmt.Errorf("%w: tls-cert and tls-key need a tls or wss listener address", ErrInvalidConfig)
 	case c.DataDir == "":

@@ -93,7 +93,7 @@ func startKeyline(t testing.TB, dataDir string, extra ...string) *proc {
 			var rec map[string]any
 			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "keyline started" {
 				addrs := map[string]string{}
-				for _, k := range []string{"tcp", "tls", "ws", "http"} {
+				for _, k := range []string{"tcp", "tls", "ws", "wss", "http"} {
 					if v, ok := rec[k].(string); ok {
 						addrs[k] = v
 					}
