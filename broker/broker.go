@@ -53,6 +53,7 @@ type Broker struct {
 	connStats *connq.Stats // totals of every connection's outbound queue
 	tls       *tlsServer   // the tls and wss listeners' certificates (nil without them; tlsconf.go)
 	reload    reloads      // live reload (reload.go)
+	rates     *hooks.RateLimits
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
@@ -210,6 +211,10 @@ func (b *Broker) addHooks() error {
 	if err != nil {
 		return fmt.Errorf("broker: %w", err)
 	}
+	b.rates = hooks.NewRateLimits(b.cfg.RateLimits.settings())
+	if err := b.server.AddHook(b.rates, nil); err != nil {
+		return fmt.Errorf("broker: rate limits hook: %w", err)
+	}
 	b.auth = hooks.NewAuthWith(b.server, policy)
 	b.auth.Identity = b.certIdentity
 	b.reload.identity.Store(uint32(b.cfg.TLSIdentity))
@@ -305,7 +310,7 @@ func (b *Broker) addHooks() error {
 	// The hooks' reactions to packets read, as one hook: Auth renames $SYS
 	// publishes for the ACL check, Key-Shared takes its members' acks before
 	// the fan-out turns an outbox's ack into one mochi ignores.
-	if err := b.server.AddHook(&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
+	if err := b.server.AddHook(&hooks.PacketReader{Rates: b.rates, Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
 		return fmt.Errorf("broker: packet-read hook: %w", err)
 	}
 	b.ops = b.newOps()

@@ -104,6 +104,8 @@ type Config struct {
 
 	// Device identity: client certificates, password file (broker/identity_config.go).
 	IdentityConfig `yaml:",inline"`
+	// Rate limits (broker/ratelimit.go).
+	RateLimits RateLimitConfig `yaml:",inline"`
 
 	// Bridges to other MQTT brokers (broker/bridges.go).
 	Bridges []BridgeConfig `yaml:"bridges"`
@@ -311,6 +313,9 @@ func (c *Config) Validate() error {
 		return err
 	}
 	if err := c.validateIdentity(); err != nil {
+		return err
+	}
+	if err := c.RateLimits.validate(); err != nil {
 		return err
 	}
 	if err := c.validateBridges(); err != nil {

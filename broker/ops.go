@@ -28,7 +28,7 @@ func (b *Broker) newOps() *ops.Service {
 		AllowedHosts: b.cfg.HTTPAllowedHosts,
 		Pprof:        b.cfg.Pprof,
 		Settings:     b.cfg.settingsView,
-		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}, identityCollector{b}),
+		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}, identityCollector{b}, rateCollector{b}),
 		Routes: func(mux *http.ServeMux) {
 			b.registerCluster(mux)
 			b.registerBackup(mux)

@@ -21,9 +21,9 @@ import (
 )
 
 // reloads is the broker's live reload (SIGHUP, POST /api/v1/reload): it
-// re-reads the auth users and ACL rules, the password file and the TLS
-// material (server certificate, client CAs, revocation lists), and applies
-// them all or none.
+// re-reads the auth users and ACL rules, the password file, the TLS
+// material (server certificate, client CAs, revocation lists) and the rate
+// limits, and applies them all or none.
 type reloads struct {
 	mu sync.Mutex // one reload at a time
 	// source gives the configuration a reload applies (the binary re-reads
@@ -99,6 +99,7 @@ func (b *Broker) reloadLocked() (adminapi.ReloadResult, error) {
 		b.tls.cur.Store(material)
 	}
 	b.reload.identity.Store(uint32(next.TLSIdentity))
+	b.rates.Set(next.RateLimits.settings())
 	rep, err := b.auth.Reload(policy)
 	if err != nil {
 		return res, fmt.Errorf("%w: %w", errReload, err)
@@ -139,7 +140,7 @@ func (b *Broker) dropRevoked(m *tlsMaterial) []string {
 }
 
 // reloadable are the Config fields a reload applies.
-var reloadable = map[string]bool{"Auth": true, "TLSCert": true, "TLSKey": true}
+var reloadable = map[string]bool{"Auth": true, "TLSCert": true, "TLSKey": true, "RateLimits": true}
 
 // restartOnly names the top-level Config fields (the identity settings
 // one by one) that differ between was and next and that a reload does not
