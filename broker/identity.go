@@ -24,7 +24,7 @@ func newTLSServer(cfg *Config, log *slog.Logger) (*tlsServer, error) {
 }
 
 // authPolicy builds the auth policy of cfg: the ledger, the password file's
-// users. Plain-text passwords are logged, one warning naming the users.
+// users, the JWT keys. Plain-text passwords are logged, one warning naming the users.
 func authPolicy(cfg *Config, log *slog.Logger) (*hooks.AuthPolicy, error) {
 	var file *passwd.File
 	if cfg.PasswordFile != "" {
@@ -36,6 +36,11 @@ func authPolicy(cfg *Config, log *slog.Logger) (*hooks.AuthPolicy, error) {
 	creds, err := hooks.NewCredentials(cfg.Auth, file)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.JWTKey != "" {
+		if creds.JWT, err = hooks.LoadJWTKeys(cfg.JWTKey, cfg.JWTACLClaim); err != nil {
+			return nil, fmt.Errorf("jwt-key %w", err)
+		}
 	}
 	if n := len(creds.PlainUsers); n > 0 {
 		users := creds.PlainUsers[:min(n, 20)]

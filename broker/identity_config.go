@@ -7,8 +7,8 @@ import (
 )
 
 // IdentityConfig is how devices prove who they are: client certificates on
-// the TLS listeners (tls, wss) and a password file. Everything here but the
-// wss address is re-read on reload (reload.go).
+// the TLS listeners (tls, wss), a password file, JSON Web Tokens.
+// Everything here but the wss address is re-read on reload (reload.go).
 type IdentityConfig struct {
 	WSS string `yaml:"wss"` // MQTT over WebSocket over TLS (path /), with tls-cert and tls-key
 	// TLSClientCA is a PEM bundle of the CAs that sign client certificates.
@@ -28,6 +28,12 @@ type IdentityConfig struct {
 	// PasswordFile holds users and password hashes, a user a line (mosquitto's
 	// format; keyline passwd writes it).
 	PasswordFile string `yaml:"password-file"`
+	// JWTKey is a PEM file of public keys (RSA or EC P-256) or a JWKS file
+	// that verifies the JSON Web Tokens clients send as their password
+	// (hooks/jwt.go).
+	JWTKey string `yaml:"jwt-key"`
+	// JWTACLClaim names the claim that may carry a token's own ACL; "": none.
+	JWTACLClaim string `yaml:"jwt-acl-claim"`
 }
 
 // DefaultIdentityConfig is the identity part of DefaultConfig.
@@ -36,9 +42,9 @@ func DefaultIdentityConfig() IdentityConfig {
 }
 
 // authRequired reports whether clients must authenticate: an auth ledger,
-// a password file or certificate identities are configured.
+// a password file, JWT keys or certificate identities are configured.
 func (c *Config) authRequired() bool {
-	return c.Auth != nil || c.PasswordFile != "" || c.TLSIdentity != IdentityNone
+	return c.Auth != nil || c.PasswordFile != "" || c.JWTKey != "" || c.TLSIdentity != IdentityNone
 }
 
 func (c *Config) validateIdentity() error {
@@ -58,6 +64,8 @@ func (c *Config) validateIdentity() error {
 		return fmt.Errorf("%w: tls-identity %s needs client certificates (tls-client-auth request or require)", ErrInvalidConfig, c.TLSIdentity)
 	case c.TLSCRL != "" && c.TLSClientCA == "":
 		return fmt.Errorf("%w: tls-crl needs tls-client-ca", ErrInvalidConfig)
+	case c.JWTACLClaim != "" && c.JWTKey == "":
+		return fmt.Errorf("%w: jwt-acl-claim needs jwt-key", ErrInvalidConfig)
 	}
 	return checkAddr("wss", c.WSS)
 }

@@ -182,8 +182,8 @@ func (b *Broker) registerReload(mux *http.ServeMux) {
 	})
 }
 
-// identityCollector exports reloads, the TLS certificates' expiry and the
-// client certificates refused.
+// identityCollector exports reloads, the TLS certificates' expiry, the
+// client certificates refused and the clients whose token expired.
 type identityCollector struct{ b *Broker }
 
 var (
@@ -192,6 +192,8 @@ var (
 	certExpiryDesc = prometheus.NewDesc("keyline_tls_certificate_expiry_seconds",
 		"Seconds until the TLS listener's server certificate expires (negative: expired); certificate=server, or client_ca for the earliest-expiring CA of tls-client-ca.",
 		[]string{"listener", "certificate"}, nil)
+	tokensExpiredDesc = prometheus.NewDesc("keyline_jwt_expired_disconnects_total",
+		"Clients disconnected (MQTT 5: 0xA0) when the JWT they connected with expired.", nil, nil)
 	certRefusedDesc = prometheus.NewDesc("keyline_tls_client_certificates_refused_total",
 		"TLS handshakes refused for the client certificate, by reason: expired, untrusted, revoked, other.", []string{"reason"}, nil)
 )
@@ -200,12 +202,14 @@ func (c identityCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- reloadsDesc
 	ch <- certExpiryDesc
 	ch <- certRefusedDesc
+	ch <- tokensExpiredDesc
 }
 
 func (c identityCollector) Collect(ch chan<- prometheus.Metric) {
 	b := c.b
 	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.reload.ok.Load()), "ok")
 	ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.reload.bad.Load()), "error")
+	ch <- prometheus.MustNewConstMetric(tokensExpiredDesc, prometheus.CounterValue, float64(b.auth.TokensExpired.Load()))
 	if b.tls == nil {
 		return
 	}

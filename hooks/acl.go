@@ -124,6 +124,12 @@ func grants(access auth.Access, write bool) bool {
 // decide applies the ACL to one access of topic (a topic name, or a filter
 // for a subscription).
 func (a *acl) decide(client, username, remote, topic string, write bool) bool {
+	return a.decideWith(nil, client, username, remote, topic, write)
+}
+
+// decideWith is decide with the client's own filters (a token's ACL claim)
+// tried first, as a user's own acl map is.
+func (a *acl) decideWith(own []aclFilter, client, username, remote, topic string, write bool) bool {
 	dollar := strings.HasPrefix(topic, "$")
 	dlqTopic := strings.HasPrefix(topic, "$dlq/") || topic == "$dlq"
 	pick := func(fs []aclFilter) (bool, bool) {
@@ -136,6 +142,9 @@ func (a *acl) decide(client, username, remote, topic string, write bool) bool {
 			}
 		}
 		return false, false
+	}
+	if allow, decided := pick(own); decided {
+		return allow
 	}
 	if fs, ok := a.users[username]; ok {
 		if allow, decided := pick(fs); decided {

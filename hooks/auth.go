@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
@@ -54,6 +55,8 @@ type Auth struct {
 	ReservedRefused atomic.Uint64
 	// Refused counts CONNECTs refused for taking another user's client id.
 	Refused atomic.Uint64
+	// TokensExpired counts clients disconnected when their JWT expired.
+	TokensExpired atomic.Uint64
 }
 
 // AuthPolicy is the part of auth a reload replaces.
@@ -128,7 +131,11 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	if !h.ownsClientID(cl) {
 		return false
 	}
-	h.clients.Store(cl, &clientAuth{authn: a, policy: p})
+	ca := &clientAuth{authn: a, policy: p}
+	if a.kind == authnJWT {
+		ca.expiry = time.AfterFunc(time.Until(a.exp), func() { h.tokenExpired(cl) })
+	}
+	h.clients.Store(cl, ca)
 	return true
 }
 
@@ -155,7 +162,11 @@ func (h *Auth) authenticate(p *AuthPolicy, cl *mqtt.Client, pk packets.Packet) (
 	if p.Credentials == nil {
 		return authn{}, false
 	}
-	return p.Credentials.Authenticate(cl.ID, string(cl.Properties.Username), cl.Net.Remote, pk.Connect.Password)
+	a, ok := p.Credentials.Authenticate(cl.ID, string(cl.Properties.Username), cl.Net.Remote, pk.Connect.Password)
+	if ok && a.kind == authnJWT {
+		cl.Properties.Username = []byte(a.user) // the token's user, when the CONNECT named none
+	}
+	return a, ok
 }
 
 // ownsClientID keeps a client id to the user whose session it is: another
@@ -245,7 +256,13 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 }
 
 func (h *Auth) allowed(p *AuthPolicy, cl *mqtt.Client, topic string, write bool) bool {
-	return p.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
+	var own []aclFilter
+	if p.Credentials != nil && p.Credentials.JWT != nil { // only tokens carry their own ACL
+		if v, ok := h.clients.Load(cl); ok {
+			own = v.(*clientAuth).acl
+		}
+	}
+	return p.acl.decideWith(own, cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
 }
 
 // CanRead reports whether cl may receive a message published on topic.

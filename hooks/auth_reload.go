@@ -3,6 +3,7 @@ package hooks
 import (
 	"errors"
 	"slices"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -13,11 +14,25 @@ import (
 type clientAuth struct {
 	authn
 	policy *AuthPolicy
+	expiry *time.Timer // a token's: disconnects the client when it expires
 }
 
 // OnDisconnect forgets how the client authenticated.
 func (h *Auth) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
-	h.clients.Delete(cl)
+	if v, ok := h.clients.LoadAndDelete(cl); ok && v.(*clientAuth).expiry != nil {
+		v.(*clientAuth).expiry.Stop()
+	}
+}
+
+// tokenExpired disconnects a client whose token has expired (MQTT 5:
+// DISCONNECT 0xA0 Maximum connect time).
+func (h *Auth) tokenExpired(cl *mqtt.Client) {
+	if cl.Closed() {
+		return
+	}
+	h.Log.Info("disconnecting a client whose token expired", "client", clip(cl.ID), "username", clip(string(cl.Properties.Username)), "remote", cl.Net.Remote)
+	h.TokensExpired.Add(1)
+	_ = h.server.DisconnectClient(cl, packets.ErrMaxConnectTime)
 }
 
 // OnSessionEstablished re-checks a client that authenticated under a
@@ -85,11 +100,14 @@ func (h *Auth) recheck(p *AuthPolicy, cl *mqtt.Client, r *ReloadReport) {
 			h.Log.Warn("disconnecting a client whose credentials a reload removed", "client", clip(cl.ID),
 				"username", clip(string(cl.Properties.Username)), "remote", cl.Net.Remote)
 			r.Disconnected = append(r.Disconnected, cl.ID)
+			if a.expiry != nil {
+				a.expiry.Stop()
+			}
 			h.clients.Delete(cl)
 			_ = h.server.DisconnectClient(cl, packets.ErrNotAuthorized)
 			return
 		}
-		h.clients.Store(cl, &clientAuth{authn: a.authn, policy: p})
+		h.clients.Store(cl, &clientAuth{authn: a.authn, policy: p, expiry: a.expiry})
 	}
 	var lost []string
 	for filter := range cl.State.Subscriptions.GetAll() {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"time"
 
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 
@@ -25,6 +26,8 @@ import (
 // time, so a flood of CONNECTs queues instead of allocating argon2id's
 // memory for each at once.
 type Credentials struct {
+	// JWT, when set, verifies passwords shaped as JSON Web Tokens (jwt.go).
+	JWT   *JWTVerifier
 	users map[string]credUser
 	rules auth.AuthRules
 	dummy passwd.Hash
@@ -100,6 +103,10 @@ type authn struct {
 	user string
 	hash passwd.Hash   // authnUser: the hash its password verified against
 	rule auth.AuthRule // authnRule: the rule that let it in
+	// authnJWT: the token (a copy), when it expires, the ACL it carries.
+	token string
+	exp   time.Time
+	acl   []aclFilter
 }
 
 type authnKind uint8
@@ -109,10 +116,19 @@ const (
 	authnUser                  // a user's password
 	authnRule                  // an auth rule
 	authnCert                  // a client certificate's identity
+	authnJWT                   // a JSON Web Token
 )
 
 // Authenticate reports whether a client may connect with these credentials, and how.
 func (c *Credentials) Authenticate(clientID, username, remote string, password []byte) (authn, bool) {
+	if c.JWT != nil && looksLikeJWT(password) {
+		token := string(password) // a copy: kept past the packet
+		user, exp, acl, err := c.JWT.verify(token, time.Now())
+		if err != nil || (username != "" && username != user) {
+			return authn{}, false
+		}
+		return authn{kind: authnJWT, user: user, token: token, exp: exp, acl: acl}, !c.disallowed(user)
+	}
 	u, ok := c.users[username]
 	hash := c.dummy
 	if ok && u.hash.Valid() {
@@ -153,8 +169,13 @@ func (c *Credentials) stillValid(a authn, clientID, remote string) bool {
 		}
 		return false
 	case authnCert:
-		u, ok := c.users[a.user]
-		return !ok || !u.disallow
+		return !c.disallowed(a.user)
+	case authnJWT:
+		if c.JWT == nil || c.disallowed(a.user) {
+			return false
+		}
+		user, _, _, err := c.JWT.verify(a.token, time.Now())
+		return err == nil && user == a.user
 	}
 	return true
 }
