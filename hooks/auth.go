@@ -187,12 +187,7 @@ func (h *Auth) ownsClientID(cl *mqtt.Client) bool {
 		"username", clip(string(cl.Properties.Username)), "owner", clip(string(existing.Properties.Username)), "remote", cl.Net.Remote)
 	// Answer "not authorized" ourselves (mochi would say "bad username or
 	// password"), then close: mochi's own CONNACK finds the client closed.
-	code := packets.ErrNotAuthorized.Code
-	if cl.Properties.ProtocolVersion < 5 {
-		code = packets.Err3NotAuthorized.Code
-	}
-	_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ReasonCode: code})
-	cl.Stop(errClientIDTaken)
+	refuseConnect(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized, errClientIDTaken)
 	return false
 }
 

@@ -116,12 +116,7 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 		return nil
 	}
 	h.Log.Info("refused a CONNECT past the connection rate", "scope", scope, "listener", cl.Net.Listener, "remote", cl.Net.Remote, "client", clip(cl.ID))
-	code := packets.ErrConnectionRateExceeded.Code
-	if cl.Properties.ProtocolVersion < 5 {
-		code = packets.Err3ServerUnavailable.Code
-	}
-	_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ReasonCode: code})
-	cl.Stop(errConnectRate)
+	refuseConnect(cl, packets.ErrConnectionRateExceeded, packets.Err3ServerUnavailable, errConnectRate)
 	return errConnectRate
 }
 
