@@ -117,16 +117,16 @@ type Config struct {
 
 // GroupSettings tune Key-Shared dispatch and storage of a group.
 type GroupSettings struct {
-	AckTimeout         time.Duration             `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
-	MaxDeliveries      int                       `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
-	PoisonPolicy       keyshared.PoisonPolicy    `yaml:"poison-policy"`        // dead-letter, drop or block
-	RetryBackoff       []time.Duration           `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
-	MemberMaxInflight  int                       `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
-	Window             int                       `yaml:"window"`               // messages in flight plus blocked per group
-	WindowBytes        ByteSize                  `yaml:"window-bytes"`         // bytes of those messages per group
-	BacklogMaxMessages uint64                    `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
-	BacklogMaxBytes    ByteSize                  `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
-	BacklogPolicy      persistence.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
+	AckTimeout         time.Duration           `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
+	MaxDeliveries      int                     `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
+	PoisonPolicy       keyshared.PoisonPolicy  `yaml:"poison-policy"`        // dead-letter, drop or block
+	RetryBackoff       []time.Duration         `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
+	MemberMaxInflight  int                     `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
+	Window             int                     `yaml:"window"`               // messages in flight plus blocked per group
+	WindowBytes        ByteSize                `yaml:"window-bytes"`         // bytes of those messages per group
+	BacklogMaxMessages uint64                  `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
+	BacklogMaxBytes    ByteSize                `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
+	BacklogPolicy      keyshared.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
 }
 
 // GroupOverride changes the settings of the groups it names: Group is a full
@@ -202,7 +202,7 @@ func DefaultConfig() Config {
 			// it, also while it has none: bound what one can hold.
 			BacklogMaxMessages: DefaultBacklogMaxMessages,
 			BacklogMaxBytes:    DefaultBacklogMaxBytes,
-			BacklogPolicy:      persistence.PolicyReject,
+			BacklogPolicy:      keyshared.PolicyReject,
 		},
 	}
 }

@@ -304,7 +304,9 @@ auth:
 	}
 
 	// bob removed, carol added, alice (her hash unchanged: a changed one
-	// would cut her off too) may read news/# only (orders/# denied).
+	// would cut her off too) may read news/# only (orders/# denied), and
+	// not news/secret/# (her news/# subscription stays: the fan-out's
+	// check of each delivery is what must apply the new rules).
 	writePasswd(t, pwFile, map[string]string{"alice": aliceHash, "carol": hashOf(t, "cpw")})
 	acl = `
 auth:
@@ -312,6 +314,7 @@ auth:
     - username: alice
       filters:
         "news/#": 1
+        "news/secret/#": 0
         "orders/#": 0
 `
 	code, body := reload()
@@ -339,9 +342,10 @@ auth:
 	}
 	defer carol.Close()
 	carol.Publish(t, &paho.Publish{Topic: "orders/1", QoS: 1, Payload: []byte("o")})
+	carol.Publish(t, &paho.Publish{Topic: "news/secret/1", QoS: 1, Payload: []byte("s")})
 	carol.Publish(t, &paho.Publish{Topic: "news/1", QoS: 1, Payload: []byte("n")})
 	if m := alice.Next(t); m.Topic != "news/1" {
-		t.Errorf("alice got %s first, want news/1 (orders/# is no longer hers)", m.Topic)
+		t.Errorf("alice got %s first, want news/1 (orders/# and news/secret/# are no longer hers)", m.Topic)
 	}
 	cl, _ := b.Server().Clients.Get("alice")
 	if _, ok := cl.State.Subscriptions.Get("orders/#"); ok {

@@ -117,6 +117,28 @@ func TestJWTAuthentication(t *testing.T) {
 				t.Error("the client's user name is not the token's sub")
 			}
 
+			// The token's ACL holds for deliveries too (the fan-out's read
+			// check): a subscription its ACL allows does not bring what it denies.
+			watcher, err := try("w1", "", good(jwt.MapClaims{"sub": "w1", "exp": hour,
+				"acl": map[string]any{"devices/+/status": 1, "devices/d2/status": 0}}))
+			if err != nil {
+				t.Fatalf("the watcher's token: %v", err)
+			}
+			defer watcher.Close()
+			if rc := watcher.Subscribe(t, paho.SubscribeOptions{Topic: "devices/+/status", QoS: 1}); rc[0] != 1 {
+				t.Fatalf("subscribe the token's ACL allows: %#x", rc[0])
+			}
+			pub, err := try("p1", "", good(jwt.MapClaims{"sub": "p1", "exp": hour}))
+			if err != nil {
+				t.Fatalf("the publisher's token: %v", err)
+			}
+			defer pub.Close()
+			pub.Publish(t, &paho.Publish{Topic: "devices/d2/status", QoS: 1, Payload: []byte("d2")})
+			pub.Publish(t, &paho.Publish{Topic: "devices/d1/status", QoS: 1, Payload: []byte("d1")})
+			if m := watcher.Next(t); m.Topic != "devices/d1/status" {
+				t.Errorf("the watcher got %s first, want devices/d1/status (its token denies devices/d2/status)", m.Topic)
+			}
+
 			// A token that expires in a second or two: the client is cut off
 			// then. A deliberate wall-clock wait: exp has a resolution of a
 			// second, and the broker's timer runs on the wall clock.

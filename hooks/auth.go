@@ -11,8 +11,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // Auth authenticates clients and checks topic access. With a ledger (mochi's
@@ -31,26 +29,18 @@ import (
 //     disconnect (3.1.1), a QoS 0 one is dropped and counted;
 //   - a client id belongs to the username that holds its session: another
 //     user's CONNECT with it is refused (0x87, 3.1.1: 0x05) or, with
-//     FreshSessions, starts a fresh session (the old one is discarded).
+//     AuthConfig.FreshSessions, starts a fresh session (the old one is
+//     discarded).
 type Auth struct {
 	mqtt.HookBase
 	server *mqtt.Server
-	// policy is who may connect and what they may do; Reload replaces it
-	// whole. Its Required never changes.
-	policy atomic.Pointer[AuthPolicy]
+	// rules hold the policy in force (who may connect and what they may
+	// do); Reload replaces it whole. Its Required never changes.
+	rules *ACL
+	cfg   AuthConfig
 	// clients holds how each connected client authenticated
 	// (*mqtt.Client -> *clientAuth), for Reload's re-check (auth_reload.go).
 	clients sync.Map
-	// Identity, when set, returns the identity of a client's verified
-	// certificate on a listener that uses it as the user name (the broker's
-	// --tls-identity); ok is false without one.
-	Identity func(cl *mqtt.Client) (name string, ok bool)
-	// FreshSessions: a CONNECT with another user's client id discards that
-	// session and starts afresh instead of being refused.
-	FreshSessions bool
-	// OnDiscard, when set, is told of a session discarded for FreshSessions
-	// (so that stored state goes with it).
-	OnDiscard func(cl *mqtt.Client)
 	// ReservedRefused counts publishes into reserved topics, refused.
 	ReservedRefused atomic.Uint64
 	// Refused counts CONNECTs refused for taking another user's client id.
@@ -77,49 +67,44 @@ func NewAuthPolicy(ledger *auth.Ledger, creds *Credentials, required bool) *Auth
 	return &AuthPolicy{Ledger: ledger, Credentials: creds, Required: required, acl: compileACL(ledger)}
 }
 
-// NewAuth returns an auth hook over ledger (nil: allow every client), its
-// users' passwords read as package passwd does.
-func NewAuth(server *mqtt.Server, ledger *auth.Ledger) (*Auth, error) {
-	creds, err := NewCredentials(ledger, nil)
-	if err != nil {
-		return nil, err
-	}
-	return NewAuthWith(server, NewAuthPolicy(ledger, creds, ledger != nil)), nil
+// AuthConfig configures an auth hook.
+type AuthConfig struct {
+	// FreshSessions: a CONNECT with another user's client id discards that
+	// session and starts afresh instead of being refused.
+	FreshSessions bool
+	// OnDiscard (nil: none) is told of a session discarded for
+	// FreshSessions (so that stored state goes with it).
+	OnDiscard func(cl *mqtt.Client)
+	// Identity (nil: none) returns the identity of a client's verified
+	// certificate on a listener that uses it as the user name (the broker's
+	// --tls-identity); ok is false without one.
+	Identity func(cl *mqtt.Client) (name string, ok bool)
 }
 
-// NewAuthWith returns an auth hook over p.
-func NewAuthWith(server *mqtt.Server, p *AuthPolicy) *Auth {
-	h := &Auth{server: server}
-	h.policy.Store(p)
-	return h
+// NewAuth returns an auth hook over rules and the policy they hold
+// (NewACL(NewAuthPolicy(nil, nil, false)): allow every client).
+func NewAuth(server *mqtt.Server, rules *ACL, cfg AuthConfig) *Auth {
+	return &Auth{server: server, rules: rules, cfg: cfg}
 }
 
 // Policy returns the policy in force.
-func (h *Auth) Policy() *AuthPolicy { return h.policy.Load() }
-
-// required reports whether clients must authenticate.
-func (h *Auth) required() bool { return h.policy.Load().Required }
+func (h *Auth) Policy() *AuthPolicy { return h.rules.policy.Load() }
 
 // ID returns the hook's id.
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
-func (h *Auth) Provides(b byte) bool {
-	if b == mqtt.OnPacketEncode && !h.required() {
-		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
-	}
-	return authEvents.has(b)
-}
+func (h *Auth) Provides(b byte) bool { return authEvents.has(b) }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode, mqtt.OnDisconnect, mqtt.OnSessionEstablished,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnDisconnect, mqtt.OnSessionEstablished,
 )
 
 // OnConnectAuthenticate reports whether the client may connect (by its
 // certificate's identity, or its user name and password), and keeps a
 // client id to the user whose session it is.
 func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
-	p := h.policy.Load()
+	p := h.Policy()
 	if !p.Required {
 		return true
 	}
@@ -136,6 +121,7 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 		ca.expiry = time.AfterFunc(time.Until(a.exp), func() { h.tokenExpired(cl) })
 	}
 	h.clients.Store(cl, ca)
+	h.rules.setToken(cl, a.acl)
 	return true
 }
 
@@ -143,8 +129,8 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 // listener that takes it becomes the user name (no password is checked, as
 // mosquitto's use_identity_as_username); else the user name and password.
 func (h *Auth) authenticate(p *AuthPolicy, cl *mqtt.Client, pk packets.Packet) (authn, bool) {
-	if h.Identity != nil {
-		if name, ok := h.Identity(cl); ok {
+	if h.cfg.Identity != nil {
+		if name, ok := h.cfg.Identity(cl); ok {
 			if name == "" {
 				h.Log.Info("refused a client certificate without the identity the listener takes as user name", "client", clip(cl.ID), "remote", cl.Net.Remote)
 				return authn{}, false
@@ -176,7 +162,7 @@ func (h *Auth) ownsClientID(cl *mqtt.Client) bool {
 	if !ok || bytes.Equal(existing.Properties.Username, cl.Properties.Username) {
 		return true
 	}
-	if h.FreshSessions {
+	if h.cfg.FreshSessions {
 		h.Log.Info("client id taken by another user: discarding its session", "client", clip(cl.ID),
 			"username", clip(string(cl.Properties.Username)), "owner", clip(string(existing.Properties.Username)))
 		h.discard(existing)
@@ -199,8 +185,8 @@ func (h *Auth) discard(existing *mqtt.Client) {
 	h.server.UnsubscribeClient(existing)
 	existing.ClearInflights()
 	h.server.Clients.Delete(existing.ID)
-	if h.OnDiscard != nil {
-		h.OnDiscard(existing)
+	if h.cfg.OnDiscard != nil {
+		h.cfg.OnDiscard(existing)
 	}
 }
 
@@ -234,41 +220,27 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 		h.Log.Info("refused a publish into a reserved topic", "client", clip(cl.ID), "topic", clip(topic))
 		return false
 	}
-	p := h.policy.Load()
-	if !p.Required {
+	if !h.rules.Configured() {
 		return true
 	}
-	ok := h.allowed(p, cl, topic, write)
-	if !write {
-		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
-			ok = ok && h.allowed(p, cl, n.Filter, false)
-		}
-	}
+	ok := h.rules.allows(cl, topic, write)
 	if !ok {
 		h.Log.Debug("client denied by ACL", "client", clip(cl.ID), "username", clip(string(cl.Properties.Username)), "topic", clip(topic), "write", write)
 	}
 	return ok
 }
 
-func (h *Auth) allowed(p *AuthPolicy, cl *mqtt.Client, topic string, write bool) bool {
-	var own []aclFilter
-	if p.Credentials != nil && p.Credentials.JWT != nil { // only tokens carry their own ACL
-		if v, ok := h.clients.Load(cl); ok {
-			own = v.(*clientAuth).acl
-		}
-	}
-	return p.acl.decideWith(own, cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
-}
-
 // CanRead reports whether cl may receive a message published on topic.
-func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.OnACLCheck(cl, topic, false) }
+func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.rules.CanRead(cl, topic) }
 
-// OnPacketEncode re-checks a resumed session's resent messages against the
-// ACL when its CONNACK goes out (mochi resends them right after, unchecked):
-// what the user may not read now is dropped from its inflight state.
-func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || !h.required() {
-		return pk
+// EncodePacket (a PacketEncoder step) re-checks a resumed session's resent
+// messages against the ACL when its CONNACK goes out (mochi resends them
+// right after, unchecked): what the user may not read now is dropped from
+// its inflight state. Without auth PacketEncoder skips it (the check is of
+// ACL rules).
+func (h *Auth) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
+	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || !h.rules.Configured() {
+		return
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {
 		if m.FixedHeader.Type == packets.Publish && !h.CanRead(cl, m.TopicName) {
@@ -278,5 +250,4 @@ func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			h.Log.Info("dropped a resent message the client may no longer read", "client", clip(cl.ID), "topic", clip(m.TopicName))
 		}
 	}
-	return pk
 }

@@ -19,6 +19,7 @@ type clientAuth struct {
 
 // OnDisconnect forgets how the client authenticated.
 func (h *Auth) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
+	h.rules.forget(cl)
 	if v, ok := h.clients.LoadAndDelete(cl); ok && v.(*clientAuth).expiry != nil {
 		v.(*clientAuth).expiry.Stop()
 	}
@@ -43,7 +44,7 @@ func (h *Auth) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	if !ok {
 		return
 	}
-	if p := h.policy.Load(); v.(*clientAuth).policy != p {
+	if p := h.Policy(); v.(*clientAuth).policy != p {
 		var r ReloadReport
 		h.recheck(p, cl, &r)
 	}
@@ -75,10 +76,10 @@ var ErrAuthToggle = errors.New("hooks: turning authentication on or off needs a 
 // A SUBSCRIBE being checked in the moment of the swap may still be decided
 // by the old policy.
 func (h *Auth) Reload(p *AuthPolicy) (ReloadReport, error) {
-	if p.Required != h.policy.Load().Required {
+	if p.Required != h.Policy().Required {
 		return ReloadReport{}, ErrAuthToggle
 	}
-	h.policy.Store(p)
+	h.rules.policy.Store(p) // every ACL check, the fan-out's and Key-Shared's too, applies p from here on
 	var r ReloadReport
 	if !p.Required {
 		return r, nil
@@ -104,6 +105,7 @@ func (h *Auth) recheck(p *AuthPolicy, cl *mqtt.Client, r *ReloadReport) {
 				a.expiry.Stop()
 			}
 			h.clients.Delete(cl)
+			h.rules.forget(cl)
 			_ = h.server.DisconnectClient(cl, packets.ErrNotAuthorized)
 			return
 		}

@@ -3,7 +3,6 @@ package hooks
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -42,57 +41,70 @@ type FanoutStats struct {
 // every matching connection's connq.Conn, QoS 1/2 frames in each session's
 // outbox (outbox.Outbox), which owns their packet ids, the client's Receive
 // Maximum, and the resend order, and writes them to the store for persistent
-// sessions. A connection whose subscriptions overlap gets one copy. Only
-// retained messages sent on SUBSCRIBE, inline subscriptions and Key-Shared
-// groups are delivered elsewhere.
+// sessions. A connection whose subscriptions overlap gets one copy.
+// Retained messages sent on SUBSCRIBE take the same path (mochi leaves them
+// to this hook). Only inline subscriptions and Key-Shared groups are
+// delivered elsewhere.
 type Fanout struct {
 	mqtt.HookBase
 	server *mqtt.Server
 	// canRead reports whether a client may receive messages on a topic; nil allows all.
 	canRead func(cl *mqtt.Client, topic string) bool
 	// limits gives a client's queue limits once its id is known.
-	limits func(cl *mqtt.Client) connq.Limits
-	// SharedElsewhere says another hook delivers $share subscriptions (Key-Shared),
-	// so they do not keep a publish on mochi's path.
-	SharedElsewhere bool
-	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
-	// (cluster mode: the cluster hook ties mochi's in-flight messages to
-	// their JetStream sequences, for a session another node takes over).
-	MochiTracksQoS bool
-	Stats          FanoutStats
-	OutboxStats    outbox.Stats
+	limits          func(cl *mqtt.Client) connq.Limits
+	sharedElsewhere bool // FanoutConfig.SharedElsewhere
+	// refs is FanoutConfig.Refs.
+	refs        func(pk packets.Packet) uint64
+	Stats       FanoutStats
+	OutboxStats outbox.Stats
 
 	sessions      *sessionRegistry
 	routes        *topicCache[*routes]
 	routesVersion atomic.Uint64 // bumped whenever mochi's topic index may have changed
-	// frozen holds the sessions whose packet ids are frozen while mochi
-	// handles a client's SUBSCRIBE (and may pick ids for retained messages).
-	frozen sync.Map // *mqtt.Client -> *fanSession
+	// subscribing holds, per client, what a SUBSCRIBE being handled needs
+	// for its retained messages (fanout_retained.go).
+	subscribing sync.Map // *mqtt.Client -> *retainedWork
 }
 
-// NewFanout returns a fan-out hook for server. canRead (nil: allow all)
-// applies the broker's ACL to each delivery, as mochi does; limits (nil: keep
-// the listener's) sets each connection's queue limits when its session
-// starts; store (nil: none) keeps persistent sessions' outboxes.
-func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) bool, limits func(cl *mqtt.Client) connq.Limits, store outbox.Store) *Fanout {
-	h := &Fanout{server: server, canRead: canRead, limits: limits,
+// FanoutConfig configures a fan-out hook.
+type FanoutConfig struct {
+	// CanRead (nil: allow all) applies the broker's ACL to each delivery,
+	// as mochi does.
+	CanRead func(cl *mqtt.Client, topic string) bool
+	// Limits (nil: keep the listener's) sets each connection's queue limits
+	// when its session starts.
+	Limits func(cl *mqtt.Client) connq.Limits
+	// Store (nil: none) keeps persistent sessions' outboxes.
+	Store outbox.Store
+	// MaxSessionBytes and MaxTotalBytes bound the QoS 1/2 messages held for
+	// sessions in bytes: per session and for all of them (0: no bound); past
+	// either a new message is dropped for that session, counted and
+	// signalled, as past max-inflight.
+	MaxSessionBytes, MaxTotalBytes int64
+	// SharedElsewhere says another hook delivers $share subscriptions
+	// (Key-Shared), so they do not keep a publish on mochi's path.
+	SharedElsewhere bool
+	// Refs, when set, returns the backend's reference of a QoS 1/2 publish
+	// (in cluster mode its JetStream sequence); every outbox copy keeps it,
+	// and the outbox's Store sees it.
+	Refs func(pk packets.Packet) uint64
+}
+
+// NewFanout returns a fan-out hook for server.
+func NewFanout(server *mqtt.Server, cfg FanoutConfig) *Fanout {
+	h := &Fanout{server: server, canRead: cfg.CanRead, limits: cfg.Limits,
+		sharedElsewhere: cfg.SharedElsewhere, refs: cfg.Refs,
 		routes: newTopicCache[*routes](maxCachedRoutes, maxCachedRouteBytes)}
 	info := server.Info
 	h.OutboxStats.InfoInflight, h.OutboxStats.InfoDropped = &info.Inflight, &info.InflightDropped
 	h.sessions = newSessionRegistry(&outbox.Config{
-		Max:   int(server.Options.Capabilities.MaximumInflight),
-		Stats: &h.OutboxStats,
-		Store: store,
+		Max:           int(server.Options.Capabilities.MaximumInflight),
+		MaxBytes:      cfg.MaxSessionBytes,
+		MaxTotalBytes: cfg.MaxTotalBytes,
+		Stats:         &h.OutboxStats,
+		Store:         cfg.Store,
 	})
 	return h
-}
-
-// SetQueueBytes bounds the QoS 1/2 messages held for sessions in bytes:
-// per session and for all of them (0: no bound); past either a new message
-// is dropped for that session, counted and signalled, as past max-inflight.
-// Call it before clients connect.
-func (h *Fanout) SetQueueBytes(perSession, total int64) {
-	h.sessions.cfg.MaxBytes, h.sessions.cfg.MaxTotalBytes = perSession, total
 }
 
 // ID returns the hook's id.
@@ -104,6 +116,7 @@ func (h *Fanout) Provides(b byte) bool { return fanoutEvents.has(b) }
 var fanoutEvents = eventSet(
 	mqtt.OnSelectSubscribers,
 	mqtt.OnConnect,
+	mqtt.OnSubscribe,
 	mqtt.OnSessionEstablish,
 	mqtt.OnPublish,
 	mqtt.OnSubscribed,
@@ -111,7 +124,6 @@ var fanoutEvents = eventSet(
 	mqtt.OnSessionEstablished,
 	mqtt.OnStarted,
 	mqtt.OnClientExpired,
-	mqtt.OnPacketEncode,
 	mqtt.OnPacketProcessed,
 	mqtt.OnDisconnect,
 )
@@ -156,28 +168,28 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnPacketEncode attaches the session to its new connection when a
+// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
 // successful CONNACK is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
 // sends from here on (first, what was in flight, in its original order)
 // waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
-// Other acks it marks for the short encoding (shortAck); the broker
-// registers this hook after every other hook that may change an ack.
-func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// Other acks it marks for the short encoding (shortAck); PacketEncoder
+// runs it after every other step that may change an ack.
+func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack {
-		return shortAck(pk)
+		shortAck(pk)
+		return
 	}
 	q := queueOf(cl)
 	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
-		return pk
+		return
 	}
 	var s *fanSession
 	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
 	if pk.SessionPresent {
 		s = h.sessions.ensure(cl)
-		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
 	} else {
 		// A new session: whatever was queued for the id is gone, and cached
 		// routes may hold the session replaced.
@@ -192,7 +204,6 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 	if stale {
 		h.invalidate()
 	}
-	return pk
 }
 
 // ReadPacket (a PacketReader step) hands the client's PUBACK, PUBREC and
@@ -216,51 +227,10 @@ func (h *Fanout) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	}
 }
 
-// OnSubscribed invalidates the cached routes, and freezes the session's
-// packet ids while mochi sends the retained messages of the new
-// subscriptions (it picks their ids from its own in-flight map, where the
-// outbox's ids are reserved meanwhile).
-func (h *Fanout) OnSubscribed(cl *mqtt.Client, _ packets.Packet, _ []byte) {
-	h.invalidate()
-	s := h.sessions.get(cl.ID)
-	if s == nil || cl.Net.Inline {
-		return
-	}
-	now := time.Now().Unix()
-	s.out.Freeze(func(id uint16) { cl.State.Inflight.Set(packets.Packet{PacketID: id, Created: now}) })
-	h.frozen.Store(cl, s)
-}
-
-// OnPacketProcessed thaws the packet ids frozen for a SUBSCRIBE.
-func (h *Fanout) OnPacketProcessed(cl *mqtt.Client, pk packets.Packet, _ error) {
-	if pk.FixedHeader.Type != packets.Subscribe {
-		return
-	}
-	if s, ok := h.frozen.LoadAndDelete(cl); ok {
-		s.(*fanSession).out.Thaw(func(id uint16) { dropPlaceholder(cl.State.Inflight, id) })
-	}
-}
-
-// A placeholder reserves a packet id in mochi's in-flight map: a packet of
-// no type, which mochi never sends.
-func dropPlaceholder(inflight *mqtt.Inflight, id uint16) {
-	if p, ok := inflight.Get(id); ok && p.FixedHeader.Type == 0 {
-		inflight.Delete(id)
-	}
-}
-
-func dropPlaceholders(inflight *mqtt.Inflight) {
-	for _, p := range inflight.GetAll(false) {
-		if p.FixedHeader.Type == 0 {
-			inflight.Delete(p.PacketID)
-		}
-	}
-}
-
 // AllocPacketID picks a packet id for a delivery to cl that mochi's
 // in-flight map tracks (Key-Shared): set records it there while the
 // session's outbox cannot choose the same id. It reports false when no id
-// is free now (or ids are frozen): try again later.
+// is free now: try again later.
 func (h *Fanout) AllocPacketID(cl *mqtt.Client, set func(id uint16)) (uint16, bool) {
 	if s := h.sessions.get(cl.ID); s != nil {
 		id := s.out.AllocExternal(set)

@@ -11,7 +11,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -28,7 +27,7 @@ type KeySharedConfig struct {
 	KeyProperty string
 	// GroupSettings returns the dispatcher and storage settings of a group
 	// (global settings with the group's overrides applied).
-	GroupSettings func(group string) (keyshared.Config, persistence.GroupConfig)
+	GroupSettings func(group string) (keyshared.Config, keyshared.GroupConfig)
 	// CanRead reports whether a client may receive a message on a topic; nil allows all.
 	CanRead func(cl *mqtt.Client, topic string) bool
 	// Sessions, when set, keeps the key filters of persistent sessions'
@@ -42,9 +41,6 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
-	// Cluster, when set, makes every group one group across the cluster's
-	// nodes (the store must then be the same cluster.Groups).
-	Cluster *cluster.Groups
 	// AllocPacketID, when set, picks the packet id of a delivery and calls
 	// set with it while no other delivery to the client can pick the same
 	// (the fan-out's session outbox shares the id space); false: none free
@@ -53,9 +49,10 @@ type KeySharedConfig struct {
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
-// is the mochi glue between MQTT clients and one keyshared.Dispatcher per
-// group, over the durable group logs of a persistence.GroupStore. The mochi
-// callbacks are in this file; the state they act on is split by owner:
+// is the mochi glue between MQTT clients and the groups of a
+// keyshared.Backend (one node's data dir, or the cluster), whose Group for
+// each group dispatches, wherever its dispatcher runs. The mochi callbacks
+// are in this file; the state they act on is split by owner:
 //   - groupRegistry (ks_groups.go): the running groups and the topic index;
 //   - memberships (ks_members.go): which client is a member of which group;
 //   - inflightTable (ks_inflight.go): packet ids of deliveries awaiting acks;
@@ -64,9 +61,9 @@ type KeySharedConfig struct {
 //   - the publish path (ks_publish.go) and the admin face (keyshared_admin.go).
 type KeyShared struct {
 	mqtt.HookBase
-	server *mqtt.Server
-	store  persistence.GroupStore
-	cfg    KeySharedConfig
+	server  *mqtt.Server
+	backend keyshared.Backend
+	cfg     KeySharedConfig
 
 	groups   *groupRegistry
 	members  *memberships
@@ -88,12 +85,12 @@ type KeyShared struct {
 	ResultsDropped atomic.Uint64
 }
 
-// NewKeyShared returns the Key-Shared hook. Add it to the server before
-// Serve; its Init resumes the stored groups.
-func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeySharedConfig) *KeyShared {
-	h := &KeyShared{server: server, store: store, cfg: cfg,
+// NewKeyShared returns the Key-Shared hook over backend. Add it to the
+// server before Serve; its Init opens every group the backend holds.
+func NewKeyShared(server *mqtt.Server, backend keyshared.Backend, cfg KeySharedConfig) *KeyShared {
+	h := &KeyShared{server: server, backend: backend, cfg: cfg,
 		groups: newGroupRegistry(), inflight: newInflightTable()}
-	h.members = newMemberships(h.recordMembers)
+	h.members = newMemberships()
 	h.dlq = newDLQPublisher(server, h)
 	return h
 }
@@ -110,15 +107,10 @@ var keySharedEvents = eventSet(
 	mqtt.OnPublish, mqtt.OnSelectSubscribers,
 )
 
-// Init notifies dispatchers of new log entries and resumes every stored group,
-// so publishes keep landing in groups whose members are away.
+// Init opens every group the backend holds, so publishes keep landing in
+// groups whose members are away.
 func (h *KeyShared) Init(any) error {
-	h.store.OnAppend(func(group string, _ uint64) {
-		if g := h.groups.get(group); g != nil {
-			g.d.Notify()
-		}
-	})
-	infos, err := h.store.Groups()
+	infos, err := h.backend.Groups()
 	if err != nil {
 		return fmt.Errorf("keyshared hook: list groups: %w", err)
 	}
@@ -147,35 +139,33 @@ func (h *KeyShared) Stop() error {
 	return errors.Join(errs...)
 }
 
-// ensureGroup returns the running group, creating its log and dispatcher if
-// needed (the store commits a new group without any lock of the hook held).
-func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) {
+// ensureGroup returns the running group, creating the group in the backend
+// and opening this node's side of it if needed (the backend commits a new
+// group without any lock of the hook held).
+func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) { return h.openGroup(n, true) }
+
+// openGroup returns the running group, opening this node's side of it if
+// needed; create makes the group exist first (else a group that does not
+// exist, being deleted for instance, stays closed).
+func (h *KeyShared) openGroup(n share.Name, create bool) (*ksGroup, error) {
 	name := n.String()
 	return h.groups.ensure(name, func() (*ksGroup, error) {
 		dcfg, gcfg := h.cfg.GroupSettings(name)
-		if h.cfg.Cluster != nil && h.cfg.Cluster.Known(name) {
-			return h.openClusterGroup(name, n) // made by another node
-		}
-		if _, err := h.store.EnsureGroup(name, gcfg); err != nil {
-			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
-		}
-		if h.cfg.Cluster != nil {
-			return h.openClusterGroup(name, n)
-		}
-		log, err := h.store.Log(name)
-		if err != nil {
-			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
+		if create {
+			if _, err := h.backend.EnsureGroup(name, gcfg); err != nil {
+				return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
+			}
 		}
 		g := &ksGroup{name: name, n: n}
 		dcfg.Group = name
 		if dcfg.Logger == nil {
 			dcfg.Logger = h.Log
 		}
-		g.d, err = keyshared.New(dcfg, &deadLetterLog{Log: log, pub: h.dlq, group: name, share: n.Share}, &groupOut{h: h, g: g})
+		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g})
 		if err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}
-		g.r = keyshared.NewRouter(&groupOut{h: h, g: g})
+		g.d = d
 		return g, nil
 	})
 }
@@ -278,28 +268,12 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 		return
 	}
 	h.members.set(cl.ID, g.name, m)
-	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters}
+	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters, QoS: m.qos}
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
-	if cg, ok := g.d.(*cluster.Group); ok {
-		err = cg.AddMemberQoS(cl.ID, opts, m.qos)
-	} else {
-		err = g.d.AddMember(cl.ID, opts)
-	}
-	if err != nil {
+	if err := g.d.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
-	}
-	if err := g.r.AddMember(cl.ID, opts); err != nil {
-		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "error", err)
-	}
-}
-
-// recordMembers tells the store a group's member count (memberships calls
-// it after every change, in order); the idle TTL counts from the last member.
-func (h *KeyShared) recordMembers(group string, members int) {
-	if err := h.store.MembersChanged(group, members, time.Now()); err != nil && !errors.Is(err, persistence.ErrGroupNotFound) {
-		h.Log.Warn("record group members", "group", group, "error", err)
 	}
 }
 
@@ -327,7 +301,6 @@ func (h *KeyShared) leave(clientID, name string) {
 	if err := g.d.RemoveMember(clientID); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 		h.Log.Warn("remove member", "group", name, "client", clientID, "error", err)
 	}
-	_ = g.r.RemoveMember(clientID)
 }
 
 // OnSessionEstablished re-activates the memberships of a resumed session (or,
@@ -362,7 +335,6 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 		if err := g.d.SetActive(cl.ID, false); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "error", err)
 		}
-		_ = g.r.RemoveMember(cl.ID)
 	}
 }
 

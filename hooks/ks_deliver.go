@@ -15,7 +15,8 @@ import (
 // when it exceeds a member's Maximum Packet Size.
 const ReasonPacketTooLarge byte = 0x95
 
-// groupOut delivers one group's messages to its members (keyshared.Deliverer).
+// groupOut delivers one group's messages to its members and publishes its
+// dead letters live (keyshared.Output).
 // It is called on the group's dispatcher goroutine (reliable path) or on a
 // publisher's goroutine (QoS 0 routing), and never blocks: every write goes
 // to the member's connection queue.
@@ -24,7 +25,13 @@ type groupOut struct {
 	g *ksGroup
 }
 
-var _ keyshared.Deliverer = (*groupOut)(nil)
+var _ keyshared.Output = (*groupOut)(nil)
+
+// DeadLettered implements keyshared.Output: a dead letter, once stored, is
+// published live on $dlq/<share>/<original topic>.
+func (o *groupOut) DeadLettered(d keyshared.DeadLetter) {
+	o.h.dlq.publish(o.g.name, o.g.n.Share, d)
+}
 
 // Deliver implements keyshared.Deliverer. The dispatcher only offers a
 // member messages it may read (MemberOptions.CanRead), so no check here.

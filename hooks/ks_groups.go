@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -14,46 +13,16 @@ import (
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
-// ksGroup is one running Key-Shared group: its reliable dispatcher (QoS >= 1,
-// over the group log) and its QoS 0 router. On one node they are a
-// keyshared.Dispatcher and a keyshared.Router; in cluster mode both are the
-// node's side of the cluster-wide group (cluster.Group), whose one
-// dispatcher runs on the node holding the group's lease.
+// ksGroup is one running Key-Shared group: this node's side of it
+// (keyshared.Group), from the backend: its dispatcher runs here on one
+// node, on the node holding the group's lease in a cluster.
 type ksGroup struct {
 	name string // "<share>/<filter>"
 	n    share.Name
-	d    groupDispatch
-	r    groupRouter
+	d    keyshared.Group
 	// ext is where an internal group's deliveries go (ks_internal.go).
 	ext atomic.Pointer[internalOut]
 }
-
-// groupDispatch is what the hook asks of a group's reliable dispatch.
-type groupDispatch interface {
-	AddMember(id string, o keyshared.MemberOptions) error
-	RemoveMember(id string) error
-	SetActive(id string, active bool) error
-	Ack(member string, offset uint64) error
-	Nack(member string, offset uint64, reason byte) error
-	Reject(member string, offset uint64, reason byte) error
-	Notify()
-	Stats() keyshared.Stats
-	States(ctx context.Context, offsets []uint64) ([]keyshared.MessageStatus, error)
-	Close(ctx context.Context) error
-}
-
-// groupRouter is what the hook asks of a group's QoS 0 routing.
-type groupRouter interface {
-	AddMember(id string, o keyshared.MemberOptions) error
-	RemoveMember(id string) error
-	Route(m *keyshared.Message) (string, bool)
-	Stats() keyshared.RouterStats
-}
-
-var (
-	_ groupDispatch = (*keyshared.Dispatcher)(nil)
-	_ groupRouter   = (*keyshared.Router)(nil)
-)
 
 // groupRegistry owns the running groups and the index that matches topics to
 // them. It is safe for concurrent use.

@@ -160,6 +160,9 @@ type MemberOptions struct {
 	// message it may not read is never offered to it: the key goes to the
 	// next eligible member on the ring, or waits for one.
 	CanRead func(topic string) bool
+	// QoS is the QoS granted to the member's subscription: what
+	// Group.Members shows (the dispatcher does not use it).
+	QoS byte
 }
 
 // AddMember adds a member (an MQTT client id). Adding a member that exists

@@ -14,6 +14,7 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/share"
+	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -162,15 +163,15 @@ func (a *groupAdmin) storeError(w http.ResponseWriter, err error, group string, 
 
 func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, string) {
 	switch {
-	case errors.Is(err, persistence.ErrGroupNotFound):
+	case errors.Is(err, keyshared.ErrGroupNotFound):
 		msg := fmt.Sprintf("no group %q", group)
 		if strings.HasSuffix(group, "/") || strings.Contains(group, " ") {
 			msg += " (in a URL, write '#' as %23 and '+' as %2B)"
 		}
 		return http.StatusNotFound, msg
-	case errors.Is(err, persistence.ErrDeadLetterNotFound):
+	case errors.Is(err, keyshared.ErrDeadLetterNotFound):
 		return http.StatusNotFound, fmt.Sprintf("group %q has no dead letter with id %d", group, id)
-	case errors.Is(err, persistence.ErrBadGroupName):
+	case errors.Is(err, keyshared.ErrBadGroupName):
 		return http.StatusBadRequest, fmt.Sprintf("query parameter \"group\": %v", err)
 	case errors.Is(err, hooks.ErrGroupBusy):
 		ms := a.groups.Members(group)
@@ -179,7 +180,7 @@ func (a *groupAdmin) errorStatus(err error, group string, id uint64) (int, strin
 			noun = "member"
 		}
 		return http.StatusConflict, fmt.Sprintf("group %q has %d %s (%s); they must unsubscribe first", group, len(ms), noun, strings.Join(ms, ", "))
-	case errors.Is(err, persistence.ErrBacklogFull):
+	case errors.Is(err, keyshared.ErrBacklogFull):
 		return http.StatusConflict, fmt.Sprintf("group %q: backlog full: %v", group, err)
 	case errors.Is(err, persistence.ErrClosed):
 		return http.StatusServiceUnavailable, "the broker is shutting down"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // The Key-Shared admin API: groups and their dead letters under /api/v1.
@@ -239,7 +239,7 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 			break // the client went away: stop between replays, each is atomic
 		}
 		off, err := a.groups.ReplayDeadLetter(name, rl.ID)
-		if errors.Is(err, persistence.ErrDeadLetterNotFound) && !one {
+		if errors.Is(err, keyshared.ErrDeadLetterNotFound) && !one {
 			continue // replayed or purged meanwhile
 		}
 		if err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // GroupViews lists every Key-Shared group, sorted by name.
@@ -41,7 +41,7 @@ func (a *groupAdmin) groupDetail(name string) (adminapi.GroupView, error) {
 	v.Settings.BacklogMaxMessages, v.Settings.BacklogMaxBytes = st.Info.Config.MaxMessages, st.Info.Config.MaxBytes
 	v.Settings.BacklogPolicy = st.Info.Config.Policy.String()
 	if v.Settings.BacklogPolicy == "" {
-		v.Settings.BacklogPolicy = persistence.PolicyReject.String()
+		v.Settings.BacklogPolicy = keyshared.PolicyReject.String()
 	}
 	// Members the hook knows (subscribed) and members the dispatcher holds
 	// (live, possibly waiting for eviction) are the same set but for moments
@@ -112,7 +112,7 @@ func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.Gro
 	return v
 }
 
-func deadLetterView(e persistence.DeadLetterEntry) adminapi.DeadLetterView {
+func deadLetterView(e keyshared.DeadLetterEntry) adminapi.DeadLetterView {
 	m := e.Message
 	v := adminapi.DeadLetterView{
 		ID: e.ID, Offset: m.Offset, Key: m.Key, Topic: m.Topic, QoS: m.QoS, PayloadSize: len(m.Payload),

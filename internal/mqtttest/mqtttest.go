@@ -134,6 +134,10 @@ func TryConnectV5(conn net.Conn, cp *paho.Connect) (*V5, error) {
 	c.Client = paho.NewClient(paho.ClientConfig{
 		ClientID: cp.ClientID,
 		Conn:     conn,
+		// paho gives up on an acknowledgement after 10 s by default; a
+		// cluster node holds a PUBACK through a JetStream leader election,
+		// up to 15 s (cluster.DefaultPublishTimeout), before it answers.
+		PacketTimeout: 30 * time.Second,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(r paho.PublishReceived) (bool, error) {
 			c.Msgs <- r.Packet
 			return true, nil

@@ -91,6 +91,7 @@ type Compatibilities struct {
 	AlwaysReturnResponseInfo   bool `yaml:"always_return_response_info" json:"always_return_response_info"`       // always return response info (useful for testing)
 	RestoreSysInfoOnRestart    bool `yaml:"restore_sys_info_on_restart" json:"restore_sys_info_on_restart"`       // restore system info from store as if server never stopped
 	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // don't allow inherited user properties on ack (paho - spec violation)
+	NoRetainedOnSubscribe      bool `yaml:"no_retained_on_subscribe" json:"no_retained_on_subscribe"`             // don't send retained messages on SUBSCRIBE: a hook delivers them (Keyline: PATCHES.md)
 }
 
 // Options contains configurable options for the server.
@@ -1301,6 +1302,9 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		return err
 	}
 
+	if s.Options.Capabilities.Compatibilities.NoRetainedOnSubscribe {
+		return nil // a hook delivers them (Keyline patch)
+	}
 	for i, sub := range pk.Filters { // [MQTT-3.3.1-9]
 		if reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
