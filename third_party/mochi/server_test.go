@@ -1733,8 +1733,8 @@ func TestServerProcessPublishACLCheckDeny(t *testing.T) {
 				require.Equal(t, tx.expectReponse, buf)
 			}
 
+			wg.Wait() // Stop closes the pipe (ending ReadAll) before it marks the client closed
 			require.Equal(t, tx.expectDisconnect, cl.Closed())
-			wg.Wait()
 		})
 	}
 }
