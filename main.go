@@ -53,6 +53,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return runBackup(args[1:], stdout, stderr)
 		case "restore":
 			return runRestore(args[1:], stdout, stderr)
+		case "passwd":
+			return runPasswd(args[1:], os.Stdin, stdout, stderr)
 		}
 	}
 	cfg, action, err := parseArgs(args)
@@ -85,6 +87,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP (and POST /api/v1/reload) re-read the config file and the
+	// command line; a reload that fails is logged and changes nothing.
+	b.SetReloadSource(func() (broker.Config, error) {
+		cfg, _, err := parseArgs(args)
+		return cfg, err
+	})
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-hup:
+				_, _ = b.Reload() // logged by Reload
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
 	if err := b.Run(ctx); err != nil {
 		fmt.Fprintf(stderr, "keyline: %v\n", err)
 		return 1
@@ -119,8 +140,16 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
 	f.StringVar(&cfg.WS, "ws", cfg.WS, "MQTT over WebSocket address, e.g. :8080 (empty disables)")
 	f.StringVar(&cfg.TLS, "tls", cfg.TLS, "MQTT over TLS address, e.g. :8883 (needs --tls-cert and --tls-key)")
-	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls")
-	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls")
+	f.StringVar(&cfg.WSS, "wss", cfg.WSS, "MQTT over WebSocket over TLS address, e.g. :8443 (needs --tls-cert and --tls-key; the client certificate options apply)")
+	f.StringVar(&cfg.TLSCert, "tls-cert", cfg.TLSCert, "PEM certificate (chain) file for --tls and --wss (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLSKey, "tls-key", cfg.TLSKey, "PEM private key file for --tls and --wss (reloaded on SIGHUP)")
+	f.StringVar(&cfg.TLSClientCA, "tls-client-ca", cfg.TLSClientCA, "PEM bundle of the CAs that sign client certificates (reloaded on SIGHUP)")
+	f.Var(&cfg.TLSClientAuth, "tls-client-auth", "client certificates on --tls and --wss: none, request (verified when sent) or require")
+	f.Var(&cfg.TLSIdentity, "tls-identity", "what of a verified client certificate becomes the MQTT user name, with no password: cn, san-dns, san-uri or none")
+	f.StringVar(&cfg.TLSCRL, "tls-crl", cfg.TLSCRL, "PEM certificate revocation lists, signed by a CA of --tls-client-ca (reloaded on SIGHUP)")
+	f.StringVar(&cfg.JWTKey, "jwt-key", cfg.JWTKey, "PEM public keys (RSA, EC P-256) or JWKS file: a password that is a JWT (RS256/ES256) signed by one, unexpired, connects as its sub/username claim, until its exp (reloaded on SIGHUP)")
+	f.StringVar(&cfg.JWTACLClaim, "jwt-acl-claim", cfg.JWTACLClaim, "claim of a JWT holding its own ACL, {filter: access 0-3}, tried before the config's rules (empty: none)")
+	f.StringVar(&cfg.PasswordFile, "password-file", cfg.PasswordFile, "users and password hashes, one user:hash a line (keyline passwd or mosquitto_passwd write it; reloaded on SIGHUP)")
 	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz and the admin API (empty disables)")
 	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none; also $KEYLINE_HTTP_TOKEN or the config file, which keep it off the command line)")
 	f.StringSliceVar(&cfg.HTTPAllowedHosts, "http-allowed-hosts", cfg.HTTPAllowedHosts, "host names the HTTP listener answers to, besides IP addresses and localhost (DNS rebinding protection)")
@@ -143,6 +172,10 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Uint16Var(&cfg.MaxInflight, "max-inflight", cfg.MaxInflight, "QoS 1/2 messages held per session, queued or unacknowledged")
 	f.Var(&cfg.MaxSessionQueueBytes, "max-session-queue-bytes", "bytes of QoS 1/2 messages held per session, queued or unacknowledged (0: no limit)")
 	f.Var(&cfg.MaxQueuedBytes, "max-queued-bytes", "bytes of QoS 1/2 messages held for all sessions together (0: no limit)")
+	f.Float64Var(&cfg.RateLimits.ConnectRatePerListener, "connect-rate-per-listener", cfg.RateLimits.ConnectRatePerListener, "CONNECTs per second each listener accepts; more get 0x9F (3.1.1: 0x03) (0: no limit)")
+	f.Float64Var(&cfg.RateLimits.ConnectRatePerAddress, "connect-rate-per-address", cfg.RateLimits.ConnectRatePerAddress, "CONNECTs per second from one source address; more get 0x9F (3.1.1: 0x03) (0: no limit)")
+	f.Float64Var(&cfg.RateLimits.ClientMessagesRate, "client-messages-rate", cfg.RateLimits.ClientMessagesRate, "PUBLISH messages per second one connection may send; past it the broker stops reading it for a moment (0: no limit)")
+	f.Var(&cfg.RateLimits.ClientBytesRate, "client-bytes-rate", "PUBLISH bytes (topic and payload) per second one connection may send, e.g. 1MiB; past it the broker stops reading it for a moment (0: no limit)")
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
@@ -272,12 +305,15 @@ Usage:
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
   keyline check [--data-dir DIR] [--json]
       (offline check of a stopped broker's data dir; exit code 1 names the damage it found)
+  keyline passwd [-c | -D] [--hash argon2id|bcrypt] FILE USER
+      (writes USER's password hash into a password file, as mosquitto_passwd does)
 
 `)
 	for _, g := range bindFlags(&cfg, &configPath, &help, &showVersion) {
 		fmt.Fprintf(w, "%s:\n%s\n", g.title, g.fs.FlagUsages())
 	}
-	fmt.Fprint(w, `Auth users and ACL rules live in the config file only (mochi's ledger format, under "auth:").
+	fmt.Fprint(w, `Auth users and ACL rules live in the config file only (mochi's ledger format, under "auth:");
+SIGHUP or POST /api/v1/reload re-reads them with the password file and the certificates.
 See README.md for the config file reference.
 `)
 }

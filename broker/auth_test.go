@@ -112,7 +112,7 @@ func TestReadmeDenyLastExample(t *testing.T) {
 	if err := DecodeConfig([]byte(example), &cfg); err != nil {
 		t.Fatalf("the example does not load: %v", err)
 	}
-	a := hooks.NewAuth(nil, hooks.NewACL(cfg.Auth), hooks.AuthConfig{})
+	a := hooks.NewAuth(nil, hooks.NewACL(hooks.NewAuthPolicy(cfg.Auth, nil, true)), hooks.AuthConfig{})
 	for _, tc := range []struct {
 		user, topic string
 		read, want  bool

@@ -52,6 +52,9 @@ type Broker struct {
 
 	connStats *connq.Stats    // totals of every connection's outbound queue
 	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
+	tls       *tlsServer   // the tls and wss listeners' certificates (nil without them; tlsconf.go)
+	reload    reloads      // live reload (reload.go)
+	rates     *hooks.RateLimits
 	auth      *hooks.Auth
 	storage   *hooks.Storage // single node only
 	fanout    *hooks.Fanout
@@ -93,19 +96,18 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}()
 
+	if b.tls, err = newTLSServer(&cfg, logger); err != nil {
+		return nil, err
+	}
 	var tlsConf *tls.Config
-	if cfg.TLS != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("broker: tls-cert %s / tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
-		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if b.tls != nil {
+		tlsConf = b.tls.listenerConfig()
 	}
 
 	for _, l := range []struct {
 		id, proto, addr string
 		tls             *tls.Config
-	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}} {
+	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}, {"wss", "wss", cfg.WSS, tlsConf}} {
 		if l.addr == "" {
 			continue
 		}
@@ -432,8 +434,8 @@ func ignoreClosed(err error) error {
 // Server returns the underlying mochi server, for tests and embedding.
 func (b *Broker) Server() *mqtt.Server { return b.server }
 
-// Addr returns the bound address of a listener: "tcp", "tls", "ws" or
-// "http"; "" when that listener is disabled.
+// Addr returns the bound address of a listener: "tcp", "tls", "ws", "wss"
+// or "http"; "" when that listener is disabled.
 func (b *Broker) Addr(name string) string {
 	if name == "http" {
 		if b.httpLn == nil {

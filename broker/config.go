@@ -132,6 +132,11 @@ type Config struct {
 	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
 	Cluster ClusterConfig `yaml:",inline"`
 
+	// Device identity: client certificates, password file (broker/identity_config.go).
+	IdentityConfig `yaml:",inline"`
+	// Rate limits (broker/ratelimit.go).
+	RateLimits RateLimitConfig `yaml:",inline"`
+
 	// Bridges to other MQTT brokers (broker/bridges.go).
 	Bridges []BridgeConfig `yaml:"bridges"`
 
@@ -165,7 +170,7 @@ type GroupOverride struct {
 }
 
 // ConnQueueOverride changes the queue settings of the connections it
-// matches: those on Listener ("tcp", "tls" or "ws"; empty: any) whose client
+// matches: those on Listener ("tcp", "tls", "ws" or "wss"; empty: any) whose client
 // id starts with ClientPrefix (empty: any). The first matching override
 // applies; its unset (zero) fields keep the global values.
 type ConnQueueOverride struct {
@@ -278,6 +283,7 @@ func DefaultConfig() Config {
 		HTTPMaxConns:              256,
 		HTTPMaxConnsPerAddress:    64,
 		Cluster:                   DefaultClusterConfig(),
+		IdentityConfig:            DefaultIdentityConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -313,11 +319,11 @@ func checkAddr(name, addr string) error {
 
 // Validate reports the first problem with c, naming the setting at fault.
 func (c *Config) Validate() error {
-	if c.TCP == "" && c.WS == "" && c.TLS == "" {
-		return fmt.Errorf("%w: no MQTT listener: set at least one of tcp, ws, tls", ErrInvalidConfig)
+	if c.TCP == "" && c.WS == "" && c.TLS == "" && c.WSS == "" {
+		return fmt.Errorf("%w: no MQTT listener: set at least one of tcp, ws, tls, wss", ErrInvalidConfig)
 	}
 	seen := map[string]string{}
-	for _, l := range []struct{ name, addr string }{{"tcp", c.TCP}, {"ws", c.WS}, {"tls", c.TLS}, {"http", c.HTTP}} {
+	for _, l := range []struct{ name, addr string }{{"tcp", c.TCP}, {"ws", c.WS}, {"tls", c.TLS}, {"wss", c.WSS}, {"http", c.HTTP}} {
 		if err := checkAddr(l.name, l.addr); err != nil {
 			return err
 		}
@@ -332,8 +338,10 @@ func (c *Config) Validate() error {
 	switch {
 	case c.TLS != "" && (c.TLSCert == "" || c.TLSKey == ""):
 		return fmt.Errorf("%w: tls needs both tls-cert and tls-key", ErrInvalidConfig)
-	case c.TLS == "" && (c.TLSCert != "" || c.TLSKey != ""):
-		return fmt.Errorf("%w: tls-cert and tls-key need a tls listener address", ErrInvalidConfig)
+	case c.WSS != "" && (c.TLSCert == "" || c.TLSKey == ""):
+		return fmt.Errorf("%w: wss needs both tls-cert and tls-key", ErrInvalidConfig)
+	case c.TLS == "" && c.WSS == "" && (c.TLSCert != "" || c.TLSKey != ""):
+		return fmt.Errorf("%w: tls-cert and tls-key need a tls or wss listener address", ErrInvalidConfig)
 	case c.DataDir == "":
 		return fmt.Errorf("%w: data-dir is empty", ErrInvalidConfig)
 	case c.SegmentSize < 64<<10 || c.SegmentSize > 1<<30:
@@ -402,14 +410,20 @@ func (c *Config) Validate() error {
 		return err
 	}
 	for i, o := range c.ConnQueueOverrides {
-		if o.Listener != "" && o.Listener != "tcp" && o.Listener != "tls" && o.Listener != "ws" {
-			return fmt.Errorf("%w: conn-queue-overrides[%d]: listener %q is not one of tcp, tls, ws", ErrInvalidConfig, i, o.Listener)
+		if o.Listener != "" && o.Listener != "tcp" && o.Listener != "tls" && o.Listener != "ws" && o.Listener != "wss" {
+			return fmt.Errorf("%w: conn-queue-overrides[%d]: listener %q is not one of tcp, tls, ws, wss", ErrInvalidConfig, i, o.Listener)
 		}
 		if _, err := c.connLimits(o.Listener, o.ClientPrefix); err != nil {
 			return fmt.Errorf("conn-queue-overrides[%d]: %w", i, err)
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.validateIdentity(); err != nil {
+		return err
+	}
+	if err := c.RateLimits.validate(); err != nil {
 		return err
 	}
 	if err := c.validateBridges(); err != nil {

@@ -27,7 +27,7 @@ import (
 // It implements mochi's listeners.Listener.
 type listener struct {
 	id    string
-	proto string // "tcp", "tls" or "ws"
+	proto string // "tcp", "tls", "ws" or "wss"
 	ln    net.Listener
 	web   *http.Server // set for WebSocket listeners
 	log   *slog.Logger
@@ -122,7 +122,7 @@ func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string
 		ln = tls.NewListener(ln, tlsConf)
 	}
 	l := &listener{id: id, proto: proto, ln: ln, closing: make(chan struct{})}
-	if proto == "ws" {
+	if proto == "ws" || proto == "wss" {
 		up := &websocket.Upgrader{
 			Subprotocols: []string{"mqtt"},
 			// A web page may not open MQTT connections from the operator's
@@ -150,6 +150,11 @@ func (l *listener) Protocol() string { return l.proto }
 // Init sets the logger; the address is already bound.
 func (l *listener) Init(log *slog.Logger) error {
 	l.log = log.With("listener", l.id)
+	if l.web != nil {
+		// Failed handshakes (a refused client certificate, logged with its
+		// reason by tlsconf.go) and the like, at debug, not on stderr.
+		l.web.ErrorLog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
+	}
 	return nil
 }
 

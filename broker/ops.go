@@ -36,10 +36,11 @@ func (b *Broker) newOps() *ops.Service {
 		},
 		Pprof:      b.cfg.Pprof,
 		Settings:   b.cfg.settingsView,
-		Collectors: append(b.clusterCollectors(), bridgeCollector{b}),
+		Collectors: append(b.clusterCollectors(), bridgeCollector{b}, identityCollector{b}, rateCollector{b}),
 		Routes: func(mux *http.ServeMux) {
 			b.registerCluster(mux)
 			b.registerBackup(mux)
+			b.registerReload(mux)
 		},
 		Logger: b.log,
 	})

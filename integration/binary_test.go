@@ -116,7 +116,7 @@ func launchKeyline(t testing.TB, nofile int, dataDir string, extra ...string) *p
 			var rec map[string]any
 			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "keyline started" {
 				addrs := map[string]string{}
-				for _, k := range []string{"tcp", "tls", "ws", "http"} {
+				for _, k := range []string{"tcp", "tls", "ws", "wss", "http"} {
 					if v, ok := rec[k].(string); ok {
 						addrs[k] = v
 					}

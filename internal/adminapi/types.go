@@ -18,7 +18,19 @@ const (
 	PathClients        = "/api/v1/clients"         // GET list; GET /{id}
 	PathClusterClients = "/api/v1/cluster/clients" // GET: every client of the cluster and its node (cluster mode)
 	PathBackup         = "/api/v1/backup"          // POST: an online backup of the data dir, as a tar stream (persistence.Backup)
+	PathReload         = "/api/v1/reload"          // POST: re-read users, password file, ACL and certificates (as SIGHUP)
 )
+
+// ReloadResult answers a reload: what it did to connected clients.
+type ReloadResult struct {
+	// Disconnected are the clients cut off: their credentials or their
+	// certificate (now revoked) no longer let them in.
+	Disconnected []string `json:"disconnected"`
+	// Unsubscribed counts the subscriptions removed that the ACL no longer allows.
+	Unsubscribed int `json:"unsubscribed"`
+	// NeedRestart names the changed settings a reload does not apply.
+	NeedRestart []string `json:"need_restart,omitempty"`
+}
 
 // Dead-letter paging limits. A page of GET PathDLQ holds previews
 // (DeadLetterView.Truncated) and stops, with More set, before it passes

@@ -38,6 +38,7 @@ const (
 	TCP Transport = "tcp"
 	TLS Transport = "tls"
 	WS  Transport = "ws"
+	WSS Transport = "wss" // WebSocket over TLS
 )
 
 // Dial opens a raw connection to addr over transport. tlsConf is used for TLS.
@@ -53,10 +54,10 @@ func Dial(t testing.TB, transport Transport, addr string, tlsConf *tls.Config) n
 	case TLS:
 		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: Timeout}, Config: tlsConf}
 		c, err = d.Dial("tcp", addr)
-	case WS:
-		d := websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: Timeout}
+	case WS, WSS:
+		d := websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: Timeout, TLSClientConfig: tlsConf}
 		var ws *websocket.Conn
-		ws, _, err = d.Dial("ws://"+addr+"/", http.Header{})
+		ws, _, err = d.Dial(string(transport)+"://"+addr+"/", http.Header{})
 		if err == nil {
 			c = &wsConn{Conn: ws.UnderlyingConn(), ws: ws}
 		}
@@ -218,6 +219,8 @@ func V3URL(transport Transport, addr string) string {
 		return "ssl://" + addr
 	case WS:
 		return "ws://" + addr + "/"
+	case WSS:
+		return "wss://" + addr + "/"
 	}
 	return "tcp://" + addr
 }

@@ -1723,6 +1723,14 @@ func (s *Server) sendLWT(cl *Client) {
 		pk.Connect.WillProperties.WillDelayInterval = cl.Properties.Will.WillDelayInterval
 		pk.Expiry = time.Now().Unix() + int64(pk.Connect.WillProperties.WillDelayInterval)
 		s.loop.willDelayed.Add(cl.ID, pk)
+		// Keyline: a new connection to the session cancels the delayed will
+		// when it is established [MQTT-3.1.3-9], but on a takeover this
+		// (the old connection's) goroutine may get here after that: it then
+		// finds the new client in Clients and takes its will back. (Added
+		// first, checked second, so one of the two always removes it.)
+		if existing, ok := s.Clients.Get(cl.ID); ok && existing != cl && !existing.Closed() {
+			s.loop.willDelayed.Delete(cl.ID)
+		}
 		return
 	}
 

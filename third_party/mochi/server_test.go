@@ -3399,6 +3399,26 @@ func TestServerSendLWTDelayedHasNoExpiry(t *testing.T) {
 	}
 }
 
+// Keyline: the old connection's delayed will, scheduled after a new
+// connection to its session took over, is not kept [MQTT-3.1.3-9].
+func TestServerSendLWTDelayedAfterTakeover(t *testing.T) {
+	s := newServer()
+	old, _, _ := newTestClient()
+	old.ID = "cl1"
+	old.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello"), WillDelayInterval: 2}
+	next, _, _ := newTestClient()
+	next.ID = "cl1"
+	s.Clients.Add(next) // the new connection is established: it replaced the old one
+	s.sendLWT(old)
+	_, ok := s.loop.willDelayed.Get("cl1")
+	require.False(t, ok, "the old connection's will is still scheduled")
+
+	s.Clients.Add(old) // without a takeover the will is kept
+	s.sendLWT(old)
+	_, ok = s.loop.willDelayed.Get("cl1")
+	require.True(t, ok)
+}
+
 func TestServerReadStore(t *testing.T) {
 	s := newServer()
 	hook := new(modifiedHookBase)
