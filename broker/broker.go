@@ -121,7 +121,8 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}
 
-	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize), Logger: logger})
+	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize),
+		CommitInterval: commitInterval(cfg.CommitInterval), CommitMinAppends: cfg.CommitMinAppends, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
 	}
@@ -530,4 +531,13 @@ func (b *Broker) httpHandler() http.Handler {
 		_, _ = io.WriteString(w, "ready\n")
 	})
 	return b.hostCheck(b.adminHandler(mux))
+}
+
+// commitInterval maps the commit-interval setting (0: no waiting) to the
+// message log's option (0 there selects its default; negative: no waiting).
+func commitInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

@@ -39,6 +39,12 @@ type Config struct {
 	Fsync   bool   `yaml:"fsync"`    // fsync every commit (off: survives a process crash, not a power loss)
 	// SegmentSize is the size of each file of the group message log.
 	SegmentSize ByteSize `yaml:"segment-size"`
+	// CommitInterval is the longest a QoS 1/2 publish to a Key-Shared group
+	// waits for others to share its commit (write and fdatasync) of the
+	// group message log: commits go early once they hold the publishes their
+	// publishers have in flight, or CommitMinAppends (negative: no waiting).
+	CommitInterval   time.Duration `yaml:"commit-interval"`
+	CommitMinAppends int           `yaml:"commit-min-appends"`
 
 	// Logs.
 	LogLevel  LogLevel  `yaml:"log-level"`  // debug, info, warn, error
@@ -148,15 +154,17 @@ const DefaultMaxSessionExpiry = 7 * 24 * time.Hour
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:           ":1883",
-		HTTP:          "127.0.0.1:9883",
-		DataDir:       "./data",
-		Fsync:         true,
-		SegmentSize:   persistence.DefaultSegmentSize,
-		LogLevel:      LogInfo,
-		LogFormat:     LogText,
-		MaxPacketSize: 1 << 20,
-		MaxInflight:   8192,
+		TCP:              ":1883",
+		HTTP:             "127.0.0.1:9883",
+		DataDir:          "./data",
+		Fsync:            true,
+		SegmentSize:      persistence.DefaultSegmentSize,
+		CommitInterval:   persistence.DefaultCommitInterval,
+		CommitMinAppends: 1,
+		LogLevel:         LogInfo,
+		LogFormat:        LogText,
+		MaxPacketSize:    1 << 20,
+		MaxInflight:      8192,
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.
 		MaxSessionQueueBytes: 64 << 20,
@@ -237,6 +245,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: data-dir is empty", ErrInvalidConfig)
 	case c.SegmentSize < 64<<10 || c.SegmentSize > 1<<30:
 		return fmt.Errorf("%w: segment-size %v is not between 64KiB and 1GiB", ErrInvalidConfig, c.SegmentSize)
+	case c.CommitInterval < 0 || c.CommitInterval > time.Second:
+		return fmt.Errorf("%w: commit-interval %v is not between 0 and 1s (a publish waits up to that long for its acknowledgement)", ErrInvalidConfig, c.CommitInterval)
+	case c.CommitMinAppends < 1 || c.CommitMinAppends > 8192:
+		return fmt.Errorf("%w: commit-min-appends %d is not between 1 and 8192", ErrInvalidConfig, c.CommitMinAppends)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
 	case c.MaxSessionQueueBytes < 0 || c.MaxQueuedBytes < 0:

@@ -12,6 +12,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -72,6 +73,12 @@ type KeyShared struct {
 	members  *memberships
 	inflight *inflightTable
 	dlq      *dlqPublisher
+	// acks, when the store tells the end of each commit's callbacks
+	// (persistence.Groups.OnCommitted), holds the publishers'
+	// acknowledgements a commit released until its callbacks have all run:
+	// each publisher's then go with one write, made there when its
+	// connection's writer is idle.
+	acks *connq.Flusher
 
 	// AppendErrors counts QoS >= 1 publishes a group log refused.
 	AppendErrors atomic.Uint64
@@ -112,6 +119,10 @@ func (h *KeyShared) Init(any) error {
 			g.d.Notify()
 		}
 	})
+	if cs, ok := h.store.(interface{ OnCommitted(func()) }); ok {
+		h.acks = new(connq.Flusher)
+		cs.OnCommitted(h.acks.Flush)
+	}
 	infos, err := h.store.Groups()
 	if err != nil {
 		return fmt.Errorf("keyshared hook: list groups: %w", err)
@@ -165,7 +176,7 @@ func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) {
 		if dcfg.Logger == nil {
 			dcfg.Logger = h.Log
 		}
-		g.d, err = keyshared.New(dcfg, &deadLetterLog{Log: log, pub: h.dlq, group: name, share: n.Share}, &groupOut{h: h, g: g})
+		g.d, err = keyshared.New(dcfg, &deadLetterLog{Log: log, pub: h.dlq, group: name, share: n.Share}, &groupOut{h: h, g: g, fl: new(connq.Flusher)})
 		if err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}

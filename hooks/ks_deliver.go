@@ -22,9 +22,24 @@ const ReasonPacketTooLarge byte = 0x95
 type groupOut struct {
 	h *KeyShared
 	g *ksGroup
+	// fl, the dispatcher's only (nil elsewhere), holds the round's QoS 1/2
+	// deliveries until the dispatcher's Flush: then each member's go with
+	// one write, made by the dispatcher's goroutine when the member's
+	// connection writer is idle.
+	fl *connq.Flusher
 }
 
-var _ keyshared.Deliverer = (*groupOut)(nil)
+var (
+	_ keyshared.Deliverer = (*groupOut)(nil)
+	_ keyshared.Flusher   = (*groupOut)(nil)
+)
+
+// Flush implements keyshared.Flusher.
+func (o *groupOut) Flush() {
+	if o.fl != nil {
+		o.fl.Flush()
+	}
+}
 
 // Deliver implements keyshared.Deliverer. The dispatcher only offers a
 // member messages it may read (MemberOptions.CanRead), so no check here.
@@ -81,6 +96,9 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
+	}
+	if o.fl != nil {
+		return o.fl.Send(q, frame)
 	}
 	return q.Send(frame)
 }
