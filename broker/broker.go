@@ -16,6 +16,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,7 @@ import (
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -281,6 +283,13 @@ func (b *Broker) addHooks() error {
 		return l
 	}, hooks.NewOutboxStore(b.sessions))
 	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
+	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
+		sp, err := outbox.NewSpill(filepath.Join(b.cfg.DataDir, persistence.SpillDir), int64(b.cfg.SpillAfter))
+		if err != nil {
+			return fmt.Errorf("broker: %w", err)
+		}
+		b.fanout.SetSpill(sp)
+	}
 	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
 	b.fanout.MochiTracksQoS = b.cluster != nil
 	if err := b.server.AddHook(b.fanout, nil); err != nil {

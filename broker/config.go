@@ -58,7 +58,11 @@ type Config struct {
 	// bytes, per session and for all sessions together (0: no bound).
 	MaxSessionQueueBytes ByteSize `yaml:"max-session-queue-bytes"`
 	MaxQueuedBytes       ByteSize `yaml:"max-queued-bytes"`
-	ReceiveMaximum       uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	// SpillAfter is how many bytes of frames of QoS 1/2 messages a session
+	// keeps in memory; the frames of those it holds beyond wait in
+	// data-dir/spill until its client reads them (0: all in memory).
+	SpillAfter     ByteSize `yaml:"spill-after"`
+	ReceiveMaximum uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
 	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
 	// 0: no cap, and 3.1.1 sessions never expire.
@@ -168,6 +172,7 @@ func DefaultConfig() Config {
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.
 		MaxSessionQueueBytes: 64 << 20,
+		SpillAfter:           1 << 20,
 		MaxQueuedBytes:       1 << 30,
 		ReceiveMaximum:       1024,
 		MaxSessionExpiry:     DefaultMaxSessionExpiry,
@@ -251,6 +256,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: commit-min-appends %d is not between 1 and 8192", ErrInvalidConfig, c.CommitMinAppends)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
+	case c.SpillAfter < 0:
+		return fmt.Errorf("%w: spill-after %v is negative", ErrInvalidConfig, c.SpillAfter)
 	case c.MaxSessionQueueBytes < 0 || c.MaxQueuedBytes < 0:
 		return fmt.Errorf("%w: max-session-queue-bytes and max-queued-bytes must not be negative", ErrInvalidConfig)
 	case c.ReceiveMaximum == 0:

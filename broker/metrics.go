@@ -48,6 +48,8 @@ var brokerMetrics = []metricDef{
 	{"keyline_outbox_expired_total", "Queued QoS 1/2 messages dropped unsent because their expiry (or max-message-expiry) passed.", prometheus.CounterValue},
 	{"keyline_outbox_queued_bytes", "Bytes of QoS 1/2 messages held for sessions, queued or unacknowledged (bounded by max-queued-bytes).", prometheus.GaugeValue},
 	{"keyline_outbox_cold_bytes", "Of keyline_outbox_queued_bytes, the bytes of messages restored at start that are on disk only until their session resumes.", prometheus.GaugeValue},
+	{"keyline_outbox_spilled_bytes", "Of keyline_outbox_queued_bytes, the bytes of queued messages waiting in data-dir/spill for clients that do not read (spill-after).", prometheus.GaugeValue},
+	{"keyline_outbox_spilled_total", "QoS 1/2 messages whose frames waited in data-dir/spill.", prometheus.CounterValue},
 	{"keyline_outbox_store_refused_total", "QoS 1/2 publishes refused because a persistent session's record of the message could not be stored.", prometheus.CounterValue},
 	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
 	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
@@ -114,6 +116,10 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		values["keyline_outbox_queued_bytes"] = float64(f.OutboxStats.Bytes.Load())
 		values["keyline_outbox_cold_bytes"] = float64(f.OutboxStats.ColdBytes.Load())
 		values["keyline_outbox_store_refused_total"] = float64(f.Stats.StoreRefused.Load())
+		if sp := f.Spill(); sp != nil {
+			values["keyline_outbox_spilled_bytes"] = float64(sp.Bytes.Load())
+			values["keyline_outbox_spilled_total"] = float64(sp.Spilled.Load())
+		}
 	}
 	if a := c.b.auth; a != nil {
 		values["keyline_reserved_publishes_refused_total"] = float64(a.ReservedRefused.Load())

@@ -95,6 +95,15 @@ func (h *Fanout) SetQueueBytes(perSession, total int64) {
 	h.sessions.cfg.MaxBytes, h.sessions.cfg.MaxTotalBytes = perSession, total
 }
 
+// SetSpill makes the sessions' outboxes keep at most sp's threshold of
+// frames in memory each, the frames of queued messages beyond it in sp's
+// files until their client reads them (nil: all in memory). Call it before
+// clients connect.
+func (h *Fanout) SetSpill(sp *outbox.Spill) { h.sessions.cfg.Spill = sp }
+
+// Spill returns the outboxes' spill, nil when there is none.
+func (h *Fanout) Spill() *outbox.Spill { return h.sessions.cfg.Spill }
+
 // ID returns the hook's id.
 func (h *Fanout) ID() string { return "keyline-fanout" }
 

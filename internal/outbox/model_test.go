@@ -160,16 +160,38 @@ func (m *model) checkSends() {
 	}
 }
 
-// checkStore compares the stored records with the messages held.
+// checkStore compares the stored records with the messages held, and the
+// spill file with the spilled messages (invariant 7).
 func (m *model) checkStore(run, step int) {
 	m.o.mu.Lock()
 	defer m.o.mu.Unlock()
 	held := map[uint64]bool{}
+	var mem int64
+	spilled := 0
 	for i := m.o.mu.head; i < len(m.o.mu.q); i++ {
-		if m.o.mu.q[i].pub != nil {
+		e := &m.o.mu.q[i]
+		if e.pub != nil {
 			held[m.o.mu.base+uint64(i)] = true
 		}
+		if e.inMemory() {
+			mem += int64(e.size)
+		}
+		if e.isSpilled() {
+			spilled++
+		}
 	}
+	if mem != m.o.mu.mem {
+		m.t.Fatalf("run %d step %d: frames in memory %d bytes, counted %d", run, step, mem, m.o.mu.mem)
+	}
+	if live := 0; m.o.mu.spill != nil || spilled > 0 {
+		if m.o.mu.spill != nil {
+			live = m.o.mu.spill.live
+		}
+		if live != spilled {
+			m.t.Fatalf("run %d step %d: %d messages spilled, %d records live in the spill file", run, step, spilled, live)
+		}
+	}
+
 	for seq := range m.store.recs {
 		if !held[seq] {
 			m.t.Fatalf("run %d step %d: record %d stored but not held", run, step, seq)
@@ -241,6 +263,12 @@ func TestOutboxModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -outbox.seed=%d)", seed, seed)
+	var spilledTotal uint64
+	defer func() {
+		if !t.Failed() && spilledTotal == 0 {
+			t.Error("no run spilled a message: the spill is not exercised")
+		}
+	}()
 	for run := range 40 {
 		r := rand.New(rand.NewPCG(seed, uint64(run)))
 		store := &memStore{recs: map[uint64][]byte{}}
@@ -249,6 +277,13 @@ func TestOutboxModel(t *testing.T) {
 			steps, maxHeld = 8000, 1500
 		}
 		cfg := &Config{Max: maxHeld, Store: store, Now: func() int64 { return 1000 }}
+		if run%2 == 1 { // frames past a few in memory go to a spill file
+			sp, err := NewSpill(t.TempDir(), int64(8+r.IntN(60)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Spill = sp
+		}
 		m := &model{t: t, cfg: cfg, store: store, external: map[uint16]bool{}, reserved: map[uint16]bool{},
 			qos: map[int]byte{}, relOf: map[uint16]int{}, sentOnce: map[int]bool{}, acked: map[int]bool{}, maybeDup: map[int]bool{}}
 		m.o = New("c", cfg)
@@ -311,6 +346,12 @@ func TestOutboxModel(t *testing.T) {
 						m.maybeDup[n] = true
 					}
 				}
+				m.o.mu.Lock()
+				if m.o.mu.spill != nil { // the process is gone: so is its spill file
+					m.o.mu.spill.close()
+					m.o.mu.spill = nil
+				}
+				m.o.mu.Unlock()
 				m.o = New("c", cfg)
 				var errs []error
 				if op%2 == 0 {
@@ -374,6 +415,16 @@ func TestOutboxModel(t *testing.T) {
 		}
 		if held, _ := m.o.Len(); held != 0 || len(store.recs) != 0 {
 			t.Fatalf("run %d: %d held, %d stored after draining", run, held, len(store.recs))
+		}
+		if sp := cfg.Spill; sp != nil {
+			spilledTotal += sp.Spilled.Load()
+			if sp.Bytes.Load() != 0 {
+				t.Fatalf("run %d: spill holds %d bytes after draining (spilled %d)", run, sp.Bytes.Load(), sp.Spilled.Load())
+			}
+			m.o.Discard()
+			if n := sp.files.Load(); n != 0 {
+				t.Fatalf("run %d: %d spill files open after the outbox was discarded", run, n)
+			}
 		}
 	}
 }

@@ -21,7 +21,12 @@
 //     and counted;
 //  6. a restored message is held cold (its frame on disk, only its figures in
 //     memory) until the session gets a connection or stops being
-//     persistent: then every cold message is loaded, in order.
+//     persistent: then every cold message is loaded, in order;
+//  7. with a Spill, the frames held in memory exceed its threshold by at most
+//     what Spill could not take; a spilled message's frame is in the
+//     outbox's spill file only (one live record per spilled message), and is
+//     read back when it is to be sent (again), or let go unread when it is
+//     acknowledged or dropped.
 package outbox
 
 import (
@@ -104,6 +109,9 @@ type Config struct {
 	MaxBytes, MaxTotalBytes int64
 	Stats                   *Stats // may be nil
 	Store                   Store  // nil: the session is not persisted
+	// Spill, when set, takes the frames of queued messages an outbox cannot
+	// send now beyond Spill's threshold of bytes in memory (spill.go).
+	Spill *Spill
 	// Now returns the time in unix seconds (deadlines); nil: the wall clock.
 	Now func() int64
 }
@@ -115,12 +123,15 @@ const (
 	stReleased              // QoS 2: PUBREL sent, awaiting PUBCOMP
 )
 
-// entry is one message. A nil pub marks a finished (or dropped) slot, and
-// cold one whose frame is on disk, not loaded (invariant 6).
+// entry is one message. A nil pub marks a finished (or dropped) slot, cold
+// one whose frame is in the Store, not loaded (invariant 6), and spilled one
+// whose frame is in the outbox's spill file (invariant 7).
 type entry struct {
 	pub      *frame.Publish
 	created  int64 // unix seconds
 	deadline int64 // unix seconds past which an unsent message is dropped; 0: never
+	spillOff int64 // spilled: the record's place in the spill file
+	spillLen int32
 	size     int32 // bytes of the frame, counted against the byte bounds
 	id       uint16
 	state    uint8
@@ -128,10 +139,15 @@ type entry struct {
 	qos      uint8 // of a cold entry (pub.QoS otherwise)
 }
 
-// cold marks an entry whose frame is on disk only.
-var cold = &frame.Publish{}
+// cold marks an entry whose frame is in the Store only, spilled one whose
+// frame is in the spill file only.
+var cold, spilled = &frame.Publish{}, &frame.Publish{}
 
-func (e *entry) isCold() bool { return e.pub == cold }
+func (e *entry) isCold() bool    { return e.pub == cold }
+func (e *entry) isSpilled() bool { return e.pub == spilled }
+
+// inMemory reports whether e holds its frame in memory.
+func (e *entry) inMemory() bool { return e.pub != nil && e.pub != cold && e.pub != spilled }
 
 // Outbox is one session's outgoing QoS 1/2 messages. Its methods are safe
 // for concurrent use.
@@ -147,9 +163,16 @@ type Outbox struct {
 		next uint64  // seq of the next message added
 		live int     // messages held
 		ids  idTable // packet id -> seq, of live messages with an id
-		// bytes is the frame bytes held; cold counts the entries not loaded.
+		// bytes is the frame bytes held; cold counts the entries not loaded;
+		// mem is the bytes of the frames held in memory (neither cold nor
+		// spilled), which a Spill bounds.
 		bytes int64
 		cold  int
+		mem   int64
+		spill *spillFile // nil until the outbox first spills
+		// spillScan: no frame on the wire before it is in memory (where
+		// spillLocked looks for the next one).
+		spillScan int
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -238,6 +261,7 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored fu
 	if e.id != 0 {
 		o.mu.ids.put(e.id, seq)
 	}
+	o.mu.mem += size
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
 	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
@@ -247,7 +271,75 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored fu
 		o.persistLocked(seq)
 	}
 	o.pumpLocked()
+	o.spillLocked()
 	return true, pending
+}
+
+// spillMore bounds the frames spillLocked writes per call besides the
+// newest: the backlog's memory comes down over a few messages, not at once.
+const spillMore = 2
+
+// spillLocked keeps the frames the outbox holds in memory within the
+// Spill's threshold: past it the newest message's frame goes to the spill
+// file if it waits unsent, then (up to spillMore) the oldest frames on the
+// wire, which are kept only to be sent again after a reconnect. A frame
+// stays in memory when there is no Spill, no file can be had, or the write
+// fails.
+func (o *Outbox) spillLocked() {
+	sp := o.cfg.Spill
+	if sp == nil || o.mu.mem <= sp.after {
+		return
+	}
+	if i := len(o.mu.q) - 1; i >= o.mu.cursor && o.mu.q[i].inMemory() && o.mu.q[i].state == stQueued {
+		if !o.spillEntryLocked(&o.mu.q[i]) {
+			return
+		}
+	}
+	for n := 0; n < spillMore && o.mu.mem > sp.after; n++ {
+		for o.mu.spillScan = max(o.mu.spillScan, o.mu.head); o.mu.spillScan < o.mu.cursor; o.mu.spillScan++ {
+			if e := &o.mu.q[o.mu.spillScan]; e.inMemory() && e.state == stSent {
+				break
+			}
+		}
+		if o.mu.spillScan >= o.mu.cursor || !o.spillEntryLocked(&o.mu.q[o.mu.spillScan]) {
+			return
+		}
+	}
+}
+
+// spillEntryLocked moves e's frame to the spill file; it reports false when
+// it could not (e stays in memory).
+func (o *Outbox) spillEntryLocked(e *entry) bool {
+	sp := o.cfg.Spill
+	if o.mu.spill == nil {
+		if o.mu.spill = sp.open(); o.mu.spill == nil {
+			return false
+		}
+	}
+	off, n, err := o.mu.spill.put(e.pub)
+	if err != nil {
+		return false
+	}
+	e.qos = e.pub.QoS
+	e.pub, e.spillOff, e.spillLen = spilled, off, n
+	o.mu.mem -= int64(e.size)
+	return true
+}
+
+// unspillLocked reads e's frame back from the spill file; it reports false
+// when it could not (the message is lost: the caller finishes it).
+func (o *Outbox) unspillLocked(e *entry) bool {
+	p, err := o.mu.spill.read(e.spillOff, e.spillLen)
+	o.mu.spill.release(e.spillOff, e.spillLen)
+	e.spillLen = 0 // released
+	if err != nil {
+		o.cfg.Stats.LoadErrors.Add(1)
+		return false
+	}
+	o.cfg.Spill.Loaded.Add(1)
+	e.pub = p
+	o.mu.mem += int64(e.size)
+	return true
 }
 
 // allocLocked returns a packet id used neither by a live message nor
@@ -315,6 +407,7 @@ func (o *Outbox) Detach(conn Conn) {
 	}
 	o.mu.conn = nil
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
+	o.mu.spillScan = o.mu.head // what was on the wire waits to be sent again
 	if !o.mu.gone {
 		o.putMetaLocked(false)
 	}
@@ -350,6 +443,24 @@ func (o *Outbox) pumpLocked() {
 		if e.pub == nil {
 			o.mu.cursor++
 			continue
+		}
+		if e.isSpilled() && e.state != stReleased {
+			if e.state == stQueued && e.deadline > 0 {
+				if now == 0 {
+					now = o.now()
+				}
+				if now >= e.deadline {
+					o.cfg.Stats.Expired.Add(1)
+					o.finishLocked(o.mu.cursor)
+					o.mu.cursor++
+					continue
+				}
+			}
+			if !o.unspillLocked(e) {
+				o.finishLocked(o.mu.cursor)
+				o.mu.cursor++
+				continue
+			}
 		}
 		if e.id == 0 {
 			if o.mu.frozen {
@@ -413,16 +524,20 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 	if e.isCold() {
 		return true // ours; not sent on this connection (it was never loaded)
 	}
+	qos := e.qos // spilled: kept in the entry
+	if !e.isSpilled() {
+		qos = e.pub.QoS
+	}
 	switch {
-	case typ == 4 && e.pub.QoS == 1 && e.state == stSent,
-		typ == 7 && e.pub.QoS == 2 && e.state == stReleased,
-		typ == 5 && e.pub.QoS == 2 && e.state == stSent && reason >= 0x80:
+	case typ == 4 && qos == 1 && e.state == stSent,
+		typ == 7 && qos == 2 && e.state == stReleased,
+		typ == 5 && qos == 2 && e.state == stSent && reason >= 0x80:
 		if i < o.mu.cursor { // on the wire (finishing may move the cursor)
 			o.mu.inflight--
 		}
 		o.finishLocked(i)
 		o.pumpLocked()
-	case typ == 5 && e.pub.QoS == 2 && (e.state == stSent || e.state == stReleased):
+	case typ == 5 && qos == 2 && (e.state == stSent || e.state == stReleased):
 		e.state = stReleased
 		o.persistLocked(seq)
 		if i < o.mu.cursor && o.mu.conn != nil {
@@ -456,14 +571,14 @@ func (o *Outbox) finishLocked(i int) {
 func (o *Outbox) compactLocked() {
 	if o.mu.live == 0 && o.mu.cursor == len(o.mu.q) {
 		o.mu.base += uint64(len(o.mu.q))
-		o.mu.q, o.mu.head, o.mu.cursor = nil, 0, 0
+		o.mu.q, o.mu.head, o.mu.cursor, o.mu.spillScan = nil, 0, 0, 0
 		return
 	}
 	if o.mu.head >= 1024 && o.mu.head*2 >= len(o.mu.q) {
 		n := o.mu.head
 		o.mu.q = append(o.mu.q[:0:0], o.mu.q[n:]...)
 		o.mu.base += uint64(n)
-		o.mu.head, o.mu.cursor = 0, o.mu.cursor-n
+		o.mu.head, o.mu.cursor, o.mu.spillScan = 0, o.mu.cursor-n, max(o.mu.spillScan-n, 0)
 	}
 }
 
@@ -534,8 +649,12 @@ func (o *Outbox) Discard() {
 		o.forgetBytesLocked(&o.mu.q[i])
 	}
 	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
+	if o.mu.spill != nil {
+		o.mu.spill.close()
+		o.mu.spill = nil
+	}
 	o.mu.external = nil // it reads the last client's in-flight map: let that go
-	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
+	o.mu.head, o.mu.cursor, o.mu.inflight, o.mu.spillScan = 0, 0, 0, 0
 	if o.cfg.Store != nil {
 		o.cfg.Store.DeleteSession(o.client)
 	}
@@ -565,8 +684,8 @@ type Info struct {
 	Created  int64 // unix seconds
 	InFlight bool  // on the current connection's wire
 	Released bool  // QoS 2: PUBREC received, PUBREL sent
-	// Cold: restored and not loaded yet (the frame is on disk; Topic is
-	// empty and Size the frame's).
+	// Cold: its frame is on disk only (restored and not loaded yet, or
+	// spilled); Topic is empty and Size the frame's.
 	Cold bool
 }
 
@@ -580,7 +699,7 @@ func (o *Outbox) Snapshot(n int) []Info {
 		if e.pub == nil {
 			continue
 		}
-		if e.isCold() {
+		if e.isCold() || e.isSpilled() {
 			out = append(out, Info{PacketID: e.id, QoS: e.qos, Size: int(e.size), Created: e.created, Released: e.state == stReleased, Cold: true})
 			continue
 		}
@@ -590,15 +709,23 @@ func (o *Outbox) Snapshot(n int) []Info {
 	return out
 }
 
-// forgetBytesLocked takes e out of the byte counts.
+// forgetBytesLocked takes e out of the byte counts (and its record out of
+// the spill file).
 func (o *Outbox) forgetBytesLocked(e *entry) {
 	if e.pub == nil {
 		return
 	}
 	o.mu.bytes -= int64(e.size)
 	o.cfg.Stats.Bytes.Add(-int64(e.size))
-	if e.isCold() {
+	switch {
+	case e.isCold():
 		o.mu.cold--
 		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+	case e.isSpilled():
+		if e.spillLen > 0 && o.mu.spill != nil {
+			o.mu.spill.release(e.spillOff, e.spillLen)
+		}
+	default:
+		o.mu.mem -= int64(e.size)
 	}
 }

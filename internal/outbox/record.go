@@ -137,7 +137,18 @@ func (o *Outbox) persistLocked(seq uint64) {
 	if !o.mu.persist {
 		return
 	}
-	if e := o.entryLocked(seq); e != nil && !e.isCold() { // a cold one is stored as it is
+	e := o.entryLocked(seq)
+	switch {
+	case e == nil || e.isCold(): // a cold one is stored as it is
+	case e.isSpilled():
+		// Its id or state changed (Thaw, SetPersistent): the record needs
+		// the frame, from the spill file.
+		if p, err := o.mu.spill.read(e.spillOff, e.spillLen); err == nil {
+			rec := *e
+			rec.pub = p
+			o.cfg.Store.Put(o.client, seq, appendRecord(nil, &rec))
+		}
+	default:
 		o.cfg.Store.Put(o.client, seq, appendRecord(nil, e))
 	}
 }
@@ -207,6 +218,7 @@ func (o *Outbox) restoreLocked(meta []byte, n int, rec func(i int) (uint64, entr
 		}
 		if !e.isCold() {
 			e.size = int32(len(e.pub.B))
+			o.mu.mem += int64(e.size)
 		} else {
 			o.mu.cold++
 			o.cfg.Stats.ColdBytes.Add(int64(e.size))
@@ -314,6 +326,7 @@ func (o *Outbox) loadColdLocked() {
 		}
 		o.mu.cold--
 		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+		o.mu.mem += int64(len(loaded.pub.B))
 		o.mu.bytes += int64(len(loaded.pub.B)) - int64(e.size)
 		o.cfg.Stats.Bytes.Add(int64(len(loaded.pub.B)) - int64(e.size))
 		e.pub, e.size = loaded.pub, int32(len(loaded.pub.B))
