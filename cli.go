@@ -31,7 +31,8 @@ type cliCommand struct {
 	name  string   // "groups list"
 	usage string   // arguments and flags, for the usage text
 	help  string   // one line
-	group bool     // takes a GROUP argument
+	group bool     // takes a GROUP argument (or the one arg names)
+	arg   string   // the argument's name when not GROUP
 	flags []string // command-specific flags it accepts (of id, all, after, limit)
 	run   func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (print func(io.Writer), raw []byte, err error)
 }
@@ -142,16 +143,9 @@ func runCheck(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", broker.DefaultConfig().DataDir, "the data dir to check (keyline must not be running on it)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	help := fs.BoolP("help", "h", false, "show this help")
-	if err := fs.Parse(args); err != nil || len(fs.Args()) > 0 {
-		if err == nil {
-			err = fmt.Errorf("unexpected argument %q", fs.Arg(0))
-		}
-		fmt.Fprintf(stderr, "keyline: check: %v (see keyline check --help)\n", err)
-		return 2
-	}
-	if *help {
-		fmt.Fprint(stdout, "Usage:\n  keyline check [--data-dir DIR] [--json]\tverify keyline.db (bbolt's check, every group's records) and every segment frame's checksum, offline\n\nFlags:\n"+fs.FlagUsages())
-		return 0
+	usage := "Usage:\n  keyline check [--data-dir DIR] [--json]\tverify keyline.db (bbolt's check, every group's records) and every segment frame's checksum, offline\n\nFlags:\n"
+	if code, ok := parseSubcommand("check", fs, args, stdout, stderr, help, usage); !ok {
+		return code
 	}
 	rep, err := persistence.CheckDir(*dataDir)
 	if err != nil {
@@ -209,7 +203,7 @@ type cliError struct{ msg string }
 
 func (e cliError) Error() string { return e.msg }
 
-// runCLI runs `keyline groups ...` or `keyline dlq ...`.
+// runCLI runs `keyline groups ...`, `keyline dlq ...` or `keyline bridges ...`.
 func runCLI(args []string, stdout, stderr io.Writer) int {
 	err := cli(args, stdout)
 	var ce cliError
@@ -261,6 +255,8 @@ func cli(args []string, stdout io.Writer) error {
 	rest := pos[min(2, len(pos)):]
 	var group string
 	switch {
+	case cmd.group && len(rest) == 0 && cmd.arg != "":
+		return fmt.Errorf("%s needs a %s", cmd.name, cmd.arg)
 	case cmd.group && len(rest) == 0:
 		return fmt.Errorf("%s needs a GROUP (e.g. 'workers/orders/#')", cmd.name)
 	case cmd.group:

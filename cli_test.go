@@ -18,11 +18,18 @@ import (
 
 // startTestBroker runs an in-process broker on loopback ports the kernel picks.
 func startTestBroker(t *testing.T, token string) *broker.Broker {
+	return startTestBrokerWith(t, func(cfg *broker.Config) {
+		cfg.HTTPToken = token
+		cfg.MaxDeliveries, cfg.AckTimeout = 1, 200*time.Millisecond
+	})
+}
+
+// startTestBrokerWith is startTestBroker with its config changed by mod.
+func startTestBrokerWith(t *testing.T, mod func(*broker.Config)) *broker.Broker {
 	t.Helper()
 	cfg := broker.DefaultConfig()
 	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), false, 1<<20
-	cfg.HTTPToken = token
-	cfg.MaxDeliveries, cfg.AckTimeout = 1, 200*time.Millisecond
+	mod(&cfg)
 	b, err := broker.New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

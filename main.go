@@ -42,11 +42,18 @@ type usageError struct{ err error }
 func (e usageError) Error() string { return e.err.Error() }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq") {
+	if len(args) > 0 && (args[0] == "groups" || args[0] == "dlq" || args[0] == "bridges") {
 		return runCLI(args, stdout, stderr)
 	}
-	if len(args) > 0 && args[0] == "check" {
-		return runCheck(args[1:], stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "check":
+			return runCheck(args[1:], stdout, stderr)
+		case "backup":
+			return runBackup(args[1:], stdout, stderr)
+		case "restore":
+			return runRestore(args[1:], stdout, stderr)
+		}
 	}
 	cfg, action, err := parseArgs(args)
 	if err != nil {
@@ -139,6 +146,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Uint16Var(&cfg.ReceiveMaximum, "receive-maximum", cfg.ReceiveMaximum, "QoS 1/2 publishes a client may have unacknowledged towards the broker")
 	f.DurationVar(&cfg.MaxSessionExpiry, "max-session-expiry", cfg.MaxSessionExpiry, "how long a disconnected persistent session is kept at most; MQTT 3.1.1 sessions are kept this long (0: no cap, 3.1.1 sessions never expire)")
 	f.DurationVar(&cfg.MaxMessageExpiry, "max-message-expiry", cfg.MaxMessageExpiry, "drop retained and queued messages older than this (0: keep)")
+	f.DurationVar(&cfg.MaxKeepAlive, "max-keep-alive", cfg.MaxKeepAlive, "longest keep alive an MQTT 5 client may use; one asking for more or none is told this one (Server Keep Alive; 0: their own)")
 
 	f = fanout.fs
 	f.Var(&cfg.SlowPolicy, "slow-policy", "what happens to QoS 0 messages a slow client has no room for: drop-oldest, drop-newest, disconnect, or conflate (keep the newest per topic)")
@@ -168,6 +176,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); a group holding messages is never deleted this way")
 
 	f = general.fs
+	f.Var(&broker.BridgeFlags{Dst: &cfg.Bridges}, "bridge", `a bridge to another MQTT broker as key=value fields with the config file's keys, e.g. 'name=cloud address=central:1883 topic="sensors/# out 1"' (repeatable; replaces the file's bridges; see README "Bridges")`)
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
 	f.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on a graceful shutdown after SIGINT/SIGTERM")
 	f.BoolVarP(help, "help", "h", false, "show this help")
@@ -239,6 +248,7 @@ Usage:
   keyline [flags]
   keyline groups [list | show GROUP | delete GROUP] [--server URL] [--token T] [--json]
   keyline dlq list|replay|purge GROUP [--id N | --all] [--after N --limit N] [--server URL] [--token T] [--json]
+  keyline bridges [list | show NAME] [--server URL] [--token T] [--json]
       (admin subcommands: they call a running broker's admin API; see keyline groups --help)
   keyline check [--data-dir DIR] [--json]
       (offline check of a stopped broker's data dir; exit code 1 names the damage it found)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // apiCall sends method url with an optional bearer token and returns the
@@ -68,16 +69,10 @@ func apiErr(t *testing.T, method, u, token string, want int, substr string) {
 	}
 }
 
-// eventually polls cond every 10 ms until it holds or mqtttest.Timeout passes.
+// eventually polls cond until it holds or mqtttest.Timeout passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for deadline := time.Now().Add(mqtttest.Timeout); !cond(); <-tick.C {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	poll.Until(t, mqtttest.Timeout, what, cond)
 }
 
 func groupQuery(name string, extra ...string) string {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
-	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -243,7 +243,7 @@ func TestTopicStream(t *testing.T) {
 	if code, body := httpGet(t, base+adminapi.PathTopicStream); code != 400 || !strings.Contains(body, `missing query parameter \"filter\"`) {
 		t.Errorf("no filter: %d %s", code, body)
 	}
-	for range maxTopicViewers - 1 {
+	for range ops.MaxTopicViewers - 1 {
 		openStream(t, base, "s/#")
 	}
 	if code, body := httpGet(t, base+adminapi.PathTopicStream+"?filter=s"); code != http.StatusTooManyRequests || !strings.Contains(body, "topic streams are open") {
@@ -257,7 +257,7 @@ func TestStreamEscapesMarkup(t *testing.T) {
 	b := startBroker(t, testConfig(t))
 	base := "http://" + b.Addr("http")
 	events, _ := openStream(t, base, "x")
-	b.obs.topics.publish(&packets.Packet{TopicName: "x", Payload: []byte("<img src=x onerror=alert(1)>&")}, time.Now())
+	b.ops.Published("x", 0, false, []byte("<img src=x onerror=alert(1)>&"))
 	for ev := range events {
 		if ev.name == "message" {
 			if strings.ContainsAny(ev.data, "<>&") || !strings.Contains(ev.data, `\u003cimg`) {
@@ -323,20 +323,5 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 	}
 	if resp := do("POST", "/login", "Origin", "https://evil.example", "Sec-Fetch-Site", "cross-site"); resp.StatusCode != 403 {
 		t.Errorf("cross-origin login = %d, want 403", resp.StatusCode)
-	}
-}
-
-// TestGroupRatesAtTheFirstLook: the observer samples every group's counters,
-// so the groups list has rates before anyone looked twice.
-func TestGroupRatesAtTheFirstLook(t *testing.T) {
-	b := startBroker(t, testConfig(t))
-	connectMember(t, b.Addr("tcp"), "m1", "$share/rates/x/#")
-	// What the observer does every few seconds (the first time 5 s after the
-	// start), as if it had done so 2 s ago.
-	b.obs.groupRates(time.Now().Add(-2 * time.Second))
-	var gl adminapi.GroupList
-	apiJSON(t, "GET", "http://"+b.Addr("http")+adminapi.PathGroups, "", 200, &gl)
-	if len(gl.Groups) != 1 || gl.Groups[0].Rates == nil || gl.Groups[0].Rates.WindowSeconds < 1.5 {
-		t.Errorf("at the first look: %+v", gl.Groups)
 	}
 }

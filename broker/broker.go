@@ -11,7 +11,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"net"
@@ -24,16 +23,15 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 
+	"github.com/keyline-mq/keyline/bridge"
+	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
-	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/outbox"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -58,7 +56,8 @@ type Broker struct {
 	auth      *hooks.Auth
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
-	obs       *observer       // counter samples and topic streams for the console
+	bridges   *bridge.Manager // broker/bridges.go
+	ops       *ops.Service    // the operator surface on the HTTP listener (package ops)
 	cluster   *hooks.Cluster  // cluster mode only (broker/cluster.go)
 	node      *cluster.Node   // cluster mode only
 	groups    *cluster.Groups // cluster mode only: Key-Shared groups across nodes
@@ -144,6 +143,9 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
 		InfoBytesSent: &info.BytesSent, InfoMessagesDropped: &info.MessagesDropped,
 	}
+	if err := b.newBridges(); err != nil {
+		return nil, err
+	}
 	if err := b.addHooks(); err != nil {
 		return nil, err
 	}
@@ -165,7 +167,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// http-read-timeout each. No write timeout: live views stream.
 		b.httpLn = netutil.LimitListener(b.httpLn, cfg.HTTPMaxConns)
 		b.httpSrv = &http.Server{
-			Handler:           b.httpHandler(),
+			Handler:           b.ops.Handler(),
 			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
 			ReadTimeout:       cfg.HTTPReadTimeout,
 			IdleTimeout:       2 * time.Minute,
@@ -211,6 +213,9 @@ func (b *Broker) addHooks() error {
 	if err := b.server.AddHook(b.auth, nil); err != nil {
 		return fmt.Errorf("broker: auth hook: %w", err)
 	}
+	if err := b.server.AddHook(new(hooks.BridgeMark), nil); err != nil { // mosquitto's try_private (broker/bridges.go)
+		return fmt.Errorf("broker: bridge-mark hook: %w", err)
+	}
 	var canRead func(*mqtt.Client, string) bool
 	if b.cfg.Auth != nil {
 		canRead = b.auth.CanRead
@@ -247,12 +252,8 @@ func (b *Broker) addHooks() error {
 		store = b.groups
 	}
 	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
-		KeyProperty: b.cfg.KeyProperty,
-		GroupSettings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log                     // the dispatcher adds group=
-			return d, g
-		},
+		KeyProperty:        b.cfg.KeyProperty,
+		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
 		Sessions:           b.sessions,
 		MaxKeySize:         int(b.cfg.MaxKeySize),
@@ -275,7 +276,7 @@ func (b *Broker) addHooks() error {
 		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
 	}
 	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
-	if err := b.server.AddHook(new(hooks.Protocol), nil); err != nil {
+	if err := b.server.AddHook(&hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil); err != nil {
 		return fmt.Errorf("broker: protocol hook: %w", err)
 	}
 	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
@@ -309,8 +310,9 @@ func (b *Broker) addHooks() error {
 	if err := b.server.AddHook(&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
 		return fmt.Errorf("broker: packet-read hook: %w", err)
 	}
-	b.obs = newObserver(b)
-	if err := b.server.AddHook(b.obs, nil); err != nil {
+	b.ops = b.newOps()
+	// Last: it sees publishes once they are routed (the console's topic streams).
+	if err := b.server.AddHook(&hooks.Observe{Watching: b.ops.Watching, Published: b.ops.Published}, nil); err != nil {
 		return fmt.Errorf("broker: observer hook: %w", err)
 	}
 	return nil
@@ -346,6 +348,11 @@ func (b *Broker) Start() error {
 			b.startErr = fmt.Errorf("broker: start: %w", err)
 			return
 		}
+		if err := b.startBridges(); err != nil {
+			b.startErr = fmt.Errorf("broker: start: %w", err)
+			return
+		}
+		b.ops.Start()
 		if b.httpSrv != nil {
 			b.bg.Add(1)
 			go func() {
@@ -410,9 +417,13 @@ func (b *Broker) Shutdown(ctx context.Context) error {
 
 func (b *Broker) shutdown() error {
 	b.log.Info("keyline shutting down")
+	if b.ops != nil {
+		b.ops.Stop() // ends the topic streams, which the HTTP server would wait for
+	}
 	if b.started.IsZero() {
 		return b.closeResources()
 	}
+	b.stopBridges() // before the hooks stop: they requeue what is in flight
 	// Close disconnects every client, waits for their handlers and stops the
 	// hooks (the storage hook commits what is queued).
 	_ = b.server.Close()
@@ -515,32 +526,6 @@ func (b *Broker) Addr(name string) string {
 // Ready reports whether the broker is serving MQTT and not shutting down
 // (and, in cluster mode, is connected to NATS with JetStream available).
 func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
-
-func (b *Broker) httpHandler() http.Handler {
-	groups := newGroupAdmin(b)
-	reg := newRegistry(newBrokerCollector(b, time.Now()), newGroupsCollector(groups), clusterCollector{b})
-	mux := http.NewServeMux()
-	if b.cfg.Pprof {
-		registerDebug(mux)
-	}
-	mux.HandleFunc("GET "+adminapi.PathClients, b.handleClients)
-	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", b.handleClient)
-	groups.register(mux)
-	b.registerConsole(mux, groups)
-	b.registerCluster(mux)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(b.log.Handler(), slog.LevelError)}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !b.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = io.WriteString(w, "ready\n")
-	})
-	return b.hostCheck(b.adminHandler(mux))
-}
 
 // commitInterval maps the commit-interval setting (0: no waiting) to the
 // message log's option (0 there selects its default; negative: no waiting).

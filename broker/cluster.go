@@ -12,11 +12,11 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // ClusterConfig turns a node into a member of a cluster of Keyline nodes
@@ -117,11 +117,7 @@ func (b *Broker) startGroups() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
-		Settings: func(name string) (keyshared.Config, persistence.GroupConfig) {
-			d, g, _ := b.cfg.groupSettings(name) // validated
-			d.Logger = b.log
-			return d, g
-		},
+		Settings: b.groupSettingsOf,
 		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
 			if ks := b.clusterKS.Load(); ks != nil {
 				ks.PublishDeadLetter(group, d)
@@ -196,6 +192,11 @@ func (b *Broker) ClusterNode() *cluster.Node { return b.node }
 // ClusterHook returns the cluster hook (nil in single-node mode), for tests.
 func (b *Broker) ClusterHook() *hooks.Cluster { return b.cluster }
 
+// clusterCollectors are the cluster's metrics.
+func (b *Broker) clusterCollectors() []prometheus.Collector {
+	return []prometheus.Collector{clusterCollector{b}}
+}
+
 // clusterCollector exports the cluster's counters to Prometheus.
 type clusterCollector struct{ b *Broker }
 
@@ -248,18 +249,18 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 func (b *Broker) registerCluster(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+adminapi.PathClusterClients, func(w http.ResponseWriter, r *http.Request) {
 		if b.node == nil {
-			writeJSON(w, http.StatusNotFound, adminapi.Error{Error: "not a cluster node (no --nats)"})
+			ops.WriteJSON(w, http.StatusNotFound, adminapi.Error{Error: "not a cluster node (no --nats)"})
 			return
 		}
 		recs, err := b.node.Sessions(r.Context(), 100000)
 		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
+			ops.WriteJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
 			return
 		}
 		out := adminapi.ClusterClientList{Clients: []adminapi.ClusterClientView{}}
 		for _, rec := range recs {
 			out.Clients = append(out.Clients, adminapi.ClusterClientView{ID: rec.ClientID, Node: rec.Owner, Connected: rec.Connected, Persistent: rec.Persistent})
 		}
-		writeJSON(w, http.StatusOK, out)
+		ops.WriteJSON(w, http.StatusOK, out)
 	})
 }

@@ -68,7 +68,11 @@ type Config struct {
 	// 0: no cap, and 3.1.1 sessions never expire.
 	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"`
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
-	ShutdownTimeout  time.Duration `yaml:"shutdown-timeout"`   // bound on a graceful shutdown
+	// MaxKeepAlive is the longest keep alive an MQTT 5 client may use: one
+	// that asks for more, or for none, is told this one in its CONNACK
+	// (Server Keep Alive). 0: clients keep their own. Whole seconds.
+	MaxKeepAlive    time.Duration `yaml:"max-keep-alive"`
+	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -107,6 +111,9 @@ type Config struct {
 
 	// Cluster mode over NATS JetStream (broker/cluster.go); off without nats.
 	Cluster ClusterConfig `yaml:",inline"`
+
+	// Bridges to other MQTT brokers (broker/bridges.go).
+	Bridges []BridgeConfig `yaml:"bridges"`
 
 	// Auth is a mochi auth ledger (users, auth rules, ACL rules). Nil allows
 	// every client to connect, publish and subscribe. Config file only.
@@ -268,6 +275,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.MaxKeepAlive < 0 || c.MaxKeepAlive > 65535*time.Second || c.MaxKeepAlive%time.Second != 0:
+		return fmt.Errorf("%w: max-keep-alive must be whole seconds between 0 and 65535s", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
 		return fmt.Errorf("%w: shutdown-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPReadTimeout <= 0:
@@ -312,6 +321,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.Cluster.validate(); err != nil {
+		return err
+	}
+	if err := c.validateBridges(); err != nil {
 		return err
 	}
 	switch {

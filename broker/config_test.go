@@ -40,6 +40,8 @@ func TestValidateNamesTheProblem(t *testing.T) {
 		{"key property", func(c *Config) { c.KeyProperty = "" }, "key-property is empty"},
 		{"receive maximum", func(c *Config) { c.ReceiveMaximum = 0 }, "receive-maximum must be at least 1"},
 		{"session expiry", func(c *Config) { c.MaxSessionExpiry = -time.Second }, "max-session-expiry"},
+		{"keep alive too long", func(c *Config) { c.MaxKeepAlive = 65536 * time.Second }, "max-keep-alive must be whole seconds"},
+		{"keep alive not whole seconds", func(c *Config) { c.MaxKeepAlive = 1500 * time.Millisecond }, "max-keep-alive must be whole seconds"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -119,7 +119,7 @@ func startConsoleFixture(t *testing.T, token string) *consoleFixture {
 			f.pub.Publish(t, &paho.Publish{Topic: "big/data", QoS: 0, Payload: payload})
 		}
 		f.pub.Publish(t, &paho.Publish{Topic: "big/end", QoS: 1, Payload: []byte("end")}) // all fanned out once acked
-		for _, v := range b.ClientViews() {
+		for _, v := range (opsView{b}).Clients() {
 			if v.ID == "slow-1" {
 				return v.DroppedMessages > 0
 			}

@@ -125,6 +125,14 @@ func (gr *Group) Holder() string {
 	return lv.node
 }
 
+// HeldHere reports whether this node holds the group's lease now by its own
+// clock (its dispatcher runs here and the lease cannot have lapsed), which
+// a read of the lease, possibly stale, cannot tell.
+func (gr *Group) HeldHere() bool {
+	h := gr.ng.g.localHolder(gr.ng.gh)
+	return h != nil && !h.stoppingNow() && h.lease.valid()
+}
+
 // States returns where messages stand, as the holder's dispatcher sees them.
 func (gr *Group) States(ctx context.Context, offsets []uint64) ([]keyshared.MessageStatus, error) {
 	return gr.ng.states(ctx, offsets)

@@ -28,3 +28,17 @@ func TestSampleConfigLoads(t *testing.T) {
 		t.Errorf("auth: %+v", cfg.Auth)
 	}
 }
+
+// TestBridgeConfigLoads keeps bridge.yaml (README "Bridges") valid.
+func TestBridgeConfigLoads(t *testing.T) {
+	cfg := broker.DefaultConfig()
+	if err := broker.LoadConfigFile("bridge.yaml", &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Bridges) != 1 || len(cfg.Bridges[0].Topics) != 4 || !cfg.Bridges[0].Topics[3].Ordered || cfg.Bridges[0].BacklogMaxBytes != 256<<20 {
+		t.Errorf("bridges: %+v", cfg.Bridges)
+	}
+}

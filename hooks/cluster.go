@@ -157,8 +157,8 @@ func (h *Cluster) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 // that fails the publisher is told (MQTT 5: PUBACK/PUBREC 0x80; 3.1.1: the
 // connection is closed without an acknowledgement).
 func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if (cl.Net.Inline && cl.ID != dlqClientID) || h.node == nil {
-		return pk, nil // the broker's own ($SYS) or from another node; dead letters go to every node
+	if (cl.Net.Inline && !forwardedInline(cl.ID)) || h.node == nil {
+		return pk, nil // the broker's own ($SYS) or from another node; dead letters and bridged messages go to every node
 	}
 	body, err := encodeEnvelope(pk)
 	if err != nil {
@@ -190,7 +190,7 @@ func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 
 // OnPublished ends a publish: its local deliveries are all recorded.
 func (h *Cluster) OnPublished(cl *mqtt.Client, _ packets.Packet) {
-	if !cl.Net.Inline || cl.ID == dlqClientID {
+	if !cl.Net.Inline || forwardedInline(cl.ID) {
 		h.pubSeq.Delete(cl.ID)
 	}
 }

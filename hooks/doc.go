@@ -1,14 +1,29 @@
-// Package hooks holds Keyline's thin mochi glue, one hook per concern:
+// Package hooks holds Keyline's thin mochi glue, one hook per concern. The
+// broker adds them in this order (a hook that ends a chain, as the fan-out's
+// OnPublish does with CodeSuccessIgnore, must come after those that still
+// need the packet):
 //   - Auth (auth.go, acl.go): authentication, a deterministic ACL, reserved
 //     topics, client id ownership;
-//   - KeyShared (keyshared.go and ks_*.go): Key-Shared dispatch of $share
-//     groups over the durable group logs;
-//   - Storage (storage.go): persistent sessions and retained messages in the
-//     data file;
-//   - Fanout (fanout.go): QoS 0 deliveries encoded once and queued by
-//     reference on each connection;
-//   - Protocol (protocol.go): CONNACK, SUBACK and UNSUBACK as MQTT wants
-//     them where mochi writes them otherwise.
+//   - Storage (storage.go; single node): persistent sessions, retained
+//     messages and $SYS figures in the data file;
+//   - KeyShared (keyshared.go, ks_*.go; ClusterKeyShared in cluster mode):
+//     Key-Shared dispatch of $share groups over the durable group logs
+//     (ks_publish.go appends, ks_deliver.go delivers, ks_dlq.go publishes
+//     dead letters live);
+//   - Cluster (cluster*.go; cluster mode): publishes, retained messages,
+//     wills and sessions across nodes on NATS JetStream;
+//   - Protocol (protocol.go): CONNACK, SUBACK, UNSUBACK and PUBLISH as MQTT
+//     wants them where mochi writes them otherwise; max keep alive;
+//   - Fanout (fanout*.go, outbox_store.go): deliveries to ordinary
+//     subscribers encoded once and queued by reference on each connection,
+//     QoS 1/2 through each session's outbox;
+//   - PacketReader (packet_read.go): the one hook reading packets as they
+//     arrive, calling the ReadPacket steps of Auth, KeyShared and Fanout in
+//     order (mochi copies a packet into every OnPacketRead hook).
 //
-// Logic that is not about mochi lives in persistence/ and keyshared/.
+// encode.go holds the encoders of the frames the hooks queue themselves,
+// topiccache.go the bounded topic cache under the fan-out's routes and the
+// groups' topic index, refuse.go the refusal of a granted subscription.
+// Logic that is not about mochi lives in keyshared/, persistence/, cluster/
+// and internal/.
 package hooks

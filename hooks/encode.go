@@ -12,43 +12,52 @@ import (
 	"github.com/keyline-mq/keyline/internal/frame"
 )
 
+// Two encoders write PUBLISH frames to clients. The frames Keyline queues
+// itself, the fan-out's (encodeFrame, shared by every connection of a
+// variant) and Key-Shared deliveries (encodeDelivery), are encoded by
+// internal/mqttwire: mochi's encoder asks two maps per property whether each
+// of some 28 properties belongs in the packet. What mochi writes itself
+// (acks, CONNACK, retained messages on SUBSCRIBE, the deliveries it tracks in
+// cluster mode) goes through mochi's encoder, corrected by the Protocol hook.
+// (The cluster's envelope between nodes, cluster_codec.go, is no client frame.)
+
 // encodeFrame encodes pk as the PUBLISH that clients of protocol version
 // get (3.1 and 3.1.1 frames are identical, so version < 5 encodes as 4), at
-// qos, with the retain flag and MQTT 5 subscription identifiers given. An
-// absolute expiry (pk.Expiry) becomes the remaining Message Expiry Interval,
-// at least 1 s [MQTT-3.3.2-6] (each connection updates it as it writes);
-// response topic and correlation data are kept. A QoS 1/2 frame carries
-// packet id 1: each connection writes its own. It is the one encoder of
-// frames that bypass mochi's WritePacket (the fan-out and Key-Shared paths):
-// check each client's Maximum Packet Size with fits before queueing the frame.
+// qos, with the retain flag and MQTT 5 subscription identifiers given, for
+// the fan-out's frames shared by many connections. An absolute expiry
+// (pk.Expiry) becomes the remaining Message Expiry Interval, at least 1 s
+// [MQTT-3.3.2-6] (each connection updates it as it writes); response topic,
+// correlation data and user properties are kept; a topic alias is not (each
+// connection sets its own). A QoS 1/2 frame carries packet id 1: each
+// connection writes its own. Check each client's Maximum Packet Size with
+// fits before queueing the frame.
 func encodeFrame(pk packets.Packet, version byte, retain bool, qos byte, ids []int) (*frame.Publish, error) {
 	if version < 5 {
-		version = 4
+		version = mqttwire.Version311
 	}
-	out := pk
-	out.FixedHeader.Qos, out.FixedHeader.Dup, out.FixedHeader.Retain = qos, false, retain
-	out.PacketID = 0
+	p := mqttwire.Publish{Topic: pk.TopicName, QoS: qos, Retain: retain, Payload: pk.Payload}
 	if qos > 0 {
-		out.PacketID = 1
+		p.PacketID = 1
 	}
-	out.ProtocolVersion = version
-	out.Mods = packets.Mods{AllowResponseInfo: true}
-	out.Properties.TopicAlias, out.Properties.TopicAliasFlag = 0, false
-	out.Properties.SubscriptionIdentifier = ids
-	if pk.Expiry > 0 {
-		out.Properties.MessageExpiryInterval = uint32(max(1, pk.Expiry-time.Now().Unix()))
+	if version == mqttwire.Version5 {
+		pp := &pk.Properties
+		p.Props = mqttwire.Properties{
+			PayloadFormat: pp.PayloadFormat, MessageExpiry: pp.MessageExpiryInterval, ContentType: pp.ContentType,
+			ResponseTopic: pp.ResponseTopic, CorrelationData: pp.CorrelationData, SubscriptionIDs: ids,
+		}
+		if pk.Expiry > 0 {
+			p.Props.MessageExpiry = uint32(max(1, pk.Expiry-time.Now().Unix()))
+		}
+		if len(pp.User) > 0 {
+			p.Props.User = make([]mqttwire.UserProperty, len(pp.User))
+			for i, u := range pp.User {
+				p.Props.User[i] = mqttwire.UserProperty{Key: u.Key, Value: u.Val}
+			}
+		}
 	}
-	var buf bytes.Buffer
-	buf.Grow(len(pk.Payload) + len(pk.TopicName) + 128) // one allocation, sized to the frame
-	if err := out.PublishEncode(&buf); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
-	if cap(b)-len(b) > 256 {
-		// Large properties made the buffer grow by doubling: queued frames
-		// are what a slow reader's memory is made of, so keep them tight.
-		b = bytes.Clone(b)
-	}
+	// One allocation, sized to the frame: queued frames are what a slow
+	// reader's memory is made of.
+	b := mqttwire.AppendPublish(make([]byte, 0, mqttwire.PublishLen(version, &p)), version, &p)
 	return frame.Parse(b, version, max(pk.Expiry, 0))
 }
 
@@ -118,19 +127,20 @@ func shortAck(pk packets.Packet) packets.Packet {
 }
 
 // encodeDelivery encodes a Key-Shared delivery of m at qos with packet id
-// (QoS 1 and 2) as the PUBLISH frame a client of protocol version gets, as
-// mochi's WritePacket would (an absolute expiry becomes the remaining
-// interval, at least 1 s [MQTT-3.3.2-6]) but without its encoder, which asks
-// two maps per property whether each of some 28 properties belongs in a
-// PUBLISH. The frame is the session's, queued by reference: check it with
-// fits before sending.
-func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, now time.Time) []byte {
+// (QoS 1 and 2) and the member's subscription identifiers ids (MQTT 5 only)
+// as the PUBLISH frame a client of protocol version gets: what mochi's
+// WritePacket would write (an absolute expiry becomes the remaining
+// interval, at least 1 s [MQTT-3.3.2-6]), with internal/mqttwire's encoder,
+// as encodeFrame. The frame is the session's, queued by reference: check it
+// with fits before sending.
+func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, ids []int, now time.Time) []byte {
 	p := mqttwire.Publish{Topic: m.Topic, QoS: qos, PacketID: id, Payload: m.Payload}
 	if version < 5 {
 		return mqttwire.AppendPublish(make([]byte, 0, mqttwire.PublishLen(mqttwire.Version311, &p)), mqttwire.Version311, &p)
 	}
 	p.Props = mqttwire.Properties{
 		ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic, CorrelationData: m.Props.CorrelationData,
+		SubscriptionIDs: ids,
 	}
 	if m.Props.PayloadFormatSet {
 		p.Props.PayloadFormat = m.Props.PayloadFormat

@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		TopicName:   "sensors/t1", Payload: []byte("21.5"), PacketID: 9,
 		Expiry: time.Now().Unix() + 60,
 		Properties: packets.Properties{
-			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2},
+			ResponseTopic: "reply/x", CorrelationData: []byte{1, 2}, ContentType: "text/plain", PayloadFormat: 1, PayloadFormatFlag: true,
 			User: []packets.UserProperty{{Key: "key", Val: "dev-1"}}, TopicAlias: 3, TopicAliasFlag: true,
 		},
 	}
@@ -54,6 +55,8 @@ func TestEncodeFrameKeepsExpiryAndProperties(t *testing.T) {
 		t.Fatalf("expiry interval %d (expires at %d), want the remaining ~60 s", p.MessageExpiryInterval, f.ExpiresAt)
 	case p.ResponseTopic != "reply/x" || !bytes.Equal(p.CorrelationData, []byte{1, 2}):
 		t.Fatalf("response info dropped: %+v", p)
+	case p.ContentType != "text/plain" || p.PayloadFormat != 1 || !p.PayloadFormatFlag:
+		t.Fatalf("content type or payload format dropped: %+v", p)
 	case len(p.User) != 1 || p.TopicAliasFlag || len(p.SubscriptionIdentifier) != 1 || p.SubscriptionIdentifier[0] != 4:
 		t.Fatalf("properties %+v", p)
 	}
@@ -159,7 +162,7 @@ func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
 	}
 	for _, v := range []byte{4, 5} {
 		for _, qos := range []byte{1, 2} {
-			frame := encodeDelivery(m, v, qos, 0x0102, now)
+			frame := encodeDelivery(m, v, qos, 0x0102, []int{42}, now)
 			pk := decodePublish(t, frame, v)
 			if pk.TopicName != m.Topic || string(pk.Payload) != "work" || pk.FixedHeader.Qos != qos || pk.PacketID != 0x0102 ||
 				pk.FixedHeader.Retain || pk.FixedHeader.Dup {
@@ -173,13 +176,14 @@ func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
 				continue
 			}
 			if p.MessageExpiryInterval != 90 || p.PayloadFormat != 1 || p.ContentType != "text/plain" || p.ResponseTopic != "reply/1" ||
-				!bytes.Equal(p.CorrelationData, []byte{9}) || len(p.User) != 2 || p.User[1].Val != "again" {
+				!bytes.Equal(p.CorrelationData, []byte{9}) || len(p.User) != 2 || p.User[1].Val != "again" ||
+				!slices.Equal(p.SubscriptionIdentifier, []int{42}) {
 				t.Fatalf("v5 QoS %d properties %+v", qos, p)
 			}
 		}
 	}
 	m.ExpiresAt = now.Add(-time.Second) // expired while waiting: at least 1 s [MQTT-3.3.2-6]
-	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, now), 5).Properties; p.MessageExpiryInterval != 1 {
+	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, nil, now), 5).Properties; p.MessageExpiryInterval != 1 {
 		t.Fatalf("expiry %d, want 1", p.MessageExpiryInterval)
 	}
 }

@@ -79,6 +79,8 @@ type KeyShared struct {
 	// each publisher's then go with one write, made there when its
 	// connection's writer is idle.
 	acks *connq.Flusher
+	// injectors are the bridges' inline clients (ks_internal.go).
+	injectors injectors
 
 	// AppendErrors counts QoS >= 1 publishes a group log refused.
 	AppendErrors atomic.Uint64
@@ -87,6 +89,10 @@ type KeyShared struct {
 	// GroupsRefused counts shared subscriptions refused at MaxGroups or
 	// MaxGroupsPerClient.
 	GroupsRefused atomic.Uint64
+	// ResultsDropped counts acks, nacks and rejects that reached a group's
+	// dispatcher after it closed (the broker stopping, the group deleted or
+	// idle): each such message is delivered again when the group runs again.
+	ResultsDropped atomic.Uint64
 }
 
 // NewKeyShared returns the Key-Shared hook. Add it to the server before
@@ -257,7 +263,7 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
-		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters})
+		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier})
 	}
 }
 
@@ -346,7 +352,7 @@ func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		}
 		m := known[n.String()]
 		if m == nil { // not known in memory: the broker restarted since
-			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter)}
+			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter), subID: sub.Identifier}
 		}
 		h.join(cl, n, m)
 	}
@@ -422,6 +428,9 @@ func (h *KeyShared) OnSelectSubscribers(subs *mqtt.Subscribers, _ packets.Packet
 // OnPublish appends a publish to the logs of the groups it matches, or
 // routes it on their rings at QoS 0 (ks_publish.go).
 func (h *KeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if h.injectors.has(cl) {
+		return pk, nil // its Injector did the groups
+	}
 	groups := h.groups.match(pk.TopicName)
 	if len(groups) == 0 {
 		return pk, nil
@@ -449,12 +458,26 @@ func (h *KeyShared) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	if !ok {
 		return
 	}
+	var err error
 	switch {
 	case !failed:
-		_ = d.group.d.Ack(cl.ID, d.offset)
+		err = d.group.d.Ack(cl.ID, d.offset)
 	case keyshared.NeverRetry(pk.ReasonCode):
-		_ = d.group.d.Reject(cl.ID, d.offset, pk.ReasonCode)
+		err = d.group.d.Reject(cl.ID, d.offset, pk.ReasonCode)
 	default:
-		_ = d.group.d.Nack(cl.ID, d.offset, pk.ReasonCode)
+		err = d.group.d.Nack(cl.ID, d.offset, pk.ReasonCode)
 	}
+	h.resultDropped(d.group, cl.ID, d.offset, err)
+}
+
+// resultDropped counts and logs a member's ack, nack or reject its group's
+// dispatcher did not take (err != nil: ErrClosed, the only error they
+// return). Nothing is lost: the message is still unresolved in the log.
+func (h *KeyShared) resultDropped(g *ksGroup, member string, offset uint64, err error) {
+	if err == nil {
+		return
+	}
+	h.ResultsDropped.Add(1)
+	h.Log.Debug("keyshared: a member's answer reached a closed group; the message will be delivered again",
+		"group", g.name, "client", clip(member), "offset", offset, "error", err)
 }

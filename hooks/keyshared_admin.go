@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/keyline-mq/keyline/cluster"
@@ -29,7 +30,8 @@ type GroupStatus struct {
 	Holder string
 }
 
-// Groups returns every stored group's status, sorted by name.
+// Groups returns every stored group's status, sorted by name; the
+// broker's own (internal) groups are left out.
 func (h *KeyShared) Groups() ([]GroupStatus, error) {
 	infos, err := h.store.Groups()
 	if err != nil {
@@ -37,6 +39,9 @@ func (h *KeyShared) Groups() ([]GroupStatus, error) {
 	}
 	out := make([]GroupStatus, 0, len(infos))
 	for _, gi := range infos {
+		if strings.HasPrefix(gi.Name, share.InternalPrefix) {
+			continue
+		}
 		out = append(out, h.status(gi))
 	}
 	return out, nil
@@ -76,6 +81,9 @@ func (h *KeyShared) status(gi persistence.GroupInfo) GroupStatus {
 func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 	if n := h.members.count(name); n > 0 {
 		return fmt.Errorf("%w: group %s has %d members; they must unsubscribe first", ErrGroupBusy, name, n)
+	}
+	if g := h.groups.get(name); g != nil && g.ext.Load() != nil {
+		return fmt.Errorf("%w: group %s is the queue of a configured bridge; remove the bridge first", ErrGroupBusy, name)
 	}
 	if g := h.groups.remove(name); g != nil {
 		_ = g.d.Close(ctx)

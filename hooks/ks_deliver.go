@@ -43,7 +43,10 @@ func (o *groupOut) Flush() {
 
 // Deliver implements keyshared.Deliverer. The dispatcher only offers a
 // member messages it may read (MemberOptions.CanRead), so no check here.
-func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
+func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) bool {
+	if o.g.n.Internal() {
+		return o.g.deliverInternal(member, m, attempt)
+	}
 	h := o.h
 	cl, ok := h.server.Clients.Get(member)
 	if !ok || cl.Closed() || cl.Net.Conn == nil {
@@ -54,6 +57,11 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return false
 	}
 	pk := publishPacket(m, min(m.QoS, ms.qos))
+	if ms.subID > 0 && cl.Properties.ProtocolVersion == 5 {
+		// [MQTT-3.3.4-3] holds for shared subscriptions too; it is also in
+		// the packet mochi keeps in flight, so a resend carries it.
+		pk.Properties.SubscriptionIdentifier = []int{ms.subID}
+	}
 	if pk.FixedHeader.Qos == 0 {
 		return o.deliverQoS0(cl, pk, m)
 	}
@@ -77,7 +85,7 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		if err == packets.ErrPacketTooLarge {
 			// The member will never take it; another may: dead-letter it
 			// with the reason, rather than retry it here forever.
-			_ = o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge)
+			h.resultDropped(o.g, member, m.Offset, o.g.d.Reject(member, m.Offset, ReasonPacketTooLarge))
 			return true
 		}
 		return false
@@ -93,7 +101,7 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 	if !ok {
 		return cl.WritePacket(pk)
 	}
-	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, time.Now())
+	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, pk.Properties.SubscriptionIdentifier, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
 	}
@@ -112,7 +120,7 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 		if !ok {
 			return cl.WritePacket(pk) == nil
 		}
-		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, nil)
+		p, err := encodeFrame(pk, cl.Properties.ProtocolVersion, false, 0, pk.Properties.SubscriptionIdentifier)
 		if err != nil || !fits(maxPacketSize(cl), len(p.B)) {
 			return false // dropped and counted by the router
 		}
@@ -121,18 +129,23 @@ func (o *groupOut) deliverQoS0(cl *mqtt.Client, pk packets.Packet, m *keyshared.
 	err := cl.WritePacket(pk)
 	switch {
 	case err == packets.ErrPacketTooLarge:
-		_ = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
+		err = o.g.d.Reject(cl.ID, m.Offset, ReasonPacketTooLarge)
 	case err != nil:
 		return false
 	default:
-		_ = o.g.d.Ack(cl.ID, m.Offset)
+		err = o.g.d.Ack(cl.ID, m.Offset)
 	}
+	o.h.resultDropped(o.g, cl.ID, m.Offset, err)
 	return true
 }
 
 // Revoke implements keyshared.Deliverer: the delivery is forgotten, also in
 // the session's inflight state, so a resumed session does not resend it.
 func (o *groupOut) Revoke(member string, offset uint64) {
+	if o.g.n.Internal() {
+		o.g.revokeInternal(member, offset)
+		return
+	}
 	h := o.h
 	id, ok := h.inflight.revoke(o.g.name, member, offset)
 	if !ok {

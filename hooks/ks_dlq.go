@@ -63,6 +63,9 @@ func dlqTopic(share, topic string) string {
 }
 
 func (p *dlqPublisher) publish(group, share string, d keyshared.DeadLetter) {
+	if strings.HasPrefix(share, internalPrefix) {
+		return // the broker's own group: its dead letters stay in the admin API
+	}
 	m := d.Message
 	m.QoS = 1
 	pk := publishPacket(&m, 1)

@@ -24,6 +24,8 @@ type ksGroup struct {
 	n    share.Name
 	d    groupDispatch
 	r    groupRouter
+	// ext is where an internal group's deliveries go (ks_internal.go).
+	ext atomic.Pointer[internalOut]
 }
 
 // groupDispatch is what the hook asks of a group's reliable dispatch.

@@ -88,10 +88,3 @@ func (t *inflightTable) owns(client string, id uint16) bool {
 	_, ok := t.clients[client][id]
 	return ok
 }
-
-// clientCount returns how many clients have deliveries tracked (tests).
-func (t *inflightTable) clientCount() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.clients)
-}

@@ -9,6 +9,9 @@ import (
 type membership struct {
 	qos        byte     // granted QoS
 	keyFilters []string // none: every key
+	// subID is the subscription's MQTT 5 Subscription Identifier (0: none):
+	// every delivery of the group to the member carries it [MQTT-3.3.4-3].
+	subID int
 }
 
 // memberships owns who is a member of which group, from the hook's side (the

@@ -62,7 +62,18 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 		h.Log.Info("refused a publish: routing key longer than max-key-size", "client", clip(cl.ID), "topic", clip(pk.TopicName), "key_bytes", len(m.Key), "max", max)
 		return h.refuse(cl, pk, packets.ErrPayloadFormatInvalid, fmt.Errorf("keyshared: routing key of %d bytes, at most %d", len(m.Key), max))
 	}
-	if pk.FixedHeader.Qos == 0 || cl.Net.Inline {
+	if cl.Net.Inline {
+		// The only inline publisher that reaches here is the dead-letter
+		// publisher (messages from other nodes are kept out by
+		// ClusterKeyShared): a dead letter on $dlq/... matched a group such
+		// as $share/ops/$dlq/#. It goes to that group best effort, at QoS 0:
+		// routed on the ring, never logged, not acknowledged. It is stored
+		// already with the group it died in (listed and replayed through the
+		// admin API); logged again, a dead letter that died in the $dlq group
+		// too would be published on $dlq/... once more, and again, without end.
+		m.QoS = 0
+	}
+	if m.QoS == 0 {
 		for _, g := range groups {
 			g.r.Route(&m)
 		}

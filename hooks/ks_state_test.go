@@ -6,7 +6,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"unsafe"
 
 	"github.com/keyline-mq/keyline/internal/share"
@@ -57,39 +59,40 @@ func TestRegistryMatchesAndCachesCopies(t *testing.T) {
 	}
 }
 
+// TestRegistryEnsureOpensOnce: callers that ask for a group while it is
+// being opened wait for that open instead of opening it again. In a synctest
+// bubble, the test looks once every caller is blocked: the first in open,
+// the others waiting for it; without the registry's opening set all eight
+// are in open, every time.
 func TestRegistryEnsureOpensOnce(t *testing.T) {
+	synctest.Test(t, testRegistryEnsureOpensOnce)
+}
+
+func testRegistryEnsureOpensOnce(t *testing.T) {
 	r := newGroupRegistry()
-	var opened sync.WaitGroup
 	release := make(chan struct{})
-	calls := 0
-	var mu sync.Mutex
+	var calls atomic.Int32
 	open := func() (*ksGroup, error) {
-		mu.Lock()
-		calls++
-		mu.Unlock()
+		calls.Add(1)
 		<-release
 		return testGroup("w/a"), nil
 	}
 	got := make([]*ksGroup, 8)
+	errs := make([]error, len(got))
+	var opened sync.WaitGroup
 	for i := range got {
-		opened.Add(1)
-		go func() {
-			defer opened.Done()
-			g, err := r.ensure("w/a", open)
-			if err != nil {
-				t.Error(err)
-			}
-			got[i] = g
-		}()
+		opened.Go(func() { got[i], errs[i] = r.ensure("w/a", open) })
 	}
+	synctest.Wait() // every caller is inside ensure, blocked
+	atOnce := calls.Load()
 	close(release)
 	opened.Wait()
-	if calls != 1 {
-		t.Fatalf("opened %d times", calls)
+	if atOnce != 1 || calls.Load() != 1 {
+		t.Fatalf("%d callers were opening the group at once, %d opened it in all", atOnce, calls.Load())
 	}
-	for _, g := range got {
-		if g != got[0] {
-			t.Fatal("callers got different groups")
+	for i, g := range got {
+		if errs[i] != nil || g != got[0] {
+			t.Fatalf("caller %d: %p %v, the first got %p", i, g, errs[i], got[0])
 		}
 	}
 	// A failed open lets the next caller try again.
@@ -265,4 +268,11 @@ func TestDLQTopicFitsMQTT(t *testing.T) {
 	if got := dlqTopic(strings.Repeat("s", 256), long); got != "$dlq/"+strings.Repeat("s", 256) {
 		t.Fatalf("a topic past 65,535 bytes under the prefix: %d bytes", len(got))
 	}
+}
+
+// clientCount returns how many clients have deliveries tracked (tests).
+func (t *inflightTable) clientCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.clients)
 }

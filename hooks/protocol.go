@@ -24,17 +24,35 @@ import (
 //     [MQTT-3.1.2-29] (mochi dropped them from the QoS 1/2 deliveries it
 //     encodes; Keyline's own encoders keep them).
 //
+// With MaxKeepAlive set, an MQTT 5 client that asks for a longer keep alive,
+// or for none, is given MaxKeepAlive in the CONNACK's Server Keep Alive
+// [MQTT-3.2.2-21]; MQTT 3.1.1 cannot be told, so its clients keep theirs.
+//
 // The protocol errors mochi's decoder lets through are found before mochi
 // reads the packet, by internal/conform's Checker on the connection.
 type Protocol struct {
 	mqtt.HookBase
+	// MaxKeepAlive is the longest keep alive, in seconds, an MQTT 5 client
+	// may use (0: the client's own, whatever it is).
+	MaxKeepAlive uint16
 }
 
 // ID returns the hook's id.
 func (h *Protocol) ID() string { return "keyline-protocol" }
 
 // Provides reports which hook methods Protocol implements.
-func (h *Protocol) Provides(b byte) bool { return b == mqtt.OnPacketEncode }
+func (h *Protocol) Provides(b byte) bool {
+	return b == mqtt.OnPacketEncode || (b == mqtt.OnConnect && h.MaxKeepAlive > 0)
+}
+
+// OnConnect lowers an MQTT 5 client's keep alive to MaxKeepAlive; mochi
+// arms the connection's read deadline with it and sends it in the CONNACK.
+func (h *Protocol) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
+	if max := h.MaxKeepAlive; max > 0 && cl.Properties.ProtocolVersion >= 5 && (cl.State.Keepalive == 0 || cl.State.Keepalive > max) {
+		cl.State.Keepalive, cl.State.ServerKeepalive = max, true
+	}
+	return nil
+}
 
 // errNoConnack ends a 3.1.1 connection whose CONNECT broke the protocol.
 var errNoConnack = errors.New("MQTT 3.1.1 CONNECT breaks the protocol: closed without CONNACK")

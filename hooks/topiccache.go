@@ -88,11 +88,3 @@ func (c *topicCache[V]) sweepStale(version uint64) {
 	})
 	c.sweepNext.Store(2*c.entries.Load() + sweepSlack)
 }
-
-// clear empties the cache.
-func (c *topicCache[V]) clear() {
-	c.m.Clear()
-	c.entries.Store(0)
-	c.bytes.Store(0)
-	c.sweepNext.Store(0)
-}

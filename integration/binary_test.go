@@ -68,7 +68,7 @@ func (p *proc) Logs() string {
 
 // startKeyline starts the binary on loopback ports chosen by the kernel and
 // waits for its "keyline started" line. It is killed when the test ends.
-func startKeyline(t *testing.T, dataDir string, extra ...string) *proc {
+func startKeyline(t testing.TB, dataDir string, extra ...string) *proc {
 	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
@@ -122,7 +122,7 @@ func startKeyline(t *testing.T, dataDir string, extra ...string) *proc {
 }
 
 // signal sends sig and waits for the process to exit, returning its exit code.
-func (p *proc) signal(t *testing.T, sig syscall.Signal) int {
+func (p *proc) signal(t testing.TB, sig syscall.Signal) int {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // groupView reads a group's detail from the admin API.
@@ -38,17 +39,11 @@ func groupView(t *testing.T, p *proc, group string) adminapi.GroupView {
 // waitGroup polls the group's detail until ok says so.
 func waitGroup(t *testing.T, p *proc, group string, what string, ok func(adminapi.GroupView) bool) adminapi.GroupView {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		v := groupView(t, p, group)
-		if ok(v) {
-			return v
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("group %s: %s not reached: %+v", group, what, v)
-		}
-		time.Sleep(10 * time.Millisecond) // polling the admin API, bounded by the deadline
+	var v adminapi.GroupView
+	if !poll.Within(time.Minute, func() bool { v = groupView(t, p, group); return ok(v) }) {
+		t.Fatalf("group %s: %s not reached: %+v", group, what, v)
 	}
+	return v
 }
 
 // holdingMember is a group member that acknowledges every message as it
@@ -234,12 +229,7 @@ func TestAcksAboveTheCursorSurviveSigkill(t *testing.T) {
 	d.maxAcks = len(d.sent) + 2000
 	d.mu.Unlock()
 	publishKeys(t, addr, "work/item", keys, perKey, 10, 10)
-	for deadline := time.Now().Add(time.Minute); len(d.acked()) < d.maxAcks; {
-		if time.Now().After(deadline) {
-			t.Fatalf("worker-d acked %d of %d", len(d.acked()), d.maxAcks)
-		}
-		time.Sleep(time.Millisecond) // polling the member's own count, bounded by the deadline
-	}
+	poll.Until(t, time.Minute, "worker-d's acks", func() bool { return len(d.acked()) >= d.maxAcks })
 	roundStart := len(d.acked()) - 2000
 	v = groupView(t, p, group)
 	if code := p.signal(t, syscall.SIGKILL); code != -1 {

@@ -44,6 +44,14 @@ type Config struct {
 	// EvictAfter is how many consecutive heartbeats a member may be inactive
 	// (disconnected) before it is evicted and its in-flight messages requeued.
 	EvictAfter int
+	// Unordered lifts invariant 1 for the group: every message is a queue of
+	// its own, so a key may have many messages in flight at once (up to the
+	// member's limit). Messages are still handed out in log order, and a
+	// member that takes them in order keeps them in order; a retry goes out
+	// after messages read later. Routing still follows the message's key.
+	// A bridge to another broker uses it to keep up to the remote's Receive
+	// Maximum in flight on one connection.
+	Unordered bool
 	// Clock is the time source; nil means SystemClock().
 	Clock Clock
 	// Logger receives the dispatcher's logs; nil discards them.

@@ -100,7 +100,7 @@ func newCore(cfg Config, log Log, out Deliverer) *core {
 		log:     log,
 		out:     out,
 		logger:  cfg.logger(),
-		w:       newWindow(cfg.Window, cfg.WindowBytes),
+		w:       newWindow(cfg.Window, cfg.WindowBytes, cfg.Unordered),
 		avgSize: 1024,
 		members: make(map[string]*member),
 		ring:    buildRing(nil),

@@ -1,6 +1,10 @@
 package keyshared
 
-import "time"
+import (
+	"cmp"
+	"slices"
+	"time"
+)
 
 // Membership changes on the dispatch loop: members joining, leaving,
 // disconnecting and coming back, and the ring they route by.
@@ -65,6 +69,10 @@ func (c *core) removeMember(id string, evicted bool, now time.Time) error {
 		c.w.markKey(e.ks)
 		requeued = append(requeued, e.ks)
 	}
+	// In log order: the member's list is newest first, and keys that wait
+	// for a member are served in the order they start waiting (an unordered
+	// group keeps its messages in order across the loss of its member).
+	slices.SortFunc(requeued, func(a, b *keyState) int { return cmp.Compare(a.head.msg.Offset, b.head.msg.Offset) })
 	for _, ks := range requeued {
 		c.route(ks, now)
 	}

@@ -622,6 +622,49 @@ func TestWindowStopsReadingAtItsByteBound(t *testing.T) {
 	}
 }
 
+func TestUnorderedKeepsManyOfAKeyInFlight(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Unordered = true; c.MemberMaxInflight = 3 })
+	h.add("a", 0)
+	offs := h.publish("k", "k", "k", "k", "j")
+	wantOffsets(t, "up to the member's limit, in log order", h.out.take(), offs[0], offs[1], offs[2])
+	h.ack("a", offs[1])
+	wantOffsets(t, "one freed", h.out.take(), offs[3])
+	if cur := h.c.cursor(); cur != offs[0]-1 {
+		t.Fatalf("cursor %d with %d unacked, want %d", cur, offs[0], offs[0]-1)
+	}
+	h.nack("a", offs[0], 0x80)
+	wantOffsets(t, "nack frees a slot for the next in log order", h.out.take(), offs[4])
+	h.ack("a", offs[2])
+	h.ack("a", offs[3])
+	h.ack("a", offs[4])
+	h.tick(int(h.cfg.RetryBackoffBase/h.cfg.Heartbeat) + 1)
+	got := h.out.take()
+	wantOffsets(t, "the retry", got, offs[0])
+	if got[0].attempt != 2 || got[0].key != "k" {
+		t.Fatalf("retry %+v: want attempt 2 with the message's own key", got[0])
+	}
+	h.ack("a", offs[0])
+	if cur := h.c.cursor(); cur != offs[4] {
+		t.Fatalf("cursor %d after every ack, want %d", cur, offs[4])
+	}
+	if n := len(h.c.w.keys); n != 0 {
+		t.Fatalf("%d queues left in the window: unordered keeps no idle ones", n)
+	}
+}
+
+func TestLostMemberRequeuesInLogOrder(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Unordered = true })
+	h.add("a", 0)
+	offs := h.publish("k", "k", "k")
+	wantOffsets(t, "all in flight", h.out.take(), offs...)
+	if err := h.c.removeMember("a", false, h.now); err != nil {
+		t.Fatal(err)
+	}
+	h.check()
+	h.add("b", 0)
+	wantOffsets(t, "requeued, then delivered to the next member in log order", h.out.take(), offs...)
+}
+
 // TestIdleKeysAreBoundedInBytes: keys whose messages all resolved stay in
 // the window for a while (so that a key coming back costs no map churn), but
 // they count against WindowBytes, take at most a quarter of it, and never

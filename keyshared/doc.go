@@ -72,6 +72,10 @@
 //     which at most Config.Window are outstanding.
 //   - A Deliverer is called on the loop goroutine and must not block: one
 //     slow Deliver stalls the whole group.
+//   - Config.Unordered lifts invariants 1 and 2 for a group: each message is
+//     a queue of its own, handed out in log order up to the member's limit,
+//     and a retry goes out after messages read later. Invariant 3 holds as
+//     ever: the cursor waits for the lowest unresolved message.
 //   - Router, the non-reliable (QoS 0) variant, keeps no state per message:
 //     what a member refuses is dropped, and a message no member may take is
 //     skipped (counted).

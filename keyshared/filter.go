@@ -91,15 +91,6 @@ func (fs filterSet) equal(o filterSet) bool {
 	return true
 }
 
-// patterns returns the source patterns.
-func (fs filterSet) patterns() []string {
-	out := make([]string, len(fs))
-	for i := range fs {
-		out[i] = fs[i].pattern
-	}
-	return out
-}
-
 // glob is a compiled key filter: '*' matches any run of characters
 // (including none), '?' exactly one character (one UTF-8 rune), every other
 // byte itself. The pattern is split at its stars into segments of fixed rune
@@ -302,11 +293,4 @@ func (g *glob) match(s string) bool {
 		lo = end
 	}
 	return true
-}
-
-// globMatch reports whether s matches pattern (tests and tools; the
-// dispatcher matches compiled globs).
-func globMatch(pattern, s string) bool {
-	g := compileGlob(pattern)
-	return g.match(s)
 }

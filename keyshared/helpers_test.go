@@ -326,3 +326,35 @@ func fset(patterns ...string) filterSet {
 	}
 	return fs
 }
+
+// pick returns the index in r.members of the member that owns key, or -1
+// when no member may take it (the ring is empty, or no member's filters
+// match). It never allocates.
+func (r *ring) pick(key string) int { return r.pickFunc(key, nil) }
+
+// stats returns the state's Stats; only the owner of c may call it.
+func (c *core) stats() Stats {
+	var v [nStats]uint64
+	c.fill(&v)
+	s := statsFrom(c.cfg.Group, &v)
+	for _, m := range c.byRing {
+		s.PerMember = append(s.PerMember, MemberStats{ID: m.id, InFlight: m.inflight, Limit: m.limit, Active: m.active})
+	}
+	return s
+}
+
+// patterns returns the source patterns.
+func (fs filterSet) patterns() []string {
+	out := make([]string, len(fs))
+	for i := range fs {
+		out[i] = fs[i].pattern
+	}
+	return out
+}
+
+// globMatch reports whether s matches pattern (the dispatcher matches
+// compiled globs).
+func globMatch(pattern, s string) bool {
+	g := compileGlob(pattern)
+	return g.match(s)
+}

@@ -94,11 +94,6 @@ func buildRing(members []ringMember) *ring {
 	return r
 }
 
-// pick returns the index in r.members of the member that owns key, or -1
-// when no member may take it (the ring is empty, or no member's filters
-// match). It never allocates.
-func (r *ring) pick(key string) int { return r.pickFunc(key, nil) }
-
 // pickMessage returns the index of the member msg goes to: the first
 // eligible one (ringMember.eligible) clockwise from its key's point, or -1.
 func (r *ring) pickMessage(msg *Message) int {

@@ -161,17 +161,6 @@ func statsFrom(group string, v *[nStats]uint64) Stats {
 	return s
 }
 
-// stats returns the state's Stats; only the owner of c may call it.
-func (c *core) stats() Stats {
-	var v [nStats]uint64
-	c.fill(&v)
-	s := statsFrom(c.cfg.Group, &v)
-	for _, m := range c.byRing {
-		s.PerMember = append(s.PerMember, MemberStats{ID: m.id, InFlight: m.inflight, Limit: m.limit, Active: m.active})
-	}
-	return s
-}
-
 // board is where the loop publishes Stats for readers on other goroutines:
 // they load atomics and never wait for the loop.
 type board struct {

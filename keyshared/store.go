@@ -70,11 +70,12 @@ type DeadLetter struct {
 	DeadAt time.Time
 }
 
-// Log is the durable log of one group, as the dispatcher needs it. The
-// persistence package implements it over its segment log; tests use an
-// in-memory one; a cluster store would be another. Appends do not pass
-// through the dispatcher: the broker appends to the log and then tells the
-// dispatcher that new data is available.
+// Log is the durable log of one group, as the dispatcher needs it. Two
+// implement it: the persistence package over its segment log (one node),
+// and the cluster package over the group's JetStream stream, on the node
+// holding the group's lease; tests use an in-memory one. Appends do not pass
+// through the dispatcher: the broker appends to the group's store and then
+// tells the dispatcher that new data is available (Dispatcher.Notify).
 //
 // The dispatcher calls a Log from its own goroutine only.
 type Log interface {

@@ -2,6 +2,7 @@ package keyshared
 
 import (
 	"container/heap"
+	"strconv"
 	"time"
 )
 
@@ -271,18 +272,34 @@ type window struct {
 	idleMax      int
 	idleBytes    int64
 	idleBytesMax int64
+	// unordered makes every message its own queue (Config.Unordered): its
+	// queue key is its offset, never reused, so no idle key is kept.
+	unordered bool
 
 	freeEntries *entry
 	freeKeys    *keyState
 }
 
-func newWindow(idleKeys int, maxBytes int64) window {
+func newWindow(idleKeys int, maxBytes int64, unordered bool) window {
+	if unordered {
+		idleKeys = 0
+	}
 	return window{
 		byOffset:     offsetIndex{chunks: make(map[uint64]*offsetChunk)},
 		keys:         make(map[string]*keyState),
 		idleMax:      idleKeys,
 		idleBytesMax: maxBytes / 4,
+		unordered:    unordered,
 	}
+}
+
+// queueKey is the queue m belongs to: its routing key, or, unordered, a
+// name of its own (U+0000 and the offset: no MQTT string holds U+0000).
+func (w *window) queueKey(m *Message) string {
+	if w.unordered {
+		return "\x00" + strconv.FormatUint(m.Offset, 10)
+	}
+	return m.Key
 }
 
 // keyStateOverhead is what a key costs besides its bytes: its keyState and
@@ -303,7 +320,8 @@ func (w *window) add(m *Message) (*entry, bool) {
 		e = &entry{heapIdx: -1}
 	}
 	e.msg = *m
-	ks := w.keys[m.Key]
+	key := w.queueKey(m)
+	ks := w.keys[key]
 	if ks != nil && ks.head == nil {
 		w.idle.remove(ks)
 		w.idleBytes -= keyCost(ks.key)
@@ -316,8 +334,8 @@ func (w *window) add(m *Message) (*entry, bool) {
 		} else {
 			ks = &keyState{}
 		}
-		ks.key = m.Key
-		w.keys[m.Key] = ks
+		ks.key = key
+		w.keys[key] = ks
 		w.bytes += keyCost(ks.key)
 	}
 	e.ks = ks

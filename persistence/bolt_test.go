@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/poll"
 	"github.com/keyline-mq/keyline/keyshared"
 	bolt "go.etcd.io/bbolt"
 )
@@ -600,11 +601,10 @@ func TestSteadyAppendAckKeepsTheDataDirBounded(t *testing.T) {
 		t.Fatalf("info = %+v", info)
 	}
 	// Segments go once a checkpoint covers them: wait for one.
-	deadline := time.Now().Add(10 * time.Second)
-	for db.LogStats().Segments > 3 && time.Now().Before(deadline) {
+	poll.Within(10*time.Second, func() bool { // the background checkpoint; checked below
 		mustFlush(t, s)
-		time.Sleep(20 * time.Millisecond) // polling for the background checkpoint, bounded by the deadline
-	}
+		return db.LogStats().Segments <= 3
+	})
 	st := db.LogStats()
 	size := dirBytes(t, dir)
 	t.Logf("data dir %d bytes after %d cycles of %d bytes (%d MB written); log %+v", size, n, len(payload), st.BytesWritten>>20, st)

@@ -133,6 +133,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, err
 	}
+	removeBackupLeftovers(dir) // the lock is ours now: no backup of another process is running
 	db := &DB{bolt: b, path: path, opts: opts, log: logger}
 	db.commit = newCommitter(b, logger)
 	if db.groups, err = openGroups(db, filepath.Join(dir, SegmentsDir)); err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/poll"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -61,13 +62,7 @@ func TestAckedRecordsAreNotPinned(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Notify()
-	deadline := time.Now().Add(30 * time.Second)
-	for d.Stats().Acked < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("acked %d of %d", d.Stats().Acked, n)
-		}
-		time.Sleep(time.Millisecond) // polling a condition, not synchronising on time
-	}
+	poll.Until(t, 30*time.Second, fmt.Sprintf("%d acks", n), func() bool { return d.Stats().Acked >= n })
 	if err := d.Flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}

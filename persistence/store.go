@@ -170,8 +170,8 @@ type DeadLetterEntry struct {
 }
 
 // GroupStore is the durable storage under Key-Shared groups. The bbolt store
-// (DB.Groups) and the in-memory store (NewMemGroups) implement it and pass one
-// test suite. All methods are safe for concurrent use.
+// (DB.Groups) and the tests' in-memory store (NewMemGroups) implement it and
+// pass one test suite. All methods are safe for concurrent use.
 //
 // Completion callbacks (AppendAsync, AppendMultiAsync) run on a goroutine of the
 // store, one at a time, in the order the appends were submitted, after the

@@ -36,6 +36,7 @@ type Backend interface {
 	Clients() []adminapi.ClientView
 	Client(id string) (adminapi.ClientDetail, error)
 	Disconnect(id, remote string) (adminapi.DisconnectResult, error)
+	Bridges() []adminapi.BridgeView
 }
 
 // Options configure a Console.
@@ -145,6 +146,7 @@ func (c *Console) Register(mux *http.ServeMux) {
 	page("GET /clients", c.clients)
 	page("GET /clients/view", c.client)
 	page("GET /topics", c.topics)
+	page("GET /bridges", c.bridges)
 	page("GET /confirm", c.confirm)
 	page("POST /actions/{action}", c.act)
 	page("GET "+LoginPath, c.loginPage)

@@ -21,6 +21,7 @@ type fakeBackend struct {
 	groups  []adminapi.GroupView
 	letters map[string][]adminapi.DeadLetterView
 	clients []adminapi.ClientDetail
+	bridges []adminapi.BridgeView
 
 	mu      sync.Mutex
 	actions []string
@@ -113,6 +114,8 @@ func (f *fakeBackend) Client(id string) (adminapi.ClientDetail, error) {
 	return adminapi.ClientDetail{}, &adminapi.StatusError{Status: 404, Message: fmt.Sprintf("no client with id %q", id)}
 }
 
+func (f *fakeBackend) Bridges() []adminapi.BridgeView { return f.bridges }
+
 func (f *fakeBackend) Disconnect(id, remote string) (adminapi.DisconnectResult, error) {
 	f.record("disconnect %s from %s", id, remote)
 	return adminapi.DisconnectResult{Disconnected: id, SessionKept: true}, nil
@@ -136,6 +139,9 @@ func newFake() *fakeBackend {
 			SubscriptionList: []adminapi.SubscriptionView{{Filter: "x/<y>/#", QoS: 1}}},
 		{ClientView: adminapi.ClientView{ID: "calm", Connected: true, ProtocolVersion: 5}},
 	}
+	f.bridges = []adminapi.BridgeView{{Name: "cloud", State: "connected", Address: "central:8883", ClientID: `<i>site</i>`, Protocol: "5",
+		Topics: []string{`sensors/<y>/# out 1 "" site/`}, Groups: []string{"$keyline.bridge.cloud/sensors/#"}, QueuedMessages: 4321,
+		LastError: "<b>key</b> refused"}}
 	return f
 }
 
@@ -175,7 +181,7 @@ func TestEveryPageRendersSafely(t *testing.T) {
 	for _, p := range []string{
 		"/", "/groups", "/groups?page=3", "/groups?q=g00&sort=backlog", "/groups/view?group=" + g,
 		"/dlq", "/dlq?group=" + g, "/dlq/letter?group=" + g + "&id=1", "/dlq/letter?group=" + g + "&id=2",
-		"/clients", "/clients?q=dev&slow=1", "/clients/view?id=" + url.QueryEscape(`dev"<1>`), "/topics", "/topics?filter=" + url.QueryEscape("a/<b>/#"),
+		"/clients", "/clients?q=dev&slow=1", "/clients/view?id=" + url.QueryEscape(`dev"<1>`), "/topics", "/topics?filter=" + url.QueryEscape("a/<b>/#"), "/bridges",
 		"/confirm?action=replay&all=1&group=" + g, "/confirm?action=purge&id=1&group=" + g,
 		"/confirm?action=delete-group&group=" + g, "/confirm?action=disconnect&client=" + url.QueryEscape(`dev"<1>`), "/login",
 	} {
@@ -224,6 +230,10 @@ func TestPagesShowWhatTheBackendHolds(t *testing.T) {
 	_, body = get(t, s.URL+"/dlq/letter?group="+url.QueryEscape(evil)+"&id=2")
 	if !strings.Contains(body, "00000000  ff fe 00 01") {
 		t.Errorf("binary payload not shown as hex:\n%s", body)
+	}
+	_, body = get(t, s.URL+"/bridges")
+	if !strings.Contains(body, "4,321") || !strings.Contains(body, `data-poll="/api/v1/bridges/cloud"`) || !strings.Contains(body, "%24keyline.bridge.cloud%2Fsensors%2F%23") {
+		t.Errorf("bridges page lacks the queue, the live view or the dead letters' link:\n%s", body)
 	}
 	_, body = get(t, s.URL+"/clients?slow=1")
 	if !strings.Contains(body, "slow: queue over its soft limit") || strings.Contains(body, `data-client="calm"`) {

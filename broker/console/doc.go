@@ -7,7 +7,8 @@
 // serve /api/v1, so a page and the matching API call always agree.
 //
 // Pages: Overview (/), Groups (/groups, /groups/view), Dead letters (/dlq,
-// /dlq/letter), Clients (/clients, /clients/view) and Topics (/topics), plus
+// /dlq/letter), Clients (/clients, /clients/view), Topics (/topics) and
+// Bridges (/bridges), plus
 // a confirmation page (/confirm) before every action (/actions/...) and the
 // login page (/login).
 //

@@ -35,9 +35,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/eclipse/paho.golang/paho"
 	"github.com/spf13/pflag"
-
-	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
 // options are the command-line flags.
@@ -239,10 +238,12 @@ func seqOf(payload []byte) (int64, bool) {
 }
 
 // handle processes one message and answers it.
-func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
-	key := m.Key
-	if key == "" {
-		key = m.Topic
+func (wk *worker) handle(c *conn, m *paho.Publish) {
+	key := m.Topic
+	if m.Properties != nil {
+		if k := m.Properties.User.Get("key"); k != "" {
+			key = k
+		}
 	}
 	seq, hasSeq := seqOf(m.Payload)
 
@@ -268,27 +269,23 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 		time.Sleep(wk.o.process) // the work itself
 	}
 
-	action, reason := "ack", mqtttest.ReasonSuccess
+	action, reason := "ack", ReasonSuccess
 	switch {
 	case wk.o.rejectEvery > 0 && n%wk.o.rejectEvery == 0:
-		action, reason = "reject 0x99", mqtttest.ReasonPayloadFormatInvalid
+		action, reason = "reject 0x99", ReasonPayloadFormatInvalid
 	case wk.o.failEvery > 0 && n%wk.o.failEvery == 0:
-		action, reason = "nack 0x80", mqtttest.ReasonUnspecifiedError
+		action, reason = "nack 0x80", ReasonUnspecifiedError
 	}
 	// Record the outcome before answering: the answer frees the key, and its
 	// next message may be in another goroutine's hands a moment later.
 	wk.mu.Lock()
 	if wk.o.verbose {
-		dup := ""
-		if m.Dup {
-			dup = " dup"
-		}
-		fmt.Fprintf(wk.out, "key=%s seq=%d topic=%s qos=%d%s %s -> %s\n", key, seq, m.Topic, m.QoS, dup, verdict, action)
+		fmt.Fprintf(wk.out, "key=%s seq=%d topic=%s qos=%d %s -> %s\n", key, seq, m.Topic, m.QoS, verdict, action)
 	}
 	wk.record(ks, seq, hasSeq, reason)
 	wk.mu.Unlock()
 
-	if err := w.Nack(m, reason); err != nil { // reason 0: a plain ack
+	if err := c.answer(m, reason); err != nil {
 		// The connection is gone: the broker delivers the message again
 		// (here after a reconnect, as a duplicate, or to another member).
 		wk.mu.Lock()
@@ -300,7 +297,7 @@ func (wk *worker) handle(w *mqtttest.Worker, m *mqtttest.WorkerMessage) {
 // record files the answer to a message of ks; wk.mu is held.
 func (wk *worker) record(ks *keyState, seq int64, hasSeq bool, reason byte) {
 	switch reason {
-	case mqtttest.ReasonSuccess:
+	case ReasonSuccess:
 		wk.s.Acked++
 		if hasSeq && (!ks.seen || seq > ks.acked) {
 			ks.acked, ks.seen = seq, true
@@ -311,7 +308,7 @@ func (wk *worker) record(ks *keyState, seq int64, hasSeq bool, reason byte) {
 		if wk.o.count > 0 && wk.s.Acked >= wk.o.count {
 			wk.doneOnce.Do(func() { close(wk.done) })
 		}
-	case mqtttest.ReasonPayloadFormatInvalid:
+	case ReasonPayloadFormatInvalid:
 		wk.s.Rejected++
 		if hasSeq { // dead-lettered: the key moves on past it
 			ks.mark(&ks.dead, seq)
@@ -330,33 +327,21 @@ func (wk *worker) record(ks *keyState, seq int64, hasSeq bool, reason byte) {
 	}
 }
 
-// connect dials the broker and subscribes to the group.
-func (wk *worker) connect() (*mqtttest.Worker, error) {
+// connect dials the broker and subscribes to the group (conn.go).
+func (wk *worker) connect(ctx context.Context, sess *answerSession) (*conn, error) {
 	o := wk.o
 	addr := strings.TrimPrefix(o.broker, "tcp://")
 	receiveMax := o.receiveMax
 	if receiveMax == 0 {
 		receiveMax = min(2*o.concurrency, 65535)
 	}
-	w, err := mqtttest.DialWorker(addr, o.id, mqtttest.WorkerOptions{
-		ReceiveMaximum: uint16(receiveMax),
-		SessionExpiry:  uint32(o.sessionExpiry / time.Second),
-		CleanStart:     o.sessionExpiry == 0,
-		KeepAlive:      30,
-		Username:       o.username,
-		Password:       o.password,
-		Buffer:         o.concurrency,
+	sub := "$share/" + o.group + "/" + o.filter
+	c, rc, err := dial(ctx, sess, dialOptions{
+		addr: addr, clientID: o.id, username: o.username, password: o.password,
+		receiveMax: uint16(receiveMax), sessionExpiry: uint32(o.sessionExpiry / time.Second),
+		filter: sub, qos: byte(o.qos), keyFilters: o.keyFilters, buffer: o.concurrency,
 	})
 	if err != nil {
-		return nil, err
-	}
-	sub := "$share/" + o.group + "/" + o.filter
-	rc, err := w.Subscribe(sub, byte(o.qos), o.keyFilters...)
-	if err == nil && rc >= 0x80 {
-		err = fmt.Errorf("subscribe %s refused: reason code 0x%02x", sub, rc)
-	}
-	if err != nil {
-		w.Close()
 		return nil, err
 	}
 	kf := "every key"
@@ -364,8 +349,8 @@ func (wk *worker) connect() (*mqtttest.Worker, error) {
 		kf = "keys " + strings.Join(o.keyFilters, ", ")
 	}
 	wk.printf("%s: connected to %s (session present %v), member of %s with QoS %d, %s\n",
-		o.id, addr, w.Connack().SessionPresent, sub, rc, kf)
-	return w, nil
+		o.id, addr, c.sessionPresent, sub, rc, kf)
+	return c, nil
 }
 
 // run works until ctx ends or --count messages are acked, reconnecting when
@@ -399,8 +384,10 @@ func run(ctx context.Context, o options, out io.Writer) (Summary, error) {
 	}
 
 	var lastErr error
+	sess := newAnswerSession() // outlives each connection, as the broker's session does
+	defer sess.Close()
 	for first := true; ctx.Err() == nil; first = false {
-		w, err := wk.connect()
+		c, err := wk.connect(ctx, sess)
 		if err != nil {
 			if first {
 				return wk.summary(), err // a mistake (address, credentials, filter): say so at once
@@ -421,22 +408,25 @@ func run(ctx context.Context, o options, out io.Writer) (Summary, error) {
 		var wg sync.WaitGroup
 		for range o.concurrency {
 			wg.Go(func() {
-				for m := range w.Messages() {
-					if ctx.Err() != nil {
-						continue // stopping: leave it unanswered, the broker gives it to another member
+				for {
+					select {
+					case m := <-c.msgs:
+						if ctx.Err() == nil { // stopping: leave it unanswered, the broker gives it to another member
+							wk.handle(c, m)
+						}
+					case <-c.quit:
+						return
 					}
-					wk.handle(w, m)
 				}
 			})
 		}
 		select {
 		case <-ctx.Done():
-			_ = w.Disconnect() // closes Messages once the reader is gone
-		case <-w.Done():
-			wk.printf("%s: connection lost: %v; reconnecting\n", o.id, w.Err())
+		case <-c.quit:
+			wk.printf("%s: connection lost: %v; reconnecting\n", o.id, c.err())
 		}
+		c.close()
 		wg.Wait()
-		w.Close()
 		lastErr = nil
 	}
 	s := wk.summary()

@@ -3,7 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/keyline-mq/keyline/broker"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -43,12 +47,11 @@ func (o *output) String() string {
 	return o.buf.String()
 }
 
-// TestWorkerSmoke runs the worker against an in-process broker: it takes
-// keyed messages, nacks every 3rd (the broker retries it), acks the rest,
-// and finds every key in order.
-func TestWorkerSmoke(t *testing.T) {
+// startBroker starts an in-process broker (HTTP too) for the test.
+func startBroker(t *testing.T) *broker.Broker {
+	t.Helper()
 	cfg := broker.DefaultConfig()
-	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "", t.TempDir(), false, 1<<20
+	cfg.TCP, cfg.HTTP, cfg.DataDir, cfg.Fsync, cfg.SegmentSize = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), false, 1<<20
 	cfg.RetryBackoff = []time.Duration{100 * time.Millisecond}
 	b, err := broker.New(cfg, nil)
 	if err != nil {
@@ -57,28 +60,30 @@ func TestWorkerSmoke(t *testing.T) {
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := b.Shutdown(ctx); err != nil {
 			t.Error(err)
 		}
-	}()
-	addr := b.Addr("tcp")
+	})
+	return b
+}
 
-	const keys, perKey = 3, 6
-	o, err := parseFlags([]string{"--broker", addr, "--group", "g", "--filter", "jobs/#", "--id", "w1",
-		"--fail-every", "3", "--count", fmt.Sprint(keys * perKey), "--report", "0", "-v"}, &bytes.Buffer{})
+type result struct {
+	s   Summary
+	err error
+}
+
+// startWorker runs the worker with args until it has subscribed; its
+// result arrives on the channel.
+func startWorker(t *testing.T, ctx context.Context, args ...string) (<-chan result, *output) {
+	t.Helper()
+	o, err := parseFlags(args, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &output{want: "member of $share/g/jobs/#", seen: make(chan struct{})}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	type result struct {
-		s   Summary
-		err error
-	}
+	out := &output{want: "member of $share/", seen: make(chan struct{})}
 	res := make(chan result, 1)
 	go func() {
 		s, err := run(ctx, o, out)
@@ -91,7 +96,13 @@ func TestWorkerSmoke(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatalf("worker did not subscribe\n%s", out)
 	}
+	return res, out
+}
 
+// publishKeyed publishes perKey messages with sequence numbers 1.. for each
+// of keys keys at qos.
+func publishKeyed(t *testing.T, addr string, keys, perKey int, qos byte) {
+	t.Helper()
 	pub, err := mqtttest.DialWorker(addr, "pub", mqtttest.WorkerOptions{CleanStart: true})
 	if err != nil {
 		t.Fatal(err)
@@ -100,12 +111,25 @@ func TestWorkerSmoke(t *testing.T) {
 	for seq := 1; seq <= perKey; seq++ {
 		for k := range keys {
 			key := fmt.Sprintf("order-%d", k)
-			rc, err := pub.Publish("jobs/new", fmt.Appendf(nil, `{"seq":%d}`, seq), 1, mqtttest.UserProperty{Key: "key", Value: key})
+			rc, err := pub.Publish("jobs/new", fmt.Appendf(nil, `{"seq":%d}`, seq), qos, mqtttest.UserProperty{Key: "key", Value: key})
 			if err != nil || rc != 0 {
 				t.Fatalf("publish: 0x%02x %v", rc, err)
 			}
 		}
 	}
+}
+
+// TestWorkerSmoke runs the worker against an in-process broker: it takes
+// keyed messages, nacks every 3rd (the broker retries it), acks the rest,
+// and finds every key in order.
+func TestWorkerSmoke(t *testing.T) {
+	b := startBroker(t)
+	const keys, perKey = 3, 6
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, out := startWorker(t, ctx, "--broker", b.Addr("tcp"), "--group", "g", "--filter", "jobs/#", "--id", "w1",
+		"--fail-every", "3", "--count", fmt.Sprint(keys*perKey), "--report", "0", "-v")
+	publishKeyed(t, b.Addr("tcp"), keys, perKey, 1)
 	var r result
 	select {
 	case r = <-res:
@@ -124,6 +148,46 @@ func TestWorkerSmoke(t *testing.T) {
 	case s.Violations != 0 || s.Gaps != 0 || s.Duplicates != 0:
 		t.Errorf("order violations %d, gaps %d, duplicates %d", s.Violations, s.Gaps, s.Duplicates)
 	}
+}
+
+// TestWorkerRejectsAtQoS2: a worker subscribed at QoS 2 rejects every 4th
+// message it processes (PUBREC 0x99): the broker dead-letters each at once
+// and the key goes on; the rest complete (PUBREC, PUBREL, PUBCOMP).
+func TestWorkerRejectsAtQoS2(t *testing.T) {
+	b := startBroker(t)
+	const keys, perKey = 2, 5 // the 10th message processed is an ack: --count is reached with it
+	const rejected = keys * perKey / 4
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, out := startWorker(t, ctx, "--broker", b.Addr("tcp"), "--group", "g", "--filter", "jobs/#", "--id", "w2", "--qos", "2",
+		"--reject-every", "4", "--count", fmt.Sprint(keys*perKey-rejected), "--report", "0", "-v")
+	publishKeyed(t, b.Addr("tcp"), keys, perKey, 2)
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		t.Fatalf("worker did not finish\n%s", out)
+	}
+	t.Logf("%s\n%s", r.s, out)
+	if s := r.s; r.err != nil || s.Rejected != rejected || s.Acked != keys*perKey-rejected || s.Violations != 0 || s.Duplicates != 0 {
+		t.Fatalf("run: %v; %s", r.err, s)
+	}
+	deadLetters := func() uint64 {
+		resp, err := http.Get("http://" + b.Addr("http") + "/api/v1/groups/detail?group=" + url.QueryEscape("g/jobs/#"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var g struct {
+			DeadLetters uint64 `json:"dead_letters"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&g); err != nil {
+			t.Fatal(err)
+		}
+		return g.DeadLetters
+	}
+	// The broker records them as the answers arrive.
+	poll.Until(t, mqtttest.Timeout, fmt.Sprintf("%d dead letters", rejected), func() bool { return deadLetters() == rejected })
 }
 
 func TestSeqOf(t *testing.T) {
@@ -157,9 +221,9 @@ func TestClassify(t *testing.T) {
 	wk := &worker{out: &out, keys: map[string]*keyState{}, done: make(chan struct{})}
 	ks := &keyState{nacked: -1}
 	const (
-		ack    = mqtttest.ReasonSuccess
-		nack   = mqtttest.ReasonUnspecifiedError
-		reject = mqtttest.ReasonPayloadFormatInvalid
+		ack    = ReasonSuccess
+		nack   = ReasonUnspecifiedError
+		reject = ReasonPayloadFormatInvalid
 	)
 	steps := []struct {
 		seq    int64

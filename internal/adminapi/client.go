@@ -113,23 +113,9 @@ var ErrUnreachable = errors.New("cannot reach the broker")
 // (what `--json` prints). A non-2xx answer is a *StatusError.
 func Call[T any](ctx context.Context, c *Conn, r Route[T]) (T, []byte, error) {
 	var out T
-	u := *c.base
-	u.Path += r.Path
-	u.RawQuery = r.Query.Encode()
-	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), nil)
+	resp, err := c.send(ctx, c.http, r.Method, r.Path, r.Query)
 	if err != nil {
 		return out, nil, err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return out, nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.base, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
@@ -137,18 +123,62 @@ func Call[T any](ctx context.Context, c *Conn, r Route[T]) (T, []byte, error) {
 		return out, nil, fmt.Errorf("%w: %s %s: reading the answer: %v", ErrUnreachable, r.Method, r.Path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e Error
-		if json.Unmarshal(body, &e) != nil || e.Error == "" {
-			e.Error = strings.TrimSpace(string(body))
-			if !utf8.Valid(body) || len(e.Error) > 200 || e.Error == "" {
-				e.Error = "unexpected answer"
-			}
-		}
-		return out, body, &StatusError{Status: resp.StatusCode, Message: e.Error,
-			NoToken: resp.StatusCode == http.StatusUnauthorized && c.token == ""}
+		return out, body, c.statusError(resp.StatusCode, body)
 	}
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&out); err != nil {
 		return out, body, fmt.Errorf("%s %s: the answer is not the JSON expected (is %s a keyline broker?): %v", r.Method, r.Path, c.base, err)
 	}
 	return out, body, nil
+}
+
+// Stream sends a request whose answer is a stream rather than JSON (a
+// backup) and returns its body, unread; the caller closes it. Unlike Call
+// it sets no overall time limit (ctx bounds it). A non-2xx answer is a
+// *StatusError.
+func (c *Conn) Stream(ctx context.Context, method, path string, query url.Values) (io.ReadCloser, error) {
+	resp, err := c.send(ctx, &http.Client{}, method, path, query)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		return nil, c.statusError(resp.StatusCode, body)
+	}
+	return resp.Body, nil
+}
+
+func (c *Conn) send(ctx context.Context, hc *http.Client, method, path string, query url.Values) (*http.Response, error) {
+	u := *c.base
+	u.Path += path
+	u.RawQuery = query.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.base, err)
+	}
+	return resp, nil
+}
+
+// statusError turns a non-2xx answer into a *StatusError carrying the
+// server's message.
+func (c *Conn) statusError(status int, body []byte) error {
+	var e Error
+	if json.Unmarshal(body, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(body))
+		if !utf8.Valid(body) || len(e.Error) > 200 || e.Error == "" {
+			e.Error = "unexpected answer"
+		}
+	}
+	return &StatusError{Status: status, Message: e.Error, NoToken: status == http.StatusUnauthorized && c.token == ""}
 }

@@ -16,6 +16,7 @@ const (
 	PathDLQPurge       = "/api/v1/dlq/purge"       // POST ?group=[&id=]
 	PathClients        = "/api/v1/clients"         // GET list; GET /{id}
 	PathClusterClients = "/api/v1/cluster/clients" // GET: every client of the cluster and its node (cluster mode)
+	PathBackup         = "/api/v1/backup"          // POST: an online backup of the data dir, as a tar stream (persistence.Backup)
 )
 
 // Dead-letter paging limits.

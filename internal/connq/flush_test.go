@@ -22,7 +22,7 @@ func TestFlusherWritesWhatWasDueTogetherInOneWrite(t *testing.T) {
 
 	h := c.HoldAck(4, 7, true)
 	c.Write([]byte{0x40, 2, 0, 7}) // mochi's PUBACK 7, held
-	waitFor(t, func() bool { // the writer it started found it held and stopped
+	waitFor(t, func() bool {       // the writer it started found it held and stopped
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return !c.mu.scheduled

@@ -3,8 +3,13 @@ package mqttwire
 import (
 	"bufio"
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
 )
+
+// ErrTooLarge is Reader.Next's error for a frame longer than Reader.Limit.
+var ErrTooLarge = errors.New("mqttwire: frame too large")
 
 // Packet is one frame: its type, the flags of its first byte and its body.
 type Packet struct {
@@ -16,6 +21,9 @@ type Packet struct {
 // Reader reads frames from a connection through one buffer, decoding them in
 // place: a frame that fits the buffer is not copied.
 type Reader struct {
+	// Limit, when positive, bounds a frame's remaining length: a longer
+	// frame is an error wrapping ErrTooLarge, and none of it is read.
+	Limit   int
 	br      *bufio.Reader
 	pending int          // bytes of the previous frame still in br, discarded by the next call
 	large   bytes.Buffer // body of a frame larger than br's buffer; reused
@@ -52,6 +60,9 @@ func (r *Reader) Next() (Packet, error) {
 		h = Header{Type: b[0] >> 4, Flags: b[0] & 0x0f, Remaining: int(b[1]), Size: 2} // most frames
 	} else if h, err = r.header(); err != nil {
 		return Packet{}, err
+	}
+	if r.Limit > 0 && h.Remaining > r.Limit {
+		return Packet{}, fmt.Errorf("%w: %s of %d bytes, at most %d", ErrTooLarge, TypeName(h.Type), h.Remaining, r.Limit)
 	}
 	p := Packet{Type: h.Type, Flags: h.Flags}
 	total := h.Size + h.Remaining

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strings"
 	"testing"
 	"testing/iotest"
 )
@@ -170,6 +171,19 @@ func TestReaderErrors(t *testing.T) {
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
+	}
+}
+
+func TestReaderLimit(t *testing.T) {
+	small := AppendPublish(nil, Version311, &Publish{Topic: "t", Payload: make([]byte, 10)})
+	big := AppendPublish(nil, Version311, &Publish{Topic: "t", Payload: make([]byte, 100)})
+	r := NewReader(bytes.NewReader(append(small, big...)), 64)
+	r.Limit = 50
+	if _, err := r.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Next(); !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), "PUBLISH of 103 bytes, at most 50") {
+		t.Fatalf("a frame past the limit: %v, want ErrTooLarge naming its size", err)
 	}
 }
 

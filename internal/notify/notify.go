@@ -3,11 +3,7 @@
 // in-memory group store's committer).
 package notify
 
-import (
-	"runtime"
-	"sync"
-	"sync/atomic"
-)
+import "sync"
 
 // Notifier runs callbacks on one goroutine, in the order they were queued,
 // so that a committer or writer never runs user code while it holds its
@@ -20,15 +16,12 @@ type Notifier struct {
 	}
 	wake chan struct{} // capacity 1
 	done chan struct{} // closed when run returns
-	gid  atomic.Uint64 // the goroutine's id, to recognise calls from callbacks
 }
 
 // New starts a notifier's goroutine.
 func New() *Notifier {
 	n := &Notifier{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	ready := make(chan struct{})
-	go n.run(ready)
-	<-ready
+	go n.run()
 	return n
 }
 
@@ -48,10 +41,8 @@ func (n *Notifier) Push(fn func()) bool {
 	return true
 }
 
-func (n *Notifier) run(ready chan struct{}) {
+func (n *Notifier) run() {
 	defer close(n.done)
-	n.gid.Store(goid())
-	close(ready)
 	var batch []func()
 	for {
 		n.mu.Lock()
@@ -71,11 +62,9 @@ func (n *Notifier) run(ready chan struct{}) {
 	}
 }
 
-// OnNotifier reports whether the caller runs on the notifier's goroutine (in a callback).
-func (n *Notifier) OnNotifier() bool { return goid() == n.gid.Load() }
-
 // Close runs what is queued, then stops the goroutine; wait says whether to
-// wait for it (not from a callback).
+// wait for it. A callback passes false: waiting for the goroutine that runs
+// it would never end.
 func (n *Notifier) Close(wait bool) {
 	n.mu.Lock()
 	n.mu.closed = true
@@ -87,23 +76,4 @@ func (n *Notifier) Close(wait bool) {
 	if wait {
 		<-n.done
 	}
-}
-
-// goid returns the calling goroutine's id, parsed from its stack header
-// ("goroutine 123 [running]:"), to tell a call from a callback.
-func goid() uint64 {
-	var b [64]byte
-	s := b[:runtime.Stack(b[:], false)]
-	const prefix = "goroutine "
-	if len(s) < len(prefix) {
-		return 0
-	}
-	var id uint64
-	for _, c := range s[len(prefix):] {
-		if c < '0' || c > '9' {
-			break
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	return id
 }

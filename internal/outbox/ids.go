@@ -15,8 +15,6 @@ type idTable struct {
 	shift uint8 // 32 - log2(len(keys))
 }
 
-func (t *idTable) len() int { return t.n }
-
 func (t *idTable) mask() int { return len(t.keys) - 1 }
 
 // home is id's preferred slot (Fibonacci hashing).

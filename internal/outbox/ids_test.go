@@ -55,3 +55,6 @@ func TestIDTableAgreesWithAMap(t *testing.T) {
 		}
 	}
 }
+
+// len returns the number of ids in the table.
+func (t *idTable) len() int { return t.n }

@@ -11,6 +11,12 @@
 // "$share/<share>/<filter>" and "<share>/<filter>" ambiguous), valid UTF-8
 // without U+0000. The filter is a valid MQTT topic filter. The whole name is
 // at most MaxNameLen bytes.
+//
+// The broker's own groups (a bridge's outbound queue) have share names that
+// start with InternalPrefix. Parse and ParseInput accept them (they name
+// stored groups); ParseSubscription, which reads what clients send, refuses
+// them like every other share name starting with '$', so no client can join,
+// create or name one.
 package share
 
 import (
@@ -34,6 +40,9 @@ const MaxNameLen = 32 << 10
 // says what is wrong.
 var ErrInvalid = errors.New("invalid group name")
 
+// InternalPrefix starts the share names of the broker's own groups.
+const InternalPrefix = "$keyline."
+
 // Name is a Key-Shared group. The zero Name is not valid.
 type Name struct {
 	Share  string
@@ -42,6 +51,9 @@ type Name struct {
 
 // String returns "<share>/<filter>".
 func (n Name) String() string { return n.Share + "/" + n.Filter }
+
+// Internal reports whether n is one of the broker's own groups.
+func (n Name) Internal() bool { return strings.HasPrefix(n.Share, InternalPrefix) }
 
 // Subscription returns the subscription filter "$share/<share>/<filter>".
 func (n Name) Subscription() string { return Prefix + n.String() }
@@ -58,6 +70,9 @@ func ParseSubscription(filter string) (n Name, shared bool, err error) {
 		return Name{}, false, nil
 	}
 	n, err = parse(filter[len(Prefix):], filter)
+	if err == nil && n.Internal() {
+		return Name{}, true, fmt.Errorf("%w: share name %s starts with '$'", ErrInvalid, quote(n.Share))
+	}
 	return n, true, err
 }
 
@@ -95,7 +110,7 @@ func (n Name) Validate() error {
 		return fmt.Errorf("%w: share name of %d bytes (at most %d)", ErrInvalid, len(s), MaxShareLen)
 	case strings.ContainsAny(s, "/+#"):
 		return fmt.Errorf("%w: share name %s contains '/', '+' or '#'", ErrInvalid, quote(s))
-	case s[0] == '$':
+	case s[0] == '$' && !n.Internal():
 		return fmt.Errorf("%w: share name %s starts with '$'", ErrInvalid, quote(s))
 	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
 		return fmt.Errorf("%w: share name %s is not valid UTF-8 without U+0000", ErrInvalid, quote(s))

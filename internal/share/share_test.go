@@ -60,6 +60,24 @@ func TestParse(t *testing.T) {
 	}
 }
 
+func TestInternalNames(t *testing.T) {
+	n, err := Parse(InternalPrefix + "bridge.cloud/sensors/#")
+	if err != nil || !n.Internal() || n.Filter != "sensors/#" {
+		t.Fatalf("Parse of an internal name = %+v, %v", n, err)
+	}
+	if m, err := ParseInput(n.String()); err != nil || m != n {
+		t.Fatalf("ParseInput(%s) = %+v, %v", n, m, err)
+	}
+	for _, s := range []string{n.Subscription(), "$SHARE/" + n.String()} {
+		if _, shared, err := ParseSubscription(s); !shared || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "starts with '$'") {
+			t.Errorf("a client's %s: shared %v, %v; want refused", s, shared, err)
+		}
+	}
+	if n, err := Parse("orders/#"); err != nil || n.Internal() {
+		t.Fatalf("orders/# internal: %+v %v", n, err)
+	}
+}
+
 // FuzzName: every valid name survives String/Parse and Subscription/
 // ParseSubscription, and a filter is shared here exactly when mochi's topic
 // index treats it as shared.
@@ -84,6 +102,9 @@ func FuzzName(f *testing.F) {
 		}
 		if !shared {
 			return
+		}
+		if n.Internal() {
+			t.Fatalf("%q: a client may name the internal group %s", s, n)
 		}
 		if !mqtt.IsValidFilter(n.Filter, false) {
 			t.Fatalf("%q: filter %q accepted here, refused by mochi", s, n.Filter)

@@ -98,7 +98,7 @@ func TestSyncCloseFromCallback(t *testing.T) {
 	res := make(chan error, 4)
 	l.Append([]uint64{1}, []byte("a"), func([]Result) {
 		l.Append([]uint64{1}, []byte("b"), nil)
-		res <- l.Sync() // must not wait for the callbacks behind this one
+		res <- l.SyncFromCallback() // must not wait for the callbacks behind this one
 	})
 	if err := <-res; err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func TestSyncCloseFromCallback(t *testing.T) {
 	}
 	later := make(chan []Result, 1)
 	l.Append([]uint64{1}, []byte("c"), func([]Result) {
-		res <- l.Close()
+		res <- l.CloseFromCallback()
 		l.Append([]uint64{1}, []byte("d"), func(r []Result) { later <- append([]Result(nil), r...) })
 	})
 	if err := <-res; err != nil {

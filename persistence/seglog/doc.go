@@ -151,10 +151,11 @@
 //     after a failed fdatasync the file's state is unknown; reopen the log.
 //   - The tail cache holds the caller's message slices: a message must not
 //     be modified after Append.
-//   - Sync from a callback waits only for durability, not for the callbacks
-//     queued behind the running one; Close from a callback does not wait for
-//     them either (the notifier goroutine ends after they ran). The notifier
-//     is recognised by its goroutine id, read from runtime.Stack.
+//   - A callback that syncs or closes the log says so: SyncFromCallback waits
+//     only for durability, not for the callbacks queued behind the running
+//     one; CloseFromCallback does not wait for them either (the notifier
+//     goroutine ends after they ran). Sync or Close from a callback would
+//     wait for the callback itself.
 //   - ReadFrom below the cache reads the runs' byte ranges, skipping other
 //     groups' records: a fresh reader of an old, interleaved backlog reads
 //     more than its own bytes (a per-group hint makes consecutive reads

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // testLogger routes the log's messages to t.Log.
@@ -106,11 +108,5 @@ func readAll(t testing.TB, l *Log, g, from uint64) []Entry {
 // waitFor polls cond until it holds or the deadline passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond) // polling a condition, not synchronising on time
-	}
+	poll.Until(t, 30*time.Second, what, cond)
 }

@@ -312,15 +312,21 @@ func (l *Log) Append(groups []uint64, msg []byte, done func([]Result)) {
 }
 
 // Sync returns once everything submitted before it (appends and
-// resolutions) is durable and its callbacks ran. Called from a callback it
-// cannot wait for the callbacks queued behind the running one: it returns
-// once everything before it is durable. It returns ErrClosed after Close, and
-// the writer's error (ErrFailed) if a commit failed.
-func (l *Log) Sync() error {
+// resolutions) is durable and its callbacks ran. It returns ErrClosed after
+// Close, and the writer's error (ErrFailed) if a commit failed. A callback
+// calls SyncFromCallback instead: Sync would wait for the running callback.
+func (l *Log) Sync() error { return l.sync(false) }
+
+// SyncFromCallback is Sync for a callback of the log: it returns once
+// everything submitted before it is durable, without waiting for the
+// callbacks queued behind the running one.
+func (l *Log) SyncFromCallback() error { return l.sync(true) }
+
+func (l *Log) sync(fromCallback bool) error {
 	if l.opts.ReadOnly {
 		return ErrReadOnly
 	}
-	o := &op{kind: opSync, ch: make(chan struct{}), durableOnly: l.notify.OnNotifier()}
+	o := &op{kind: opSync, ch: make(chan struct{}), durableOnly: fromCallback}
 	if err := l.q.push(o); err != nil {
 		return err
 	}
@@ -329,14 +335,19 @@ func (l *Log) Sync() error {
 }
 
 // Close commits what was submitted (appends and resolutions), runs the
-// callbacks, stops the goroutines and closes the files. Called from a
-// callback it does all that except waiting for the callbacks queued behind
-// the running one: they run after it returns, and the notifier goroutine
-// ends then; a callback that calls Close while Close runs on another
-// goroutine (which waits for that callback) gets ErrClosed at once. Later
-// calls return the first call's result (ErrClosed, from a callback).
-func (l *Log) Close() error {
-	if !l.closing.CompareAndSwap(false, true) && !l.opts.ReadOnly && l.notify.OnNotifier() {
+// callbacks, stops the goroutines and closes the files. Later calls return
+// the first call's result. A callback calls CloseFromCallback instead.
+func (l *Log) Close() error { return l.close(false) }
+
+// CloseFromCallback is Close for a callback of the log: it does all that
+// Close does except waiting for the callbacks queued behind the running one,
+// which run after it returns (the notifier goroutine ends then). Called while
+// Close runs on another goroutine (which waits for this callback), it
+// returns ErrClosed at once; later calls return ErrClosed too.
+func (l *Log) CloseFromCallback() error { return l.close(true) }
+
+func (l *Log) close(fromCallback bool) error {
+	if !l.closing.CompareAndSwap(false, true) && !l.opts.ReadOnly && fromCallback {
 		return ErrClosed
 	}
 	l.closeOnce.Do(func() {
@@ -363,7 +374,7 @@ func (l *Log) Close() error {
 		}
 		l.mu.Unlock()
 		l.prep.close()
-		l.notify.Close(!l.notify.OnNotifier())
+		l.notify.Close(!fromCallback)
 		l.mu.Lock()
 		l.mu.closed = true
 		var errs []error

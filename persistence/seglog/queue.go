@@ -163,12 +163,6 @@ func (q *queue) take(dst []*op) (ops []*op, closed bool) {
 	return dst, q.mu.closed && len(q.mu.ops) == 0
 }
 
-func (q *queue) len() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.mu.ops)
-}
-
 func (q *queue) close() {
 	q.mu.Lock()
 	q.mu.closed = true

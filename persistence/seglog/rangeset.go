@@ -120,20 +120,6 @@ func (s *rangeSet) addRange(a, b uint64) {
 	s.r = append(s.r[:i+1], s.r[j:]...)
 }
 
-// removeThrough removes every offset <= c.
-func (s *rangeSet) removeThrough(c uint64) {
-	i := 0
-	for i < len(s.r) && s.r[i].Last <= c {
-		i++
-	}
-	if i > 0 {
-		s.r = append(s.r[:0], s.r[i:]...)
-	}
-	if len(s.r) > 0 && s.r[0].First <= c {
-		s.r[0].First = c + 1
-	}
-}
-
 // popFrontIf removes and returns the first range if it starts at x.
 func (s *rangeSet) popFrontIf(x uint64) (Range, bool) {
 	if len(s.r) == 0 || s.r[0].First != x {

@@ -59,3 +59,17 @@ func TestRangeSet(t *testing.T) {
 		}
 	}
 }
+
+// removeThrough removes every offset <= c.
+func (s *rangeSet) removeThrough(c uint64) {
+	i := 0
+	for i < len(s.r) && s.r[i].Last <= c {
+		i++
+	}
+	if i > 0 {
+		s.r = append(s.r[:0], s.r[i:]...)
+	}
+	if len(s.r) > 0 && s.r[0].First <= c {
+		s.r[0].First = c + 1
+	}
+}

@@ -1745,6 +1745,10 @@ func (s *Server) clearExpiredInflights(now int64) {
 func (s *Server) sendDelayedLWT(dt int64) {
 	for id, pk := range s.loop.willDelayed.GetAll() {
 		if dt > pk.Expiry {
+			// Keyline: pk.Expiry held the time to send the will, not a message
+			// expiry; hooks that read it as one (an absolute expiry, as mochi's
+			// inflight expiry does) would drop the will as expired at once.
+			pk.Expiry = 0
 			s.publishToSubscribers(pk) // [MQTT-3.1.2-8]
 			if cl, ok := s.Clients.Get(id); ok {
 				if pk.FixedHeader.Retain {

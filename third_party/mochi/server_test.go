@@ -3320,6 +3320,45 @@ func TestServerSendLWTDelayed(t *testing.T) {
 	require.Equal(t, packets.TPacketData[packets.Publish].Get(packets.TPublishBasic).RawBytes, <-recv)
 }
 
+// selectRecorder records the packets OnSelectSubscribers sees.
+type selectRecorder struct {
+	HookBase
+	seen chan packets.Packet
+}
+
+func (h *selectRecorder) Provides(b byte) bool { return b == OnSelectSubscribers }
+
+func (h *selectRecorder) OnSelectSubscribers(subs *Subscribers, pk packets.Packet) *Subscribers {
+	h.seen <- pk
+	return subs
+}
+
+// Keyline: a delayed will reaches the hooks without the time it was due
+// in pk.Expiry, which hooks read as the message's absolute expiry.
+func TestServerSendLWTDelayedHasNoExpiry(t *testing.T) {
+	s := newServer()
+	hook := &selectRecorder{seen: make(chan packets.Packet, 1)}
+	require.NoError(t, s.AddHook(hook, nil))
+	cl1, _, _ := newTestClient()
+	cl1.ID = "cl1"
+	cl1.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello"), WillDelayInterval: 2}
+	s.Clients.Add(cl1)
+	// a shared subscription: mochi asks OnSelectSubscribers only when one matches
+	require.True(t, s.Topics.Subscribe("cl2", packets.Subscription{Filter: "$share/g/a/b/c"}))
+
+	s.sendLWT(cl1)
+	pk, ok := s.loop.willDelayed.Get(cl1.ID)
+	require.True(t, ok)
+	require.NotZero(t, pk.Expiry)
+	s.sendDelayedLWT(pk.Expiry + 1)
+	select {
+	case pk := <-hook.seen:
+		require.Equal(t, int64(0), pk.Expiry)
+	default:
+		t.Fatal("the will was not published")
+	}
+}
+
 func TestServerReadStore(t *testing.T) {
 	s := newServer()
 	hook := new(modifiedHookBase)

@@ -163,6 +163,10 @@ type ConnectParams struct {
 	WillFlag         bool       `json:"willFlag"`       // -
 	WillRetain       bool       `json:"willRetain"`     // -
 	Clean            bool       `json:"clean"`          // CleanSession in v3.1.1, CleanStart in v5
+	// Bridge is set when the CONNECT's protocol level had its high bit set,
+	// mosquitto's mark of a bridge (try_private): 0x83 and 0x84 are read as
+	// 3 and 4 with Bridge set. (Keyline patch.)
+	Bridge bool `json:"bridge,omitempty"`
 }
 
 // Subscriptions is a slice of Subscription.
@@ -366,6 +370,10 @@ func (pk *Packet) ConnectDecode(buf []byte) error {
 	pk.ProtocolVersion, offset, err = decodeByte(buf, offset)
 	if err != nil {
 		return ErrMalformedProtocolVersion
+	}
+	if pk.ProtocolVersion == 0x83 || pk.ProtocolVersion == 0x84 { // mosquitto's bridge mark (Keyline patch)
+		pk.ProtocolVersion &^= 0x80
+		pk.Connect.Bridge = true
 	}
 
 	flags, offset, err := decodeByte(buf, offset)

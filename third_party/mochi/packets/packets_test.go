@@ -503,3 +503,19 @@ func TestMergeSubscription(t *testing.T) {
 	}
 	require.Equal(t, expect, sub.Merge(sub2))
 }
+
+// TestConnectDecodeBridgeMark: mosquitto's try_private mark (protocol level
+// 0x84) is read as 3.1.1 with Bridge set (Keyline patch).
+func TestConnectDecodeBridgeMark(t *testing.T) {
+	body := []byte{0, 4, 'M', 'Q', 'T', 'T', 0x84, 0x02, 0, 30, 0, 3, 'a', 'b', 'c'}
+	var pk Packet
+	if err := pk.ConnectDecode(body); err != nil {
+		t.Fatal(err)
+	}
+	if pk.ProtocolVersion != 4 || !pk.Connect.Bridge || pk.Connect.ClientIdentifier != "abc" {
+		t.Fatalf("decoded %d bridge %v id %q", pk.ProtocolVersion, pk.Connect.Bridge, pk.Connect.ClientIdentifier)
+	}
+	if err := pk.ConnectValidate(); err != CodeSuccess {
+		t.Fatalf("validate: %v", err)
+	}
+}

@@ -1,0 +1,39 @@
+// Package poll waits in tests for a condition that no event announces: a
+// figure another goroutine or process changes (an admin API view, a
+// background checkpoint, a counter). It asks the condition on a ticker until
+// it holds or a deadline passes, as nats-server's checkFor does. Where an
+// event says the condition holds (a channel, a callback), wait on that.
+package poll
+
+import (
+	"testing"
+	"time"
+)
+
+// Interval is how often Until asks.
+const Interval = 5 * time.Millisecond
+
+// Until returns once cond holds, and fails t if it still does not after
+// timeout; what names the condition in the failure.
+func Until(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Within(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// Within reports whether cond held within timeout, asking it every Interval.
+func Within(timeout time.Duration, cond func() bool) bool {
+	tick := time.NewTicker(Interval)
+	defer tick.Stop()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return cond()
+		}
+	}
+	return true
+}
