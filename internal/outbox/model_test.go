@@ -48,6 +48,44 @@ func (s *memStore) DeleteSession(string)                 { clear(s.recs); s.meta
 // Records implements Loader.
 func (s *memStore) Records(string) ([]Record, error) { return s.records(), nil }
 
+// Record implements Loader.
+func (s *memStore) Record(_ string, seq uint64) ([]byte, error) { return s.recs[seq], nil }
+
+// durableStore is a memStore that is a DurableStore: its records are
+// written at once and reported committed when commit runs (a commit of the
+// store's committer, later), in order.
+// Record reads committed records only, as the session store does.
+type durableStore struct {
+	*memStore
+	pending     []func(error)
+	uncommitted map[uint64]bool
+}
+
+func (s *durableStore) PutDurable(client string, seq uint64, rec []byte, done func(error)) {
+	s.Put(client, seq, rec)
+	if s.uncommitted == nil {
+		s.uncommitted = map[uint64]bool{}
+	}
+	s.uncommitted[seq] = true
+	s.pending = append(s.pending, done)
+}
+
+func (s *durableStore) Record(client string, seq uint64) ([]byte, error) {
+	if s.uncommitted[seq] {
+		return nil, nil
+	}
+	return s.memStore.Record(client, seq)
+}
+
+func (s *durableStore) commit() {
+	p := s.pending
+	s.pending = nil
+	clear(s.uncommitted)
+	for _, done := range p {
+		done(nil)
+	}
+}
+
 func (s *memStore) records() []Record {
 	var out []Record
 	for _, seq := range slices.Sorted(maps.Keys(s.recs)) {
@@ -263,10 +301,10 @@ func TestOutboxModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -outbox.seed=%d)", seed, seed)
-	var spilledTotal uint64
+	var spilledTotal, cooledTotal uint64
 	defer func() {
-		if !t.Failed() && spilledTotal == 0 {
-			t.Error("no run spilled a message: the spill is not exercised")
+		if !t.Failed() && (spilledTotal == 0 || cooledTotal == 0) {
+			t.Errorf("%d messages spilled, %d went cold: the spill is not exercised", spilledTotal, cooledTotal)
 		}
 	}()
 	for run := range 40 {
@@ -277,6 +315,11 @@ func TestOutboxModel(t *testing.T) {
 			steps, maxHeld = 8000, 1500
 		}
 		cfg := &Config{Max: maxHeld, Store: store, Now: func() int64 { return 1000 }}
+		var durable *durableStore
+		if run%4 >= 2 { // messages written with PutDurable, committed later: past the threshold they go cold
+			durable = &durableStore{memStore: store}
+			cfg.Store = durable
+		}
 		if run%2 == 1 { // frames past a few in memory go to a spill file
 			sp, err := NewSpill(t.TempDir(), int64(8+r.IntN(60)))
 			if err != nil {
@@ -296,11 +339,20 @@ func TestOutboxModel(t *testing.T) {
 			case op < 35:
 				q := byte(1 + r.IntN(2))
 				m.qos[next] = q
-				if !m.o.Add(publish(t, q, next), 1000, 0) {
+				added := false
+				if durable != nil {
+					added, _ = m.o.AddDurable(publish(t, q, next), 1000, 0, func(error) {})
+				} else {
+					added = m.o.Add(publish(t, q, next), 1000, 0)
+				}
+				if !added {
 					m.dropped++
 					m.acked[next] = true // never to be delivered
 				}
 				next++
+				if durable != nil && r.IntN(4) == 0 {
+					durable.commit()
+				}
 			case op < 65 && m.conn != nil:
 				m.ack(r)
 			case op < 72 && m.conn != nil:
@@ -352,6 +404,9 @@ func TestOutboxModel(t *testing.T) {
 					m.o.mu.spill = nil
 				}
 				m.o.mu.Unlock()
+				if durable != nil {
+					durable.commit() // what the store wrote before the crash (the fake writes at once)
+				}
 				m.o = New("c", cfg)
 				var errs []error
 				if op%2 == 0 {
@@ -418,6 +473,7 @@ func TestOutboxModel(t *testing.T) {
 		}
 		if sp := cfg.Spill; sp != nil {
 			spilledTotal += sp.Spilled.Load()
+			cooledTotal += sp.Cooled.Load()
 			if sp.Bytes.Load() != 0 {
 				t.Fatalf("run %d: spill holds %d bytes after draining (spilled %d)", run, sp.Bytes.Load(), sp.Spilled.Load())
 			}

@@ -19,14 +19,15 @@
 //  5. at most Max messages, MaxBytes bytes of frames, are held; an Add past
 //     either (or past MaxTotalBytes for all outboxes of a Config) is dropped
 //     and counted;
-//  6. a restored message is held cold (its frame on disk, only its figures in
-//     memory) until the session gets a connection or stops being
-//     persistent: then every cold message is loaded, in order;
+//  6. a restored message is held cold (its frame in the Store only, its
+//     figures in memory) until it is to be sent, or the session stops being
+//     persistent (then every cold message is loaded, in order);
 //  7. with a Spill, the frames held in memory exceed its threshold by at most
-//     what Spill could not take; a spilled message's frame is in the
-//     outbox's spill file only (one live record per spilled message), and is
-//     read back when it is to be sent (again), or let go unread when it is
-//     acknowledged or dropped.
+//     what could not go elsewhere and what waits for its record to commit: a
+//     persistent session's frames go cold once their records are committed,
+//     the others' to the outbox's spill file (one live record per spilled
+//     message); either is read back when it is to be sent (again), or let go
+//     unread when it is acknowledged or dropped (offheap.go).
 package outbox
 
 import (
@@ -72,11 +73,14 @@ type DurableStore interface {
 }
 
 // Loader is a Store that reads a session's records back, for messages
-// restored cold (RestoreCold): they are loaded when the session resumes.
+// held cold (restored with RestoreCold, or past a Spill's threshold): they
+// are loaded when they are to be sent.
 type Loader interface {
 	Store
 	// Records returns the client's stored message records, in seq order.
 	Records(client string) ([]Record, error)
+	// Record returns the committed record of seq, nil when there is none.
+	Record(client string, seq uint64) ([]byte, error)
 }
 
 // Stats are totals across outboxes, updated with atomics. Info pointers,
@@ -136,7 +140,10 @@ type entry struct {
 	id       uint16
 	state    uint8
 	sent     bool  // sent before: the next send carries DUP
-	qos      uint8 // of a cold entry (pub.QoS otherwise)
+	qos      uint8 // of a cold or spilled entry (pub.QoS otherwise)
+	// stored: a record holding the frame is committed in the Store (the
+	// frame may go cold).
+	stored bool
 }
 
 // cold marks an entry whose frame is in the Store only, spilled one whose
@@ -173,6 +180,10 @@ type Outbox struct {
 		// spillScan: no frame on the wire before it is in memory (where
 		// spillLocked looks for the next one).
 		spillScan int
+		// committed are the records PutDurable reported committed, taken
+		// (into committedBuf) by spillLocked.
+		committed    committedSeqs
+		committedBuf []uint64
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -265,81 +276,20 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored fu
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
 	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
-		ds.PutDurable(o.client, seq, appendRecord(nil, &o.mu.q[len(o.mu.q)-1]), stored)
+		committed, note := &o.mu.committed, o.cfg.Spill != nil // spillLocked takes the notes
+		ds.PutDurable(o.client, seq, appendRecord(nil, &o.mu.q[len(o.mu.q)-1]), func(err error) {
+			if err == nil && note {
+				committed.note(seq)
+			}
+			stored(err)
+		})
 		pending = true
 	} else {
 		o.persistLocked(seq)
 	}
 	o.pumpLocked()
-	o.spillLocked()
+	o.spillLocked(pending)
 	return true, pending
-}
-
-// spillMore bounds the frames spillLocked writes per call besides the
-// newest: the backlog's memory comes down over a few messages, not at once.
-const spillMore = 2
-
-// spillLocked keeps the frames the outbox holds in memory within the
-// Spill's threshold: past it the newest message's frame goes to the spill
-// file if it waits unsent, then (up to spillMore) the oldest frames on the
-// wire, which are kept only to be sent again after a reconnect. A frame
-// stays in memory when there is no Spill, no file can be had, or the write
-// fails.
-func (o *Outbox) spillLocked() {
-	sp := o.cfg.Spill
-	if sp == nil || o.mu.mem <= sp.after {
-		return
-	}
-	if i := len(o.mu.q) - 1; i >= o.mu.cursor && o.mu.q[i].inMemory() && o.mu.q[i].state == stQueued {
-		if !o.spillEntryLocked(&o.mu.q[i]) {
-			return
-		}
-	}
-	for n := 0; n < spillMore && o.mu.mem > sp.after; n++ {
-		for o.mu.spillScan = max(o.mu.spillScan, o.mu.head); o.mu.spillScan < o.mu.cursor; o.mu.spillScan++ {
-			if e := &o.mu.q[o.mu.spillScan]; e.inMemory() && e.state == stSent {
-				break
-			}
-		}
-		if o.mu.spillScan >= o.mu.cursor || !o.spillEntryLocked(&o.mu.q[o.mu.spillScan]) {
-			return
-		}
-	}
-}
-
-// spillEntryLocked moves e's frame to the spill file; it reports false when
-// it could not (e stays in memory).
-func (o *Outbox) spillEntryLocked(e *entry) bool {
-	sp := o.cfg.Spill
-	if o.mu.spill == nil {
-		if o.mu.spill = sp.open(); o.mu.spill == nil {
-			return false
-		}
-	}
-	off, n, err := o.mu.spill.put(e.pub)
-	if err != nil {
-		return false
-	}
-	e.qos = e.pub.QoS
-	e.pub, e.spillOff, e.spillLen = spilled, off, n
-	o.mu.mem -= int64(e.size)
-	return true
-}
-
-// unspillLocked reads e's frame back from the spill file; it reports false
-// when it could not (the message is lost: the caller finishes it).
-func (o *Outbox) unspillLocked(e *entry) bool {
-	p, err := o.mu.spill.read(e.spillOff, e.spillLen)
-	o.mu.spill.release(e.spillOff, e.spillLen)
-	e.spillLen = 0 // released
-	if err != nil {
-		o.cfg.Stats.LoadErrors.Add(1)
-		return false
-	}
-	o.cfg.Spill.Loaded.Add(1)
-	e.pub = p
-	o.mu.mem += int64(e.size)
-	return true
 }
 
 // allocLocked returns a packet id used neither by a live message nor
@@ -386,7 +336,6 @@ func (o *Outbox) Attach(conn Conn, window int) {
 	if window <= 0 {
 		window = o.cfg.Max
 	}
-	o.loadColdLocked()
 	o.mu.conn, o.mu.window = conn, window
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
 	if o.mu.missed > 0 {
@@ -444,7 +393,7 @@ func (o *Outbox) pumpLocked() {
 			o.mu.cursor++
 			continue
 		}
-		if e.isSpilled() && e.state != stReleased {
+		if (e.isSpilled() || e.isCold()) && e.state != stReleased {
 			if e.state == stQueued && e.deadline > 0 {
 				if now == 0 {
 					now = o.now()
@@ -456,7 +405,7 @@ func (o *Outbox) pumpLocked() {
 					continue
 				}
 			}
-			if !o.unspillLocked(e) {
+			if !o.loadLocked(e, o.mu.base+uint64(o.mu.cursor)) {
 				o.finishLocked(o.mu.cursor)
 				o.mu.cursor++
 				continue
@@ -521,11 +470,8 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 		return false
 	}
 	i := int(seq - o.mu.base)
-	if e.isCold() {
-		return true // ours; not sent on this connection (it was never loaded)
-	}
-	qos := e.qos // spilled: kept in the entry
-	if !e.isSpilled() {
+	qos := e.qos // cold or spilled: kept in the entry
+	if e.inMemory() {
 		qos = e.pub.QoS
 	}
 	switch {

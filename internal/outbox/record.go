@@ -139,17 +139,15 @@ func (o *Outbox) persistLocked(seq uint64) {
 	}
 	e := o.entryLocked(seq)
 	switch {
-	case e == nil || e.isCold(): // a cold one is stored as it is
-	case e.isSpilled():
-		// Its id or state changed (Thaw, SetPersistent): the record needs
-		// the frame, from the spill file.
-		if p, err := o.mu.spill.read(e.spillOff, e.spillLen); err == nil {
-			rec := *e
-			rec.pub = p
-			o.cfg.Store.Put(o.client, seq, appendRecord(nil, &rec))
-		}
-	default:
+	case e == nil:
+	case e.inMemory():
 		o.cfg.Store.Put(o.client, seq, appendRecord(nil, e))
+	default:
+		// Its id or state changed (Thaw, SetPersistent, PUBREC): the record
+		// needs the frame, from the spill file or the record before.
+		if rec := o.frameLocked(e, seq); rec != nil {
+			o.cfg.Store.Put(o.client, seq, appendRecord(nil, rec))
+		}
 	}
 }
 
@@ -213,6 +211,7 @@ func (o *Outbox) restoreLocked(meta []byte, n int, rec func(i int) (uint64, entr
 			e.id = 0 // assigned again before it is sent
 		}
 		e.sent = e.sent || seq <= sentTo || attached
+		e.stored = true
 		if e.sent {
 			sentTo = max(sentTo, seq) // kept when the session record is next written
 		}
@@ -279,8 +278,8 @@ func PeekRecord(seq uint64, b []byte) (Cold, error) {
 }
 
 // RestoreCold is Restore for messages kept cold: only their figures are in
-// memory (the Store must be a Loader); their frames are read when the
-// session gets a connection (Attach) or stops being persistent. Records
+// memory (the Store must be a Loader); each frame is read when its message
+// is to be sent, or all when the session stops being persistent. Records
 // must come in seq order; one out of order is skipped and returned.
 func (o *Outbox) RestoreCold(meta []byte, recs []Cold) []error {
 	o.mu.Lock()

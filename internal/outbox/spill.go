@@ -23,7 +23,7 @@ import (
 // durable and hold nothing the broker needs after a restart: NewSpill
 // empties the directory, and a session's file is emptied as soon as it holds
 // nothing live and removed when its outbox goes (a persistent session's
-// messages are in its Store as well).
+// messages go cold instead once their records are committed).
 type Spill struct {
 	dir   string
 	after int64
@@ -40,6 +40,10 @@ type Spill struct {
 	// failed read drops the message, counted in Stats.LoadErrors too).
 	Bytes                   atomic.Int64
 	Spilled, Loaded, Errors atomic.Uint64
+	// Cooled counts the messages of persistent sessions whose frames were
+	// let go past the threshold instead (their Store holds them: they are
+	// read back from it, offheap.go).
+	Cooled atomic.Uint64
 }
 
 // DefaultSpillFiles is how many outboxes may spill at once.

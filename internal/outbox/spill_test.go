@@ -153,3 +153,80 @@ func TestSpillFilesAreBounded(t *testing.T) {
 		t.Fatal("a spill threshold of 0 was accepted")
 	}
 }
+
+// TestSpillLetsPersistentFramesGoCold: a persistent session's frames are in
+// its Store already, so past the threshold the outbox lets them go once
+// their records are committed (no second copy in a spill file) and reads
+// them back from the Store, in order, when the client drains; frames whose
+// records are still being written wait in memory meanwhile.
+func TestSpillLetsPersistentFramesGoCold(t *testing.T) {
+	sp, err := NewSpill(t.TempDir(), 16<<10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &durableStore{memStore: &memStore{recs: map[uint64][]byte{}}}
+	cfg := &Config{Max: 10000, Spill: sp, Store: store}
+	o := New("c", cfg)
+	o.SetPersistent(true)
+	conn := &fakeConn{}
+	o.Attach(conn, 20)
+	const n, size, commitEvery = 1000, 1024, 8
+	acked := 0
+	for i := range n {
+		if i == 5 {
+			conn.full = true // the client stops reading
+		}
+		added, pending := o.AddDurable(bigPublish(t, i, size), 1, 0, func(err error) {
+			if err == nil {
+				acked++
+			}
+		})
+		if !added || !pending {
+			t.Fatalf("message %d: added %v, pending %v", i, added, pending)
+		}
+		if i%commitEvery == commitEvery-1 {
+			store.commit()
+		}
+		o.mu.Lock()
+		mem := o.mu.mem
+		o.mu.Unlock()
+		if mem > 16<<10+(commitEvery+2)*size {
+			t.Fatalf("after %d messages %d bytes of frames in memory, threshold %d", i+1, mem, 16<<10)
+		}
+	}
+	store.commit()
+	if acked != n {
+		t.Fatalf("%d of %d publishers told their message is stored", acked, n)
+	}
+	if sp.Spilled.Load() != 0 || sp.files.Load() != 0 {
+		t.Fatalf("%d messages in a spill file (%d open): the Store holds them", sp.Spilled.Load(), sp.files.Load())
+	}
+	if c := sp.Cooled.Load(); c < n-40 || cfg.Stats.ColdBytes.Load() == 0 {
+		t.Fatalf("%d of %d messages went cold, %d cold bytes", c, n, cfg.Stats.ColdBytes.Load())
+	}
+	conn.full = false
+	for answered := 0; len(conn.sends) < n; {
+		before := len(conn.sends)
+		if w := conn.wake; w != nil {
+			conn.wake = nil
+			w()
+		}
+		for ; answered < len(conn.sends); answered++ {
+			o.Ack(4, conn.sends[answered].id, 0)
+		}
+		if len(conn.sends) == before {
+			o.Pump()
+			if len(conn.sends) == before {
+				t.Fatalf("stuck after %d of %d sends", before, n)
+			}
+		}
+	}
+	for i, s := range conn.sends {
+		if s.n != i || s.dup {
+			t.Fatalf("send %d is message %d (dup %v): want message %d, first send", i, s.n, s.dup, i)
+		}
+	}
+	if held, _ := o.Len(); held != 0 || len(store.recs) != 0 || cfg.Stats.ColdBytes.Load() != 0 || cfg.Stats.LoadErrors.Load() != 0 {
+		t.Fatalf("after draining: %d held, %d records, %d cold bytes, %d load errors", held, len(store.recs), cfg.Stats.ColdBytes.Load(), cfg.Stats.LoadErrors.Load())
+	}
+}
