@@ -99,6 +99,10 @@ type Figures struct {
 	ConnWrites, ConnFrames                         uint64
 	GroupAppendErrors, GroupKeysTooLong            uint64
 	GroupSubscriptionsRefused, GroupResultsDropped uint64
+	// LogCommits, LogSyncs, LogAppends and LogCommitWaits are the Key-Shared
+	// groups' segment log's commits, fdatasyncs, appended messages and
+	// commits held back for more appends (commit-interval); 0 in cluster mode.
+	LogCommits, LogSyncs, LogAppends, LogCommitWaits uint64
 	// DataFile is the path of the data file (its size is shown).
 	DataFile string
 }
