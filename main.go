@@ -113,6 +113,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 		return flagGroup{title, pflag.NewFlagSet(title, pflag.ContinueOnError)}
 	}
 	listen, store, mqttLimits, fanout, logs, keyshared, general := g("Listeners"), g("Storage"), g("MQTT limits"), g("Fan-out (every connection's outbound queue)"), g("Logs"), g("Key-Shared groups ($share/<group>/<filter>)"), g("General")
+	cluster := g("Cluster (NATS JetStream; off without --nats)")
 
 	f := listen.fs
 	f.StringVar(&cfg.TCP, "tcp", cfg.TCP, "MQTT over TCP address (empty disables)")
@@ -175,6 +176,18 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.Var(&cfg.BacklogPolicy, "backlog-policy", "at a backlog limit: reject (MQTT 5 PUBACK 0x97) or drop-oldest")
 	f.DurationVar(&cfg.GroupIdleTTL, "group-idle-ttl", cfg.GroupIdleTTL, "delete a group after this long without members, backlog and dead letters (0: never); a group holding messages is never deleted this way")
 
+	f, c := cluster.fs, &cfg.Cluster // every field of broker.ClusterConfig, under its YAML key
+	f.StringSliceVar(&c.NATS, "nats", c.NATS, "NATS server URLs (URL[,URL...]); turns cluster mode on: sessions and retained messages live in JetStream")
+	f.StringVar(&c.NodeID, "node-id", c.NodeID, "this node's id, unique in the cluster (default the host name)")
+	f.IntVar(&c.NATSReplicas, "nats-replicas", c.NATSReplicas, "JetStream replicas of keyline's streams and bucket (capped by the NATS cluster's size)")
+	f.StringVar(&c.NATSCreds, "nats-creds", c.NATSCreds, "NATS credentials file (JWT and nkey seed)")
+	f.StringVar(&c.NATSTLSCert, "nats-tls-cert", c.NATSTLSCert, "PEM client certificate for NATS (with --nats-tls-key)")
+	f.StringVar(&c.NATSTLSKey, "nats-tls-key", c.NATSTLSKey, "PEM private key of --nats-tls-cert")
+	f.StringVar(&c.NATSTLSCA, "nats-tls-ca", c.NATSTLSCA, "PEM CA bundle that signs the NATS servers' certificates")
+	f.DurationVar(&c.QueueMaxAge, "nats-queue-max-age", c.QueueMaxAge, "QoS 1/2 messages are kept for offline sessions at most this long")
+	f.Var(&c.QueueMaxBytes, "nats-queue-max-bytes", "and at most this many bytes, cluster-wide (e.g. 1GiB)")
+	f.DurationVar(&c.StartTimeout, "nats-start-timeout", c.StartTimeout, "how long startup waits for NATS")
+
 	f = general.fs
 	f.Var(&broker.BridgeFlags{Dst: &cfg.Bridges}, "bridge", `a bridge to another MQTT broker as key=value fields with the config file's keys, e.g. 'name=cloud address=central:1883 topic="sensors/# out 1"' (repeatable; replaces the file's bridges; see README "Bridges")`)
 	f.StringVar(configPath, "config", *configPath, "YAML config file; every flag is also a key there, and flags win")
@@ -182,7 +195,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.BoolVarP(help, "help", "h", false, "show this help")
 	f.BoolVar(showVersion, "version", false, "print the version")
 
-	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, clusterFlags(&cfg.Cluster), general}
+	return []flagGroup{listen, store, mqttLimits, fanout, logs, keyshared, cluster, general}
 }
 
 func newFlagSet(cfg *broker.Config, configPath *string, help, showVersion *bool) *pflag.FlagSet {

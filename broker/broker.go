@@ -15,8 +15,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +29,6 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
-	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -54,6 +51,7 @@ type Broker struct {
 
 	connStats *connq.Stats // totals of every connection's outbound queue
 	auth      *hooks.Auth
+	storage   *hooks.Storage // single node only
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
 	bridges   *bridge.Manager // broker/bridges.go
@@ -205,129 +203,6 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 	// to absorb a burst between two runs of that goroutine.
 	c.MaximumClientWritesPending = clientWritesPending
 	return c
-}
-
-func (b *Broker) addHooks() error {
-	b.auth = hooks.NewAuth(b.server, b.cfg.Auth)
-	b.auth.FreshSessions = b.cfg.SessionOwnership == OwnershipFresh
-	if err := b.server.AddHook(b.auth, nil); err != nil {
-		return fmt.Errorf("broker: auth hook: %w", err)
-	}
-	if err := b.server.AddHook(new(hooks.BridgeMark), nil); err != nil { // mosquitto's try_private (broker/bridges.go)
-		return fmt.Errorf("broker: bridge-mark hook: %w", err)
-	}
-	var canRead func(*mqtt.Client, string) bool
-	if b.cfg.Auth != nil {
-		canRead = b.auth.CanRead
-	} else {
-		var exposed []string
-		for _, ln := range b.mqttLns {
-			if !isLoopback(ln.Address()) {
-				exposed = append(exposed, ln.proto+" "+ln.Address())
-			}
-		}
-		if len(exposed) > 0 {
-			b.log.Warn("no auth configured: any client that reaches these listeners may connect, publish and subscribe; add an auth section to the config file to restrict them",
-				"listeners", strings.Join(exposed, ", "))
-		}
-	}
-	// Storage before Key-Shared: a subscription that cannot be stored is
-	// refused before Key-Shared makes the client a member. In cluster mode
-	// sessions and retained messages live in the cluster, not in bbolt.
-	var storage *hooks.Storage
-	if !b.clusterMode() {
-		storage = hooks.NewStorage(b.server, b.sessions)
-		if err := b.server.AddHook(storage, nil); err != nil {
-			return fmt.Errorf("broker: storage hook: %w", err)
-		}
-	}
-	var store persistence.GroupStore = b.db.Groups()
-	if b.clusterMode() {
-		if err := b.startCluster(); err != nil {
-			return err
-		}
-		if err := b.startGroups(); err != nil {
-			return err
-		}
-		store = b.groups
-	}
-	b.keyShared = hooks.NewKeyShared(b.server, store, hooks.KeySharedConfig{
-		KeyProperty:        b.cfg.KeyProperty,
-		GroupSettings:      b.groupSettingsOf,
-		CanRead:            canRead,
-		Sessions:           b.sessions,
-		MaxKeySize:         int(b.cfg.MaxKeySize),
-		MaxGroups:          b.cfg.MaxGroups,
-		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
-		Cluster:            b.groups,
-		// The fan-out's session outboxes share each client's packet ids.
-		AllocPacketID: func(cl *mqtt.Client, set func(id uint16)) (uint16, bool) { return b.fanout.AllocPacketID(cl, set) },
-	})
-	b.clusterKS.Store(b.keyShared)
-	if err := b.server.AddHook(b.keySharedHook(), nil); err != nil {
-		return fmt.Errorf("broker: key-shared hook: %w", err)
-	}
-	if b.cluster != nil {
-		// The cluster hook goes before the fan-out hook (see hooks.Cluster).
-		if err := b.server.AddHook(b.cluster, nil); err != nil {
-			return fmt.Errorf("broker: cluster hook: %w", err)
-		}
-	} else {
-		storage.SkipInflight = b.keyShared.Owns // the group log is the durable copy of those
-	}
-	// After every hook that may set a CONNACK's code: it maps them for MQTT 3.1.1.
-	if err := b.server.AddHook(&hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil); err != nil {
-		return fmt.Errorf("broker: protocol hook: %w", err)
-	}
-	b.fanout = hooks.NewFanout(b.server, canRead, func(cl *mqtt.Client) connq.Limits {
-		l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
-		return l
-	}, hooks.NewOutboxStore(b.sessions))
-	b.fanout.SetQueueBytes(int64(b.cfg.MaxSessionQueueBytes), int64(b.cfg.MaxQueuedBytes))
-	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
-		sp, err := outbox.NewSpill(filepath.Join(b.cfg.DataDir, persistence.SpillDir), int64(b.cfg.SpillAfter))
-		if err != nil {
-			return fmt.Errorf("broker: %w", err)
-		}
-		b.fanout.SetSpill(sp)
-	}
-	b.fanout.SharedElsewhere = true // the Key-Shared hook delivers every $share group
-	b.fanout.MochiTracksQoS = b.cluster != nil
-	if err := b.server.AddHook(b.fanout, nil); err != nil {
-		return fmt.Errorf("broker: fan-out hook: %w", err)
-	}
-	b.auth.OnDiscard = func(cl *mqtt.Client) { // a session discarded for another user
-		if b.cluster != nil {
-			b.cluster.OnClientExpired(cl)
-		} else {
-			storage.OnClientExpired(cl)
-		}
-		b.fanout.OnClientExpired(cl)
-	}
-	// The hooks' reactions to packets read, as one hook: Auth renames $SYS
-	// publishes for the ACL check, Key-Shared takes its members' acks before
-	// the fan-out turns an outbox's ack into one mochi ignores.
-	if err := b.server.AddHook(&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, nil); err != nil {
-		return fmt.Errorf("broker: packet-read hook: %w", err)
-	}
-	b.ops = b.newOps()
-	// Last: it sees publishes once they are routed (the console's topic streams).
-	if err := b.server.AddHook(&hooks.Observe{Watching: b.ops.Watching, Published: b.ops.Published}, nil); err != nil {
-		return fmt.Errorf("broker: observer hook: %w", err)
-	}
-	return nil
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Start loads the stored sessions and starts serving; it returns at once.

@@ -141,8 +141,8 @@ func (b *Broker) startGroups() error {
 	return nil
 }
 
-// startCluster joins the cluster, retrying until cfg.StartTimeout (NATS may
-// come up after keyline), and adds the cluster hook.
+// startCluster builds the cluster hook and joins the cluster with it,
+// retrying until cfg.StartTimeout (NATS may come up after keyline).
 func (b *Broker) startCluster() error {
 	b.cluster = hooks.NewCluster(b.server)
 	id := b.cfg.Cluster.nodeID()

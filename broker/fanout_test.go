@@ -353,7 +353,15 @@ func TestFanoutRoutesFollowSubscriptionChanges(t *testing.T) {
 	expect(c, "5")
 	p2 := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), pcon)
 	send("6", 0)
-	expect(p2, "6")
+	// "5" may reach the resumed session after all: the publisher's goroutine
+	// delivers to c first and may be descheduled before p's route while p
+	// resumes (seen once on a loaded machine). MQTT lets a broker drop QoS 0
+	// for a session that is away; it does not require it.
+	if m := p2.Next(t); string(m.Payload) == "5" {
+		expect(p2, "6")
+	} else if string(m.Payload) != "6" {
+		t.Fatalf("p got %q, want \"6\" (or \"5\" then \"6\")", m.Payload)
+	}
 	expect(c, "6")
 
 	// A QoS 1 subscriber sends QoS 1 publishes mochi's way; both still get them.

@@ -5,7 +5,10 @@ import (
 	"slices"
 	"strings"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
+
+	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // acl is a mochi auth ledger's ACL compiled for deterministic decisions.
@@ -45,6 +48,41 @@ type aclFilter struct {
 	access auth.Access
 	// dollar: the filter starts with '$' (it may match '$' topics).
 	dollar bool
+}
+
+// ACL is a ledger's access rules compiled once, shared by the Auth hook and
+// the hooks that check what a subscriber may read (the fan-out, Key-Shared),
+// which the broker builds before Auth.
+type ACL struct {
+	ledger *auth.Ledger // nil: no auth configured, every topic allowed
+	acl    *acl
+}
+
+// NewACL compiles ledger's ACL (nil: no auth, every topic allowed).
+func NewACL(ledger *auth.Ledger) *ACL { return &ACL{ledger: ledger, acl: compileACL(ledger)} }
+
+// Configured reports whether there is a ledger (without one CanRead is
+// always true, and the broker gives the hooks no read check at all).
+func (a *ACL) Configured() bool { return a.ledger != nil }
+
+// CanRead reports whether cl may receive a message published on topic (or
+// subscribe to topic): the broker's own clients and, without a ledger,
+// everyone may.
+func (a *ACL) CanRead(cl *mqtt.Client, topic string) bool {
+	return cl.Net.Inline || a.ledger == nil || a.allows(cl, topic, false)
+}
+
+// allows applies the ledger's ACL to one access of topic by cl. A shared
+// subscription $share/<share>/<filter> must be allowed both as that string
+// and as <filter>.
+func (a *ACL) allows(cl *mqtt.Client, topic string, write bool) bool {
+	ok := a.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
+	if !write {
+		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
+			ok = ok && a.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, n.Filter, false)
+		}
+	}
+	return ok
 }
 
 func compileACL(l *auth.Ledger) *acl {

@@ -9,8 +9,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"github.com/mochi-mqtt/server/v2/packets"
-
-	"github.com/keyline-mq/keyline/internal/share"
 )
 
 // Auth authenticates clients and checks topic access. With a ledger (mochi's
@@ -29,42 +27,43 @@ import (
 //     disconnect (3.1.1), a QoS 0 one is dropped and counted;
 //   - a client id belongs to the username that holds its session: another
 //     user's CONNECT with it is refused (0x87, 3.1.1: 0x05) or, with
-//     FreshSessions, starts a fresh session (the old one is discarded).
+//     AuthConfig.FreshSessions, starts a fresh session (the old one is
+//     discarded).
 type Auth struct {
 	mqtt.HookBase
 	server *mqtt.Server
 	ledger *auth.Ledger // nil: no auth configured
-	acl    *acl
-	// FreshSessions: a CONNECT with another user's client id discards that
-	// session and starts afresh instead of being refused.
-	FreshSessions bool
-	// OnDiscard, when set, is told of a session discarded for FreshSessions
-	// (so that stored state goes with it).
-	OnDiscard func(cl *mqtt.Client)
+	rules  *ACL
+	cfg    AuthConfig
 	// ReservedRefused counts publishes into reserved topics, refused.
 	ReservedRefused atomic.Uint64
 	// Refused counts CONNECTs refused for taking another user's client id.
 	Refused atomic.Uint64
 }
 
-// NewAuth returns an auth hook over ledger (nil: allow every client).
-func NewAuth(server *mqtt.Server, ledger *auth.Ledger) *Auth {
-	return &Auth{server: server, ledger: ledger, acl: compileACL(ledger)}
+// AuthConfig configures an auth hook.
+type AuthConfig struct {
+	// FreshSessions: a CONNECT with another user's client id discards that
+	// session and starts afresh instead of being refused.
+	FreshSessions bool
+	// OnDiscard (nil: none) is told of a session discarded for
+	// FreshSessions (so that stored state goes with it).
+	OnDiscard func(cl *mqtt.Client)
+}
+
+// NewAuth returns an auth hook over rules (NewACL(nil): allow every client).
+func NewAuth(server *mqtt.Server, rules *ACL, cfg AuthConfig) *Auth {
+	return &Auth{server: server, ledger: rules.ledger, rules: rules, cfg: cfg}
 }
 
 // ID returns the hook's id.
 func (h *Auth) ID() string { return "keyline-auth" }
 
 // Provides reports which hook methods Auth implements.
-func (h *Auth) Provides(b byte) bool {
-	if b == mqtt.OnPacketEncode && h.ledger == nil {
-		return false // the CONNACK re-check is of ACL rules; without a ledger every packet would pay for nothing
-	}
-	return authEvents.has(b)
-}
+func (h *Auth) Provides(b byte) bool { return authEvents.has(b) }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnPacketEncode,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck,
 )
 
 // OnConnectAuthenticate reports whether the ledger lets the client connect,
@@ -81,7 +80,7 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	if !ok || bytes.Equal(existing.Properties.Username, cl.Properties.Username) {
 		return true
 	}
-	if h.FreshSessions {
+	if h.cfg.FreshSessions {
 		h.Log.Info("client id taken by another user: discarding its session", "client", clip(cl.ID),
 			"username", clip(string(cl.Properties.Username)), "owner", clip(string(existing.Properties.Username)))
 		h.discard(existing)
@@ -109,8 +108,8 @@ func (h *Auth) discard(existing *mqtt.Client) {
 	h.server.UnsubscribeClient(existing)
 	existing.ClearInflights()
 	h.server.Clients.Delete(existing.ID)
-	if h.OnDiscard != nil {
-		h.OnDiscard(existing)
+	if h.cfg.OnDiscard != nil {
+		h.cfg.OnDiscard(existing)
 	}
 }
 
@@ -147,31 +146,24 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	if h.ledger == nil {
 		return true
 	}
-	ok := h.allowed(cl, topic, write)
-	if !write {
-		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
-			ok = ok && h.allowed(cl, n.Filter, false)
-		}
-	}
+	ok := h.rules.allows(cl, topic, write)
 	if !ok {
 		h.Log.Debug("client denied by ACL", "client", clip(cl.ID), "username", clip(string(cl.Properties.Username)), "topic", clip(topic), "write", write)
 	}
 	return ok
 }
 
-func (h *Auth) allowed(cl *mqtt.Client, topic string, write bool) bool {
-	return h.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
-}
-
 // CanRead reports whether cl may receive a message published on topic.
-func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.OnACLCheck(cl, topic, false) }
+func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.rules.CanRead(cl, topic) }
 
-// OnPacketEncode re-checks a resumed session's resent messages against the
-// ACL when its CONNACK goes out (mochi resends them right after, unchecked):
-// what the user may not read now is dropped from its inflight state.
-func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) re-checks a resumed session's resent
+// messages against the ACL when its CONNACK goes out (mochi resends them
+// right after, unchecked): what the user may not read now is dropped from
+// its inflight state. Without a ledger PacketEncoder skips it (the check is
+// of ACL rules).
+func (h *Auth) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || h.ledger == nil {
-		return pk
+		return
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {
 		if m.FixedHeader.Type == packets.Publish && !h.CanRead(cl, m.TopicName) {
@@ -181,5 +173,4 @@ func (h *Auth) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet
 			h.Log.Info("dropped a resent message the client may no longer read", "client", clip(cl.ID), "topic", clip(m.TopicName))
 		}
 	}
-	return pk
 }

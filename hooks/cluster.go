@@ -115,7 +115,7 @@ var clusterEvents = eventSet(
 	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
 	mqtt.OnQosPublish, mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
-	mqtt.OnPacketEncode, mqtt.OnPacketSent,
+	mqtt.OnPacketSent,
 )
 
 // Stop ends the flusher after a last flush of every session.

@@ -465,11 +465,11 @@ func (h *Cluster) releaseLocal(clientID string) {
 	}
 }
 
-// OnPacketEncode turns the CONNACK of a connection whose session ownership
-// could not be settled into a refusal.
-func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) turns the CONNACK of a connection
+// whose session ownership could not be settled into a refusal.
+func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode != 0 {
-		return pk
+		return
 	}
 	h.mu.Lock()
 	s := h.mu.sessions[cl.ID]
@@ -482,7 +482,6 @@ func (h *Cluster) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pac
 			pk.ReasonCode = packets.Err3ServerUnavailable.Code
 		}
 	}
-	return pk
 }
 
 // OnPacketSent closes a refused connection once its CONNACK is out.

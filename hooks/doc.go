@@ -1,9 +1,12 @@
 // Package hooks holds Keyline's thin mochi glue, one hook per concern. The
-// broker adds them in this order (a hook that ends a chain, as the fan-out's
+// broker adds them in this order, from the table in broker/hooks.go that
+// gives each its reason (a hook that ends a chain, as the fan-out's
 // OnPublish does with CodeSuccessIgnore, must come after those that still
 // need the packet):
-//   - Auth (auth.go, acl.go): authentication, a deterministic ACL, reserved
-//     topics, client id ownership;
+//   - Auth (auth.go, acl.go): authentication, a deterministic ACL (ACL, also
+//     the read check of the fan-out and Key-Shared), reserved topics, client
+//     id ownership;
+//   - BridgeMark (bridgemark.go): No Local on a bridge's subscriptions;
 //   - Storage (storage.go; single node): persistent sessions, retained
 //     messages and $SYS figures in the data file;
 //   - KeyShared (keyshared.go, ks_*.go; ClusterKeyShared in cluster mode):
@@ -19,7 +22,12 @@
 //     QoS 1/2 through each session's outbox;
 //   - PacketReader (packet_read.go): the one hook reading packets as they
 //     arrive, calling the ReadPacket steps of Auth, KeyShared and Fanout in
-//     order (mochi copies a packet into every OnPacketRead hook).
+//     order (mochi copies a packet into every OnPacketRead hook);
+//   - PacketEncoder (packet_encode.go): the one hook correcting packets
+//     mochi writes, calling the EncodePacket steps of Auth, Storage,
+//     Cluster, Protocol and Fanout in order (mochi copies a packet into
+//     every OnPacketEncode hook);
+//   - Observe (observe.go): publishes as routed, while the console watches.
 //
 // encode.go holds the encoders of the frames the hooks queue themselves,
 // topiccache.go the bounded topic cache under the fan-out's routes and the

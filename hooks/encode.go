@@ -108,22 +108,21 @@ func fits(maxPacket uint32, n int) bool {
 // maxPacketSize returns the client's Maximum Packet Size (0: no limit).
 func maxPacketSize(cl *mqtt.Client) uint32 { return cl.Properties.Props.MaximumPacketSize }
 
-// shortAck returns a PUBACK, PUBREC, PUBREL or PUBCOMP that mochi's MQTT 5
+// shortAck marks a PUBACK, PUBREC, PUBREL or PUBCOMP that mochi's MQTT 5
 // encoder would write without reason code and properties (a reason below
 // 0x80 and no reason string or user property: mochi's acks carry the
-// granted QoS, 0x01 or 0x02, as "reason") marked for its MQTT 3.1.1
-// encoder, which writes the same bytes. The MQTT 5 encoder would first ask
-// its property tables, two map lookups per property, whether each of some
-// 28 properties belongs in an ack: 8% of the broker's CPU at 33k QoS 1
-// msg/s in a profile.
-func shortAck(pk packets.Packet) packets.Packet {
+// granted QoS, 0x01 or 0x02, as "reason") for its MQTT 3.1.1 encoder,
+// which writes the same bytes. The MQTT 5 encoder would first ask its
+// property tables, two map lookups per property, whether each of some 28
+// properties belongs in an ack: 8% of the broker's CPU at 33k QoS 1 msg/s
+// in a profile.
+func shortAck(pk *packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Puback, packets.Pubrec, packets.Pubrel, packets.Pubcomp:
 		if pk.ProtocolVersion == 5 && pk.ReasonCode < packets.ErrUnspecifiedError.Code && pk.Properties.ReasonString == "" && len(pk.Properties.User) == 0 {
 			pk.ProtocolVersion = 4
 		}
 	}
-	return pk
 }
 
 // encodeDelivery encodes a Key-Shared delivery of m at qos with packet id

@@ -124,7 +124,8 @@ func TestShortAckIsTheSameFrame(t *testing.T) {
 			}
 		}
 		enc(pk, &v5)
-		s := shortAck(pk)
+		s := pk
+		shortAck(&s)
 		if s.ProtocolVersion != 4 {
 			t.Fatalf("type %d: not shortened", typ)
 		}
@@ -137,12 +138,13 @@ func TestShortAckIsTheSameFrame(t *testing.T) {
 			{FixedHeader: pk.FixedHeader, PacketID: 1, ProtocolVersion: 5, Properties: packets.Properties{ReasonString: "no"}},
 			{FixedHeader: pk.FixedHeader, PacketID: 1, ProtocolVersion: 5, Properties: packets.Properties{User: []packets.UserProperty{{Key: "a", Val: "b"}}}},
 		} {
-			if shortAck(keep).ProtocolVersion != 5 {
+			if shortAck(&keep); keep.ProtocolVersion != 5 {
 				t.Fatalf("type %d: shortened %+v", typ, keep)
 			}
 		}
 	}
-	if p := shortAck(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, ProtocolVersion: 5}); p.ProtocolVersion != 5 {
+	p := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish}, ProtocolVersion: 5}
+	if shortAck(&p); p.ProtocolVersion != 5 {
 		t.Fatal("a PUBLISH was shortened")
 	}
 }

@@ -51,16 +51,11 @@ type Fanout struct {
 	// canRead reports whether a client may receive messages on a topic; nil allows all.
 	canRead func(cl *mqtt.Client, topic string) bool
 	// limits gives a client's queue limits once its id is known.
-	limits func(cl *mqtt.Client) connq.Limits
-	// SharedElsewhere says another hook delivers $share subscriptions (Key-Shared),
-	// so they do not keep a publish on mochi's path.
-	SharedElsewhere bool
-	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
-	// (cluster mode: the cluster hook ties mochi's in-flight messages to
-	// their JetStream sequences, for a session another node takes over).
-	MochiTracksQoS bool
-	Stats          FanoutStats
-	OutboxStats    outbox.Stats
+	limits          func(cl *mqtt.Client) connq.Limits
+	sharedElsewhere bool // FanoutConfig.SharedElsewhere
+	mochiTracksQoS  bool // FanoutConfig.MochiTracksQoS
+	Stats           FanoutStats
+	OutboxStats     outbox.Stats
 
 	sessions      *sessionRegistry
 	routes        *topicCache[*routes]
@@ -70,36 +65,52 @@ type Fanout struct {
 	frozen sync.Map // *mqtt.Client -> *fanSession
 }
 
-// NewFanout returns a fan-out hook for server. canRead (nil: allow all)
-// applies the broker's ACL to each delivery, as mochi does; limits (nil: keep
-// the listener's) sets each connection's queue limits when its session
-// starts; store (nil: none) keeps persistent sessions' outboxes.
-func NewFanout(server *mqtt.Server, canRead func(cl *mqtt.Client, topic string) bool, limits func(cl *mqtt.Client) connq.Limits, store outbox.Store) *Fanout {
-	h := &Fanout{server: server, canRead: canRead, limits: limits,
+// FanoutConfig configures a fan-out hook.
+type FanoutConfig struct {
+	// CanRead (nil: allow all) applies the broker's ACL to each delivery,
+	// as mochi does.
+	CanRead func(cl *mqtt.Client, topic string) bool
+	// Limits (nil: keep the listener's) sets each connection's queue limits
+	// when its session starts.
+	Limits func(cl *mqtt.Client) connq.Limits
+	// Store (nil: none) keeps persistent sessions' outboxes.
+	Store outbox.Store
+	// MaxSessionBytes and MaxTotalBytes bound the QoS 1/2 messages held for
+	// sessions in bytes: per session and for all of them (0: no bound); past
+	// either a new message is dropped for that session, counted and
+	// signalled, as past max-inflight.
+	MaxSessionBytes, MaxTotalBytes int64
+	// Spill (nil: all in memory) keeps each outbox's frames in memory up to
+	// its threshold; past it a persistent session's go cold (its Store
+	// holds them) and the others' to the spill's files, until their client
+	// reads them.
+	Spill *outbox.Spill
+	// SharedElsewhere says another hook delivers $share subscriptions
+	// (Key-Shared), so they do not keep a publish on mochi's path.
+	SharedElsewhere bool
+	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
+	// (cluster mode: the cluster hook ties mochi's in-flight messages to
+	// their JetStream sequences, for a session another node takes over).
+	MochiTracksQoS bool
+}
+
+// NewFanout returns a fan-out hook for server.
+func NewFanout(server *mqtt.Server, cfg FanoutConfig) *Fanout {
+	h := &Fanout{server: server, canRead: cfg.CanRead, limits: cfg.Limits,
+		sharedElsewhere: cfg.SharedElsewhere, mochiTracksQoS: cfg.MochiTracksQoS,
 		routes: newTopicCache[*routes](maxCachedRoutes, maxCachedRouteBytes)}
 	info := server.Info
 	h.OutboxStats.InfoInflight, h.OutboxStats.InfoDropped = &info.Inflight, &info.InflightDropped
 	h.sessions = newSessionRegistry(&outbox.Config{
-		Max:   int(server.Options.Capabilities.MaximumInflight),
-		Stats: &h.OutboxStats,
-		Store: store,
+		Max:           int(server.Options.Capabilities.MaximumInflight),
+		MaxBytes:      cfg.MaxSessionBytes,
+		MaxTotalBytes: cfg.MaxTotalBytes,
+		Stats:         &h.OutboxStats,
+		Store:         cfg.Store,
+		Spill:         cfg.Spill,
 	})
 	return h
 }
-
-// SetQueueBytes bounds the QoS 1/2 messages held for sessions in bytes:
-// per session and for all of them (0: no bound); past either a new message
-// is dropped for that session, counted and signalled, as past max-inflight.
-// Call it before clients connect.
-func (h *Fanout) SetQueueBytes(perSession, total int64) {
-	h.sessions.cfg.MaxBytes, h.sessions.cfg.MaxTotalBytes = perSession, total
-}
-
-// SetSpill makes the sessions' outboxes keep at most sp's threshold of
-// frames in memory each, the frames of queued messages beyond it in sp's
-// files until their client reads them (nil: all in memory). Call it before
-// clients connect.
-func (h *Fanout) SetSpill(sp *outbox.Spill) { h.sessions.cfg.Spill = sp }
 
 // Spill returns the outboxes' spill, nil when there is none.
 func (h *Fanout) Spill() *outbox.Spill { return h.sessions.cfg.Spill }
@@ -120,7 +131,6 @@ var fanoutEvents = eventSet(
 	mqtt.OnSessionEstablished,
 	mqtt.OnStarted,
 	mqtt.OnClientExpired,
-	mqtt.OnPacketEncode,
 	mqtt.OnPacketProcessed,
 	mqtt.OnDisconnect,
 )
@@ -165,22 +175,23 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnPacketEncode attaches the session to its new connection when a
+// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
 // successful CONNACK is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
 // sends from here on (first, what was in flight, in its original order)
 // waits in the connection's queue behind the CONNACK (connq.AwaitConnack).
-// Other acks it marks for the short encoding (shortAck); the broker
-// registers this hook after every other hook that may change an ack.
-func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// Other acks it marks for the short encoding (shortAck); PacketEncoder
+// runs it after every other step that may change an ack.
+func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack {
-		return shortAck(pk)
+		shortAck(pk)
+		return
 	}
 	q := queueOf(cl)
 	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
-		return pk
+		return
 	}
 	var s *fanSession
 	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
@@ -201,7 +212,6 @@ func (h *Fanout) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pack
 	if stale {
 		h.invalidate()
 	}
-	return pk
 }
 
 // ReadPacket (a PacketReader step) hands the client's PUBACK, PUBREC and

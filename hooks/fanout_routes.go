@@ -69,7 +69,7 @@ func (h *Fanout) routesFor(topic string) *routes {
 	}
 	subs := h.server.Topics.Subscribers(topic)
 	delete(subs.Shared, placeholderFilter)
-	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.SharedElsewhere)}
+	r := &routes{version: v, mochiOnly: len(subs.InlineSubscriptions) > 0 || (len(subs.Shared) > 0 && !h.sharedElsewhere)}
 	for id, sub := range subs.Subscriptions {
 		cl, ok := h.server.Clients.Get(id)
 		if !ok || cl.Net.Inline {
@@ -99,7 +99,7 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, nil
 	}
 	r := h.routesFor(pk.TopicName)
-	if r.mochiOnly || (h.MochiTracksQoS && pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
+	if r.mochiOnly || (h.mochiTracksQoS && pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
 		return pk, nil
 	}
 	d := h.newDelivery(pk)
@@ -161,7 +161,7 @@ func (h *Fanout) awaitStored(cl *mqtt.Client, pk packets.Packet, w *storeWait) e
 // OnSelectSubscribers delivers what mochi routes itself (retained
 // publishes, wills, $SYS, publishes an inline subscription matches) to
 // client sessions, and leaves mochi only the inline subscriptions (and,
-// with MochiTracksQoS, the QoS 1/2 deliveries).
+// with FanoutConfig.MochiTracksQoS, the QoS 1/2 deliveries).
 func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
 	delete(subs.Shared, placeholderFilter)
 	if len(subs.Shared) > 0 {
@@ -175,7 +175,7 @@ func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) 
 	d := h.newDelivery(pk)
 	for id, sub := range subs.Subscriptions {
 		cl, ok := h.server.Clients.Get(id)
-		if (ok && cl.Net.Inline) || (h.MochiTracksQoS && min(pk.FixedHeader.Qos, sub.Qos) > 0) {
+		if (ok && cl.Net.Inline) || (h.mochiTracksQoS && min(pk.FixedHeader.Qos, sub.Qos) > 0) {
 			continue
 		}
 		delete(subs.Subscriptions, id)

@@ -42,7 +42,7 @@ func (h *Protocol) ID() string { return "keyline-protocol" }
 
 // Provides reports which hook methods Protocol implements.
 func (h *Protocol) Provides(b byte) bool {
-	return b == mqtt.OnPacketEncode || (b == mqtt.OnConnect && h.MaxKeepAlive > 0)
+	return b == mqtt.OnConnect && h.MaxKeepAlive > 0
 }
 
 // OnConnect lowers an MQTT 5 client's keep alive to MaxKeepAlive; mochi
@@ -57,8 +57,9 @@ func (h *Protocol) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 // errNoConnack ends a 3.1.1 connection whose CONNECT broke the protocol.
 var errNoConnack = errors.New("MQTT 3.1.1 CONNECT breaks the protocol: closed without CONNACK")
 
-// OnPacketEncode corrects CONNACK, SUBACK, UNSUBACK and PUBLISH packets.
-func (h *Protocol) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) corrects CONNACK, SUBACK, UNSUBACK
+// and PUBLISH packets.
+func (h *Protocol) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	switch pk.FixedHeader.Type {
 	case packets.Publish:
 		pk.Mods.DisallowProblemInfo = false
@@ -85,5 +86,4 @@ func (h *Protocol) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Pa
 			cl.Stop(errNoConnack) // the CONNACK below finds the connection closed and is not sent
 		}
 	}
-	return pk
 }

@@ -25,9 +25,9 @@ type Storage struct {
 	mqtt.HookBase
 	server *mqtt.Server
 	store  *persistence.SessionStore
-	// SkipInflight, when set, names inflight messages not to store (Key-Shared
-	// deliveries, whose durable copy is their group log).
-	SkipInflight func(client string, packetID uint16) bool
+	// skipInflight (nil: none) names inflight messages not to store
+	// (Key-Shared deliveries, whose durable copy is their group log).
+	skipInflight func(client string, packetID uint16) bool
 
 	// failedRetain holds the publishes whose retained message could not be
 	// stored, until their acknowledgement is encoded (as a failure).
@@ -37,9 +37,11 @@ type Storage struct {
 	failedRetains atomic.Int64
 }
 
-// NewStorage returns a storage hook writing to store.
-func NewStorage(server *mqtt.Server, store *persistence.SessionStore) *Storage {
-	return &Storage{server: server, store: store}
+// NewStorage returns a storage hook writing to store. skipInflight (nil:
+// none) names the inflight messages it does not store (Key-Shared
+// deliveries, whose durable copy is their group log).
+func NewStorage(server *mqtt.Server, store *persistence.SessionStore, skipInflight func(client string, packetID uint16) bool) *Storage {
+	return &Storage{server: server, store: store, skipInflight: skipInflight}
 }
 
 // ID returns the hook's id.
@@ -59,7 +61,6 @@ var storageEvents = eventSet(
 	mqtt.OnQosComplete,
 	mqtt.OnQosDropped,
 	mqtt.OnSysInfoTick,
-	mqtt.OnPacketEncode,
 	mqtt.OnClientExpired,
 	mqtt.OnRetainedExpired,
 	mqtt.StoredClients,
@@ -279,16 +280,15 @@ type packetKey struct {
 	id     uint16
 }
 
-// OnPacketEncode turns the acknowledgement of a publish whose retained
-// message was not stored into a failure (0x80).
-func (h *Storage) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+// EncodePacket (a PacketEncoder step) turns the acknowledgement of a publish
+// whose retained message was not stored into a failure (0x80).
+func (h *Storage) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if t := pk.FixedHeader.Type; (t == packets.Puback || t == packets.Pubrec) && h.failedRetains.Load() > 0 {
 		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
 			h.failedRetains.Add(-1)
 			pk.ReasonCode = packets.ErrUnspecifiedError.Code
 		}
 	}
-	return pk
 }
 
 // OnRetainedExpired deletes an expired retained message.
@@ -301,7 +301,7 @@ func (h *Storage) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, _
 	// mochi records its own PUBACK to a QoS 1 publisher and completes it at
 	// once; nothing about it needs to survive a restart.
 	if !persistent(cl) || pk.FixedHeader.Type == packets.Puback ||
-		(h.SkipInflight != nil && h.SkipInflight(cl.ID, pk.PacketID)) {
+		(h.skipInflight != nil && h.skipInflight(cl.ID, pk.PacketID)) {
 		return
 	}
 	m := storedMessage(pk)
