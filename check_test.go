@@ -21,7 +21,7 @@ func checkDataDir(t *testing.T) (string, []string) {
 		t.Fatal(err)
 	}
 	s := db.Groups()
-	if _, err := s.EnsureGroup("w/orders/#", persistence.GroupConfig{}); err != nil {
+	if _, err := s.EnsureGroup("w/orders/#", keyshared.GroupConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3000 {

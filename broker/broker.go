@@ -21,7 +21,6 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"golang.org/x/net/netutil"
 
 	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/broker/ops"
@@ -48,6 +47,8 @@ type Broker struct {
 
 	httpLn  net.Listener
 	httpSrv *http.Server
+	// httpConns bounds the HTTP connections (nil without --http).
+	httpConns *httpConns
 
 	connStats *connq.Stats // totals of every connection's outbound queue
 	auth      *hooks.Auth
@@ -163,8 +164,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// Bounded: a client that opens many connections, or sends headers or
 		// a body slowly, holds at most http-max-conns goroutines for at most
 		// http-read-timeout each. No write timeout: live views stream.
-		b.httpLn = netutil.LimitListener(b.httpLn, cfg.HTTPMaxConns)
+		b.httpConns = newHTTPConns(cfg.HTTPMaxConns, cfg.HTTPMaxConnsPerAddress)
+		b.httpLn = b.httpConns.listener(b.httpLn)
 		b.httpSrv = &http.Server{
+			ConnState:         b.httpConns.state,
+			ConnContext:       withConn,
 			Handler:           b.ops.Handler(),
 			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
 			ReadTimeout:       cfg.HTTPReadTimeout,
@@ -191,10 +195,19 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
+	c.TopicAliasMaximum = b.cfg.TopicAliasMaximum
+	c.TopicAliasBytes = int(b.cfg.TopicAliasBytes)
+	c.MaximumTopicLevels = b.cfg.MaxTopicLevels
+	c.MaximumClientIDLength = int(b.cfg.MaxClientID)
+	c.MaximumClientSubscriptions = b.cfg.MaxSubscriptionsPerClient
+	c.MaximumSubscriptions = b.cfg.MaxSubscriptions
 	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
 	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
 	// is not a valid PUBACK reason: acks carry no properties and mean success.
 	c.Compatibilities.NoInheritedPropertiesOnAck = true
+	// The fan-out hook sends retained messages on SUBSCRIBE, through the
+	// session's outbox like every other delivery (hooks/fanout_retained.go).
+	c.Compatibilities.NoRetainedOnSubscribe = true
 	// mochi gives every client a channel of this many packet pointers for
 	// the publishes it routes (8192 by default: 64 KiB per connection and per
 	// offline session, the largest item of an idle client). Its writer drains
@@ -237,11 +250,11 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
-		if ttl := b.cfg.GroupIdleTTL; ttl > 0 {
+		if idle, holding := b.cfg.GroupIdleTTL, b.cfg.GroupBacklogTTL; idle > 0 || holding > 0 {
 			b.bg.Add(1)
 			go func() {
 				defer b.bg.Done()
-				b.sweepIdleGroups(ttl)
+				b.sweepIdleGroups(idle, holding)
 			}()
 		}
 		b.ready.Store(true)
@@ -319,8 +332,17 @@ func (b *Broker) disconnectListenerClients(id string) {
 }
 
 // sweepIdleGroups deletes groups without members for ttl until Shutdown.
-func (b *Broker) sweepIdleGroups(ttl time.Duration) {
-	t := time.NewTicker(sweepInterval(ttl))
+// sweepIdleGroups deletes groups without members: after idle (0: never)
+// those that hold nothing, after holding (0: never) those that hold only
+// messages, with them.
+func (b *Broker) sweepIdleGroups(idle, holding time.Duration) {
+	every := time.Minute
+	for _, ttl := range []time.Duration{idle, holding} {
+		if ttl > 0 {
+			every = min(every, sweepInterval(ttl))
+		}
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -328,16 +350,43 @@ func (b *Broker) sweepIdleGroups(ttl time.Duration) {
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			swept, err := b.keyShared.SweepIdle(ctx, now, ttl)
+			for _, s := range []struct {
+				ttl   time.Duration
+				sweep func(context.Context, time.Time, time.Duration) ([]string, error)
+				level slog.Level
+				what  string
+			}{
+				{idle, b.keyShared.SweepIdle, slog.LevelInfo, "deleted idle group"},
+				{holding, b.keyShared.SweepHolding, slog.LevelWarn, "deleted a group without members, with its backlog"},
+			} {
+				if s.ttl <= 0 {
+					continue
+				}
+				swept, err := s.sweep(ctx, now, s.ttl)
+				if err != nil {
+					b.log.Warn("sweeping groups without members", "error", err)
+				}
+				for _, name := range swept {
+					b.log.Log(ctx, s.level, s.what, "group", name, "ttl", s.ttl)
+				}
+			}
 			cancel()
-			if err != nil {
-				b.log.Warn("sweeping idle groups", "error", err)
-			}
-			for _, name := range swept {
-				b.log.Info("deleted idle group", "group", name, "idle_ttl", ttl)
-			}
 		}
 	}
+}
+
+// groupOwner is whom a client's new groups count against
+// (max-groups-per-user): its user when auth is configured, else the host
+// part of its address.
+func (b *Broker) groupOwner(cl *mqtt.Client) string {
+	if b.cfg.Auth != nil && len(cl.Properties.Username) > 0 {
+		return "user " + string(cl.Properties.Username)
+	}
+	host, _, err := net.SplitHostPort(cl.Net.Remote)
+	if err != nil {
+		host = cl.Net.Remote
+	}
+	return "address " + host
 }
 
 // closeResources closes what New opened, in reverse order.

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -10,12 +9,14 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -112,10 +113,20 @@ func (b *Broker) keySharedHook() mqtt.Hook {
 	return hooks.ClusterKeyShared{KeyShared: b.keyShared, FromCluster: b.cluster.FromCluster}
 }
 
-// startGroups joins the cluster's Key-Shared groups (after startCluster).
-func (b *Broker) startGroups() error {
+// joinCluster joins the cluster and its Key-Shared groups, waiting for NATS
+// and JetStream up to cfg.StartTimeout (NATS may come up after keyline, or
+// with it), and makes the cluster hook.
+func (b *Broker) joinCluster() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
+	if err := b.startCluster(ctx); err != nil {
+		return err
+	}
+	return b.startGroups(ctx)
+}
+
+// startGroups joins the cluster's Key-Shared groups (after startCluster).
+func (b *Broker) startGroups(ctx context.Context) error {
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
 		Settings: b.groupSettingsOf,
 		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
@@ -135,44 +146,45 @@ func (b *Broker) startGroups() error {
 		Logger: b.log.With("node", b.node.NodeID()),
 	})
 	if err != nil {
-		return fmt.Errorf("broker: cluster key-shared groups: %w", err)
+		return fmt.Errorf("broker: join the cluster at %s: key-shared groups: %w", strings.Join(b.node.URLs(), ","), err)
 	}
 	b.groups = g
 	return nil
 }
 
-// startCluster builds the cluster hook and joins the cluster with it,
-// retrying until cfg.StartTimeout (NATS may come up after keyline).
-func (b *Broker) startCluster() error {
+// startCluster joins the cluster (cluster.Start waits for NATS within ctx,
+// on one connection) and makes the cluster hook.
+func (b *Broker) startCluster(ctx context.Context) error {
 	b.cluster = hooks.NewCluster(b.server)
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
-	defer cancel()
-	for attempt := 0; ; attempt++ {
-		// Each attempt gets its own bound: a JetStream request sent before
-		// the NATS cluster has a meta leader is never answered.
-		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := cluster.Start(actx, cfg, b.cluster.Handler())
-		acancel()
-		if err == nil {
-			b.node = n
-			b.cluster.SetNode(n)
-			return nil
-		}
-		if ctx.Err() != nil || errors.Is(err, cluster.ErrConfig) {
-			return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
-		}
-		if attempt == 0 {
-			b.log.Warn("waiting for NATS", "nats", strings.Join(cfg.URLs, ","), "error", err)
-		}
-		select {
-		case <-time.After(500 * time.Millisecond):
-		case <-ctx.Done():
-			return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
-		}
+	n, err := cluster.Start(ctx, cfg, b.cluster.Handler())
+	if err != nil {
+		return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
+	b.node = n
+	b.cluster.SetNode(n)
+	return nil
+}
+
+// outboxStore is where persistent sessions' outboxes are kept: bbolt on
+// one node; in cluster mode the messages stay in JetStream and the cluster
+// hook keeps how far each session has got.
+func (b *Broker) outboxStore() outbox.Store {
+	if b.cluster != nil {
+		return b.cluster.OutboxStore()
+	}
+	return hooks.NewOutboxStore(b.sessions)
+}
+
+// messageRefs is what the fan-out records with each outbox copy of a
+// QoS 1/2 message: its JetStream sequence in cluster mode, nothing on one node.
+func (b *Broker) messageRefs() func(packets.Packet) uint64 {
+	if b.cluster != nil {
+		return b.cluster.MessageRef
+	}
+	return nil
 }
 
 // clusterReady reports whether the cluster side lets the node serve.
@@ -225,10 +237,15 @@ var clusterMetrics = []struct {
 	{"keyline_cluster_session_record_errors_total", "Session record writes that failed.", func(_ *cluster.Node, h *hooks.Cluster) float64 { return float64(h.Stats.RecordErrors.Load()) }},
 }
 
+// answersDropped is the Key-Shared counter of clusterCollector.
+var answersDropped = prometheus.NewDesc("keyline_cluster_group_answers_dropped_total",
+	"Members' acks, nacks and rejects that reached a group's dispatcher on this node after it stopped holding the group (the next holder settles those messages).", nil, nil)
+
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range clusterMetrics {
 		ch <- prometheus.NewDesc(m.name, m.help, nil, nil)
 	}
+	ch <- answersDropped
 }
 
 func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
@@ -242,6 +259,9 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 			typ = prometheus.GaugeValue
 		}
 		ch <- prometheus.MustNewConstMetric(prometheus.NewDesc(m.name, m.help, nil, nil), typ, m.value(n, h))
+	}
+	if g := c.b.groups; g != nil {
+		ch <- prometheus.MustNewConstMetric(answersDropped, prometheus.CounterValue, float64(g.Stats.AnswersDropped.Load()))
 	}
 }
 

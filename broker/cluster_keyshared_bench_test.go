@@ -50,18 +50,14 @@ func measureGroups(b *testing.B, nodes []*Broker, groups, membersPerNode, n, con
 	holders := map[string]bool{}
 	for g := range groups {
 		name := fmt.Sprintf("bg%d-%d/kb/%d/%d/#", run, g, run, g)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		mqtttest.Eventually(b, 30*time.Second, "the members of "+name+" at its dispatcher", func() bool {
 			st, err := nodes[0].keyShared.Group(name)
 			if err == nil && (st.Holder != "" || len(nodes) == 1 && nodes[0].groups == nil) && st.Stats.Members == len(nodes)*membersPerNode {
 				holders[st.Holder] = true
-				break
+				return true
 			}
-			if time.Now().After(deadline) {
-				b.Fatalf("group %s: members not all at its dispatcher: %+v %v", name, st.Stats, err)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return false
+		})
 	}
 	var pubs []*mqtttest.V5
 	for i, node := range nodes {
@@ -94,12 +90,8 @@ func measureGroups(b *testing.B, nodes []*Broker, groups, membersPerNode, n, con
 		}
 	}
 	wg.Wait()
-	deadline := time.Now().Add(2 * time.Minute)
-	for delivered.Load() < int64(n) {
-		if time.Now().After(deadline) {
-			b.Fatalf("%d of %d delivered", delivered.Load(), n)
-		}
-		time.Sleep(time.Millisecond)
+	if !mqtttest.Within(2*time.Minute, func() bool { return delivered.Load() >= int64(n) }) {
+		b.Fatalf("%d of %d delivered", delivered.Load(), n)
 	}
 	return float64(n) / time.Since(start).Seconds(), len(holders)
 }

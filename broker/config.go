@@ -68,6 +68,23 @@ type Config struct {
 	// 0: no cap, and 3.1.1 sessions never expire.
 	MaxSessionExpiry time.Duration `yaml:"max-session-expiry"`
 	MaxMessageExpiry time.Duration `yaml:"max-message-expiry"` // drop retained and queued messages older than this (0: keep)
+	// TopicAliasMaximum is the Topic Alias Maximum offered to MQTT 5
+	// clients in CONNACK: how many inbound aliases a connection may set (0:
+	// none). TopicAliasBytes bounds the bytes of topics they hold (0: no
+	// limit); a publish past either is answered DISCONNECT 0x94 or 0x97.
+	TopicAliasMaximum uint16   `yaml:"topic-alias-maximum"`
+	TopicAliasBytes   ByteSize `yaml:"topic-alias-bytes"`
+	// MaxTopicLevels bounds the levels of a topic a client publishes to (or
+	// names in its will) and of a filter it subscribes to (0: no limit).
+	MaxTopicLevels int `yaml:"max-topic-levels"`
+	// MaxClientID bounds the bytes of a client id (CONNACK 0x85, 3.1.1:
+	// 0x02); at most MaxStorableClientID, what the session store can key.
+	MaxClientID ByteSize `yaml:"max-client-id"`
+	// MaxSubscriptionsPerClient and MaxSubscriptions bound the subscriptions
+	// one client, and all clients together, may hold (SUBACK 0x97; 0: no
+	// limit).
+	MaxSubscriptionsPerClient int   `yaml:"max-subscriptions-per-client"`
+	MaxSubscriptions          int64 `yaml:"max-subscriptions"`
 	// MaxKeepAlive is the longest keep alive an MQTT 5 client may use: one
 	// that asks for more, or for none, is told this one in its CONNACK
 	// (Server Keep Alive). 0: clients keep their own. Whole seconds.
@@ -86,11 +103,17 @@ type Config struct {
 	MaxKeySize  ByteSize `yaml:"max-key-size"` // longest routing key accepted (0: no limit)
 	MaxGroups   int      `yaml:"max-groups"`   // most groups (0: no limit)
 	// MaxGroupsPerClient bounds the groups one client may be a member of (0: no limit).
-	MaxGroupsPerClient int              `yaml:"max-groups-per-client"`
-	GroupSettings      `yaml:",inline"` // defaults for every group
-	GroupIdleTTL       time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
-	GroupOverrides     []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
-	HTTPToken          string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
+	MaxGroupsPerClient int `yaml:"max-groups-per-client"`
+	// MaxGroupsPerUser bounds the running groups the clients of one user
+	// (with auth; else of one address) have created (0: no limit).
+	MaxGroupsPerUser int `yaml:"max-groups-per-user"`
+	// GroupBacklogTTL deletes a group that has had no members for this long
+	// and holds messages (not dead letters), with them; 0: never.
+	GroupBacklogTTL time.Duration    `yaml:"group-backlog-ttl"`
+	GroupSettings   `yaml:",inline"` // defaults for every group
+	GroupIdleTTL    time.Duration    `yaml:"group-idle-ttl"`  // delete a group (and its backlog) after this long without members; 0: never
+	GroupOverrides  []GroupOverride  `yaml:"group-overrides"` // per group or share name; config file only
+	HTTPToken       string           `yaml:"http-token"`      // bearer token the admin API requires; empty: none
 	// HTTPAllowedHosts are the host names (besides IP addresses and
 	// localhost) the HTTP listener answers to.
 	HTTPAllowedHosts []string `yaml:"http-allowed-hosts"`
@@ -98,6 +121,13 @@ type Config struct {
 	HTTPReadTimeout time.Duration `yaml:"http-read-timeout"`
 	// HTTPMaxConns bounds the HTTP connections served at once.
 	HTTPMaxConns int `yaml:"http-max-conns"`
+	// HTTPTopicUser names the auth ledger's user whose read ACL the topic
+	// stream (console Topics page) applies; without it, and with a ledger,
+	// the stream needs the http token (whose holder sees every topic).
+	HTTPTopicUser string `yaml:"http-topic-user"`
+	// HTTPMaxConnsPerAddress bounds those of one client address (0: no
+	// bound beyond HTTPMaxConns).
+	HTTPMaxConnsPerAddress int `yaml:"http-max-conns-per-address"`
 	// Pprof serves Go's profiler under /debug/pprof/ (behind the token).
 	Pprof bool `yaml:"pprof"`
 	// WSAllowedOrigins are the browser origins (besides the listener's own
@@ -122,16 +152,16 @@ type Config struct {
 
 // GroupSettings tune Key-Shared dispatch and storage of a group.
 type GroupSettings struct {
-	AckTimeout         time.Duration             `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
-	MaxDeliveries      int                       `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
-	PoisonPolicy       keyshared.PoisonPolicy    `yaml:"poison-policy"`        // dead-letter, drop or block
-	RetryBackoff       []time.Duration           `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
-	MemberMaxInflight  int                       `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
-	Window             int                       `yaml:"window"`               // messages in flight plus blocked per group
-	WindowBytes        ByteSize                  `yaml:"window-bytes"`         // bytes of those messages per group
-	BacklogMaxMessages uint64                    `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
-	BacklogMaxBytes    ByteSize                  `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
-	BacklogPolicy      persistence.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
+	AckTimeout         time.Duration           `yaml:"ack-timeout"`          // time a member has to acknowledge before the message is retried
+	MaxDeliveries      int                     `yaml:"max-deliveries"`       // failed attempts before the poison policy applies
+	PoisonPolicy       keyshared.PoisonPolicy  `yaml:"poison-policy"`        // dead-letter, drop or block
+	RetryBackoff       []time.Duration         `yaml:"retry-backoff"`        // base[, max] delay before a retry, doubling per attempt
+	MemberMaxInflight  int                     `yaml:"member-max-inflight"`  // messages in flight per member (its Receive Maximum lowers it)
+	Window             int                     `yaml:"window"`               // messages in flight plus blocked per group
+	WindowBytes        ByteSize                `yaml:"window-bytes"`         // bytes of those messages per group
+	BacklogMaxMessages uint64                  `yaml:"backlog-max-messages"` // unresolved messages a group keeps; 0: no limit
+	BacklogMaxBytes    ByteSize                `yaml:"backlog-max-bytes"`    // unresolved bytes a group keeps; 0: no limit
+	BacklogPolicy      keyshared.BacklogPolicy `yaml:"backlog-policy"`       // reject (MQTT 5 PUBACK 0x97) or drop-oldest, at a backlog limit
 }
 
 // GroupOverride changes the settings of the groups it names: Group is a full
@@ -157,6 +187,41 @@ type ConnQueueOverride struct {
 	ConnQueueGrace time.Duration `yaml:"conn-queue-grace"`
 }
 
+// DefaultTopicAliasMaximum and DefaultTopicAliasBytes bound one
+// connection's inbound topic aliases: as many as mosquitto's default (10)
+// and then some, and 64 KiB of topics (16 topics of 4 KiB).
+const (
+	DefaultTopicAliasMaximum = 16
+	DefaultTopicAliasBytes   = 64 << 10
+)
+
+// DefaultMaxTopicLevels is the most levels a client's topic or filter may
+// have unless configured: EMQX's default, far above what real topic schemes
+// use (AWS IoT allows 8, Sparkplug B uses 5), and a small bound on what a
+// topic walk costs.
+const DefaultMaxTopicLevels = 128
+
+// DefaultMaxSubscriptionsPerClient and DefaultMaxSubscriptions bound
+// subscriptions unless configured. A subscription costs about 1.2 KiB (topic
+// index, session, fan-out routes; more with a persistent session's stored
+// copy), so the global default holds about 1.2 GiB; a dashboard that watches
+// a thousand topics one by one still fits in one client's share.
+const (
+	DefaultMaxSubscriptionsPerClient = 1000
+	DefaultMaxSubscriptions          = 1_000_000
+)
+
+// DefaultMaxClientID is the longest client id accepted unless configured:
+// eight times what AWS IoT and Azure IoT Hub allow (128), room for the
+// longest naming schemes in use (Google's projects/.../devices/... paths),
+// and far below MaxStorableClientID.
+const DefaultMaxClientID = 1 << 10
+
+// MaxStorableClientID is the longest client id whose session the store can
+// key: bbolt's keys are at most 32 KiB, and a session's keys hold the id and
+// a filter or packet id.
+const MaxStorableClientID = 16 << 10
+
 // DefaultMaxSessionExpiry is how long a disconnected persistent session is
 // kept unless configured: a week, so devices offline over a long weekend
 // keep their sessions and abandoned ones do not pile up for ever.
@@ -178,25 +243,34 @@ func DefaultConfig() Config {
 		MaxInflight:      8192,
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.
-		MaxSessionQueueBytes: 64 << 20,
-		SpillAfter:           1 << 20,
-		MaxQueuedBytes:       1 << 30,
-		ReceiveMaximum:       1024,
-		MaxSessionExpiry:     DefaultMaxSessionExpiry,
-		ShutdownTimeout:      10 * time.Second,
-		SlowPolicy:           connq.DropOldest,
-		ConnQueueSoft:        1 << 20,
-		ConnQueueHard:        8 << 20,
-		ConnQueueGrace:       10 * time.Second,
-		KeyProperty:          "key",
-		MaxKeySize:           1 << 10,
-		MaxGroups:            10_000,
-		MaxGroupsPerClient:   100,
-		GroupIdleTTL:         time.Hour,
-		SessionOwnership:     OwnershipRefuse,
-		HTTPReadTimeout:      10 * time.Second,
-		HTTPMaxConns:         256,
-		Cluster:              DefaultClusterConfig(),
+		MaxSessionQueueBytes:      64 << 20,
+		SpillAfter:                1 << 20,
+		MaxQueuedBytes:            1 << 30,
+		ReceiveMaximum:            1024,
+		TopicAliasMaximum:         DefaultTopicAliasMaximum,
+		TopicAliasBytes:           DefaultTopicAliasBytes,
+		MaxTopicLevels:            DefaultMaxTopicLevels,
+		MaxClientID:               DefaultMaxClientID,
+		MaxSubscriptionsPerClient: DefaultMaxSubscriptionsPerClient,
+		MaxSubscriptions:          DefaultMaxSubscriptions,
+		MaxSessionExpiry:          DefaultMaxSessionExpiry,
+		ShutdownTimeout:           10 * time.Second,
+		SlowPolicy:                connq.DropOldest,
+		ConnQueueSoft:             1 << 20,
+		ConnQueueHard:             8 << 20,
+		ConnQueueGrace:            10 * time.Second,
+		KeyProperty:               "key",
+		MaxKeySize:                1 << 10,
+		MaxGroups:                 10_000,
+		MaxGroupsPerClient:        100,
+		MaxGroupsPerUser:          1000,
+		GroupBacklogTTL:           DefaultMaxSessionExpiry,
+		GroupIdleTTL:              time.Hour,
+		SessionOwnership:          OwnershipRefuse,
+		HTTPReadTimeout:           10 * time.Second,
+		HTTPMaxConns:              256,
+		HTTPMaxConnsPerAddress:    64,
+		Cluster:                   DefaultClusterConfig(),
 		GroupSettings: GroupSettings{
 			AckTimeout:        30 * time.Second,
 			MaxDeliveries:     5,
@@ -209,7 +283,7 @@ func DefaultConfig() Config {
 			// it, also while it has none: bound what one can hold.
 			BacklogMaxMessages: DefaultBacklogMaxMessages,
 			BacklogMaxBytes:    DefaultBacklogMaxBytes,
-			BacklogPolicy:      persistence.PolicyReject,
+			BacklogPolicy:      keyshared.PolicyReject,
 		},
 	}
 }
@@ -275,6 +349,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case c.MaxClientID < 23 || c.MaxClientID > MaxStorableClientID:
+		return fmt.Errorf("%w: max-client-id must be between 23 bytes (what MQTT requires every server to take) and %v", ErrInvalidConfig, ByteSize(MaxStorableClientID))
+	case c.MaxSubscriptionsPerClient < 0 || c.MaxSubscriptions < 0:
+		return fmt.Errorf("%w: max-subscriptions-per-client and max-subscriptions must not be negative", ErrInvalidConfig)
+	case c.MaxTopicLevels < 0:
+		return fmt.Errorf("%w: max-topic-levels must not be negative", ErrInvalidConfig)
+	case c.TopicAliasBytes < 0 || c.TopicAliasBytes > 1<<30:
+		return fmt.Errorf("%w: topic-alias-bytes must be between 0 and 1GiB", ErrInvalidConfig)
 	case c.MaxKeepAlive < 0 || c.MaxKeepAlive > 65535*time.Second || c.MaxKeepAlive%time.Second != 0:
 		return fmt.Errorf("%w: max-keep-alive must be whole seconds between 0 and 65535s", ErrInvalidConfig)
 	case c.ShutdownTimeout <= 0:
@@ -283,14 +365,20 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: http-read-timeout must be positive", ErrInvalidConfig)
 	case c.HTTPMaxConns < 1:
 		return fmt.Errorf("%w: http-max-conns must be at least 1", ErrInvalidConfig)
+	case c.HTTPTopicUser != "" && c.Auth == nil:
+		return fmt.Errorf("%w: http-topic-user %q needs an auth section (it names a user of the ledger)", ErrInvalidConfig, c.HTTPTopicUser)
+	case c.HTTPMaxConnsPerAddress < 0:
+		return fmt.Errorf("%w: http-max-conns-per-address must not be negative", ErrInvalidConfig)
 	case c.SessionOwnership == 0:
 		return fmt.Errorf("%w: session-ownership is not set (want %s)", ErrInvalidConfig, SessionOwnerships)
 	case c.KeyProperty == "":
 		return fmt.Errorf("%w: key-property is empty", ErrInvalidConfig)
 	case c.MaxKeySize < 0 || c.MaxKeySize > 65535:
 		return fmt.Errorf("%w: max-key-size must be between 0 and 65535 bytes", ErrInvalidConfig)
-	case c.MaxGroups < 0 || c.MaxGroupsPerClient < 0:
-		return fmt.Errorf("%w: max-groups and max-groups-per-client must not be negative", ErrInvalidConfig)
+	case c.MaxGroups < 0 || c.MaxGroupsPerClient < 0 || c.MaxGroupsPerUser < 0:
+		return fmt.Errorf("%w: max-groups, max-groups-per-client and max-groups-per-user must not be negative", ErrInvalidConfig)
+	case c.GroupBacklogTTL < 0:
+		return fmt.Errorf("%w: group-backlog-ttl must not be negative", ErrInvalidConfig)
 	case c.GroupIdleTTL < 0:
 		return fmt.Errorf("%w: group-idle-ttl must not be negative", ErrInvalidConfig)
 	}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 func TestDefaultConfigIsValid(t *testing.T) {
@@ -78,7 +77,7 @@ func TestNamedValuesParseOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.LogLevel != LogDebug || c.LogFormat != LogJSON || c.PoisonPolicy != keyshared.PoisonBlock ||
-		c.BacklogPolicy != persistence.PolicyDropOldest || c.SlowPolicy != connq.Disconnect {
+		c.BacklogPolicy != keyshared.PolicyDropOldest || c.SlowPolicy != connq.Disconnect {
 		t.Fatalf("decoded %v %v %v %v %v", c.LogLevel, c.LogFormat, c.PoisonPolicy, c.BacklogPolicy, c.SlowPolicy)
 	}
 }

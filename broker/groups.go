@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // merge returns s with o's set (non-zero) fields over it.
@@ -57,16 +56,16 @@ func (c *Config) settingsFor(name string) GroupSettings {
 }
 
 // groupSettings resolves group name's dispatcher and storage settings.
-func (c *Config) groupSettings(name string) (keyshared.Config, persistence.GroupConfig, error) {
+func (c *Config) groupSettings(name string) (keyshared.Config, keyshared.GroupConfig, error) {
 	s := c.settingsFor(name)
-	bad := func(format string, a ...any) (keyshared.Config, persistence.GroupConfig, error) {
-		return keyshared.Config{}, persistence.GroupConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	bad := func(format string, a ...any) (keyshared.Config, keyshared.GroupConfig, error) {
+		return keyshared.Config{}, keyshared.GroupConfig{}, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
 	switch {
 	case s.PoisonPolicy == 0:
 		return bad("poison-policy is not set (want %s)", keyshared.PoisonPolicies)
 	case s.BacklogPolicy == 0:
-		return bad("backlog-policy is not set (want %s)", persistence.BacklogPolicies)
+		return bad("backlog-policy is not set (want %s)", keyshared.BacklogPolicies)
 	case s.AckTimeout <= 0:
 		return bad("ack-timeout must be positive")
 	case s.MaxDeliveries < 1:
@@ -95,7 +94,7 @@ func (c *Config) groupSettings(name string) (keyshared.Config, persistence.Group
 	if err := d.Validate(); err != nil {
 		return bad("%v", err)
 	}
-	g := persistence.GroupConfig{MaxMessages: s.BacklogMaxMessages, MaxBytes: uint64(s.BacklogMaxBytes), Policy: s.BacklogPolicy}
+	g := keyshared.GroupConfig{MaxMessages: s.BacklogMaxMessages, MaxBytes: uint64(s.BacklogMaxBytes), Policy: s.BacklogPolicy}
 	if err := g.Validate(); err != nil {
 		return bad("%v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -77,15 +78,14 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	}
 	// In cluster mode sessions, retained messages and Key-Shared groups
 	// live in the cluster, not in the data file.
-	var groups persistence.GroupStore = b.db.Groups()
+	var backend keyshared.Backend
 	if b.clusterMode() {
-		if err := b.startCluster(); err != nil {
+		if err := b.joinCluster(); err != nil {
 			return nil, err
 		}
-		if err := b.startGroups(); err != nil {
-			return nil, err
-		}
-		groups = b.groups
+		backend = b.groups
+	} else {
+		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
 	var spill *outbox.Spill
 	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
@@ -100,14 +100,17 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 			l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 			return l
 		},
-		Store:           hooks.NewOutboxStore(b.sessions),
+		Store:           b.outboxStore(),
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
 		Spill:           spill,
-		SharedElsewhere: true,            // the Key-Shared hook delivers every $share group
-		MochiTracksQoS:  b.clusterMode(), // see hooks.FanoutConfig
+		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
+		Refs:            b.messageRefs(),
 	})
-	b.keyShared = hooks.NewKeyShared(b.server, groups, hooks.KeySharedConfig{
+	if b.cluster != nil {
+		b.cluster.Outboxes = b.fanout // a session taken over gets its queued messages there
+	}
+	b.keyShared = hooks.NewKeyShared(b.server, backend, hooks.KeySharedConfig{
 		KeyProperty:        b.cfg.KeyProperty,
 		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
@@ -115,7 +118,8 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
-		Cluster:            b.groups,
+		MaxGroupsPerOwner:  b.cfg.MaxGroupsPerUser,
+		GroupOwner:         b.groupOwner,
 		AllocPacketID:      b.fanout.AllocPacketID, // the fan-out's session outboxes share each client's packet ids
 	})
 	b.clusterKS.Store(b.keyShared)

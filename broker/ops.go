@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -26,15 +27,42 @@ func (b *Broker) newOps() *ops.Service {
 	return ops.New(opsView{b}, ops.Config{
 		Token:        b.cfg.HTTPToken,
 		AllowedHosts: b.cfg.HTTPAllowedHosts,
-		Pprof:        b.cfg.Pprof,
-		Settings:     b.cfg.settingsView,
-		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}),
+		TopicReader:  b.topicReader,
+		Waiting: func(r *http.Request) func() {
+			if b.httpConns == nil {
+				return func() {}
+			}
+			return b.httpConns.waitingFor(r) // a request waiting for its token check may give way
+		},
+		Pprof:      b.cfg.Pprof,
+		Settings:   b.cfg.settingsView,
+		Collectors: append(b.clusterCollectors(), bridgeCollector{b}),
 		Routes: func(mux *http.ServeMux) {
 			b.registerCluster(mux)
 			b.registerBackup(mux)
 		},
 		Logger: b.log,
 	})
+}
+
+// errStreamNeedsAuth refuses the topic stream of a broker whose ACL it could
+// bypass.
+var errStreamNeedsAuth = errors.New("the topic stream is off: with an auth ledger it needs --http-token (the token holder sees every topic) or http-topic-user (the stream shows what that user may read)")
+
+// topicReader says which topics a topic stream may show (nil: all): with no
+// auth ledger every topic (every client may read them over MQTT too); with
+// one, what http-topic-user may read, else every topic for a holder of the
+// http token, and with neither the stream is refused.
+func (b *Broker) topicReader() (func(topic string) bool, error) {
+	switch user := b.cfg.HTTPTopicUser; {
+	case b.cfg.Auth == nil:
+		return nil, nil
+	case user != "":
+		return func(topic string) bool { return b.auth.UserCanRead(user, topic) }, nil
+	case b.cfg.HTTPToken != "":
+		return nil, nil
+	}
+	return nil, errStreamNeedsAuth
 }
 
 // settingsView is group name's dispatcher settings, as the admin API shows them.

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
-	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // appender appends publishes to group logs without making the publisher
@@ -132,15 +132,15 @@ func appendRefusal(err error) error {
 	if errors.As(err, &apiErr) {
 		switch {
 		case apiErr.ErrorCode == 10077 && strings.Contains(apiErr.Description, "maximum"):
-			return fmt.Errorf("%w: %s", persistence.ErrBacklogFull, apiErr.Description)
+			return fmt.Errorf("%w: %s", keyshared.ErrBacklogFull, apiErr.Description)
 		case apiErr.ErrorCode == 10054:
-			return fmt.Errorf("%w: %s", persistence.ErrBacklogFull, apiErr.Description)
+			return fmt.Errorf("%w: %s", keyshared.ErrBacklogFull, apiErr.Description)
 		case apiErr.ErrorCode == 10060: // stream not found (expected stream): the group was deleted
-			return fmt.Errorf("%w: %s", persistence.ErrGroupNotFound, apiErr.Description)
+			return fmt.Errorf("%w: %s", keyshared.ErrGroupNotFound, apiErr.Description)
 		}
 	}
 	if errors.Is(err, nats.ErrMaxPayload) {
-		return fmt.Errorf("%w: %v", persistence.ErrBacklogFull, err)
+		return fmt.Errorf("%w: %v", keyshared.ErrBacklogFull, err)
 	}
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Dead letters live in the stream KL_DLQ, one subject per group
@@ -56,7 +55,7 @@ func (g *Groups) eachDeadLetter(ctx context.Context, gh string, from uint64, fn 
 		if err != nil {
 			return fmt.Errorf("cluster: dead letters: %w", err)
 		}
-		d, err := persistence.DecodeDeadLetter(m.Data)
+		d, _, err := keyshared.DecodeDeadLetter(m.Data, true)
 		if err != nil {
 			g.log.Warn("key-shared: undecodable dead letter skipped", "id", m.Sequence, "error", err)
 		} else if !fn(m.Sequence, d) {
@@ -79,51 +78,51 @@ func (g *Groups) deadLetterCount(ctx context.Context, gh string) (uint64, error)
 	return info.State.Subjects[dlqSubject(gh)], nil
 }
 
-// DeadLetters implements persistence.GroupStore.
-func (g *Groups) DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error) {
+// DeadLetters implements keyshared.Backend.
+func (g *Groups) DeadLetters(group string, after uint64, limit int) ([]keyshared.DeadLetterEntry, error) {
 	gh, err := g.known(group)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := g.ctx()
 	defer cancel()
-	var out []persistence.DeadLetterEntry
+	var out []keyshared.DeadLetterEntry
 	err = g.eachDeadLetter(ctx, gh, after+1, func(id uint64, d keyshared.DeadLetter) bool {
 		d.Group = group
-		out = append(out, persistence.DeadLetterEntry{ID: id, DeadLetter: d})
+		out = append(out, keyshared.DeadLetterEntry{ID: id, DeadLetter: d})
 		return len(out) < limit
 	})
 	return out, err
 }
 
-// DeadLetter implements persistence.GroupStore.
-func (g *Groups) DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error) {
+// DeadLetter implements keyshared.Backend.
+func (g *Groups) DeadLetter(group string, id uint64) (keyshared.DeadLetterEntry, error) {
 	gh, err := g.known(group)
 	if err != nil {
-		return persistence.DeadLetterEntry{}, err
+		return keyshared.DeadLetterEntry{}, err
 	}
 	ctx, cancel := g.ctx()
 	defer cancel()
 	s, err := g.node.js.Stream(ctx, StreamDLQ)
 	if err != nil {
-		return persistence.DeadLetterEntry{}, err
+		return keyshared.DeadLetterEntry{}, err
 	}
 	m, err := s.GetMsg(ctx, id)
 	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Subject != dlqSubject(gh)) {
-		return persistence.DeadLetterEntry{}, fmt.Errorf("%w: %d in %q", persistence.ErrDeadLetterNotFound, id, group)
+		return keyshared.DeadLetterEntry{}, fmt.Errorf("%w: %d in %q", keyshared.ErrDeadLetterNotFound, id, group)
 	}
 	if err != nil {
-		return persistence.DeadLetterEntry{}, err
+		return keyshared.DeadLetterEntry{}, err
 	}
-	d, err := persistence.DecodeDeadLetter(m.Data)
+	d, _, err := keyshared.DecodeDeadLetter(m.Data, true)
 	if err != nil {
-		return persistence.DeadLetterEntry{}, err
+		return keyshared.DeadLetterEntry{}, err
 	}
 	d.Group = group
-	return persistence.DeadLetterEntry{ID: id, DeadLetter: d}, nil
+	return keyshared.DeadLetterEntry{ID: id, DeadLetter: d}, nil
 }
 
-// DeleteDeadLetter implements persistence.GroupStore.
+// DeleteDeadLetter implements keyshared.Backend.
 func (g *Groups) DeleteDeadLetter(group string, id uint64) error {
 	if _, err := g.DeadLetter(group, id); err != nil {
 		return err
@@ -140,7 +139,7 @@ func (g *Groups) DeleteDeadLetter(group string, id uint64) error {
 	return nil
 }
 
-// ReplayDeadLetter implements persistence.GroupStore: the message goes back
+// ReplayDeadLetter implements keyshared.Backend: the message goes back
 // at the log's tail (once: a retried replay has the same message id), then
 // the dead letter is deleted.
 func (g *Groups) ReplayDeadLetter(group string, id uint64) (uint64, error) {
@@ -156,7 +155,7 @@ func (g *Groups) ReplayDeadLetter(group string, id uint64) (uint64, error) {
 		err error
 	}
 	ch := make(chan res, 1)
-	g.appends.append(gh, m.Key, "replay-"+gh+"-"+strconv.FormatUint(id, 10), persistence.EncodeMessage(&m), func(off uint64, err error) {
+	g.appends.append(gh, m.Key, "replay-"+gh+"-"+strconv.FormatUint(id, 10), keyshared.EncodeMessage(&m), func(off uint64, err error) {
 		ch <- res{off, err}
 	})
 	r := <-ch
@@ -166,7 +165,7 @@ func (g *Groups) ReplayDeadLetter(group string, id uint64) (uint64, error) {
 	return r.off, g.DeleteDeadLetter(group, id)
 }
 
-// PurgeDeadLetters implements persistence.GroupStore.
+// PurgeDeadLetters implements keyshared.Backend.
 func (g *Groups) PurgeDeadLetters(group string) (int, error) {
 	gh, err := g.known(group)
 	if err != nil {

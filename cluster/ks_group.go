@@ -6,24 +6,20 @@ import (
 	"strings"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
-// Group is a cluster-wide Key-Shared group as one node's broker sees it:
-// the same methods as a keyshared.Dispatcher (members, acks, stats), whose
-// calls go to the group's one dispatcher wherever its lease holder runs.
-// Safe for concurrent use; Ack, Nack and Reject never wait.
+// Group is a cluster-wide Key-Shared group as one node's broker sees it
+// (keyshared.Group): members connected here, whose calls go to the group's
+// one dispatcher wherever its lease holder runs. Safe for concurrent use;
+// Ack, Nack, Reject and Route never wait.
 type Group struct{ ng *nodeGroup }
+
+var _ keyshared.Group = (*Group)(nil)
 
 // AddMember makes a client connected to this node a member (or updates
 // its options, as a re-subscribe does).
 func (gr *Group) AddMember(id string, o keyshared.MemberOptions) error {
-	return gr.AddMemberQoS(id, o, 1)
-}
-
-// AddMemberQoS is AddMember with the QoS granted to the member's
-// subscription (shown by the admin API).
-func (gr *Group) AddMemberQoS(id string, o keyshared.MemberOptions, qos byte) error {
+	qos := o.QoS
 	if id == "" {
 		return keyshared.ErrInvalidMember
 	}
@@ -113,16 +109,16 @@ func (gr *Group) Stats() keyshared.Stats {
 
 // Members returns every member of the group in the cluster, with its node,
 // sorted by id.
-func (gr *Group) Members() []MemberInfo {
+func (gr *Group) Members() []keyshared.MemberInfo {
 	r, _ := gr.ng.remoteStats()
-	slices.SortFunc(r.Members, func(a, b MemberInfo) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(r.Members, func(a, b keyshared.MemberInfo) int { return strings.Compare(a.ID, b.ID) })
 	return r.Members
 }
 
-// Holder returns the node holding the group's lease ("" while none does).
-func (gr *Group) Holder() string {
+// Holder returns the node holding the group's lease and whether one does.
+func (gr *Group) Holder() (string, bool) {
 	lv, _ := gr.ng.g.holderOf(gr.ng.gh)
-	return lv.node
+	return lv.node, lv.node != ""
 }
 
 // HeldHere reports whether this node holds the group's lease now by its own
@@ -138,16 +134,17 @@ func (gr *Group) States(ctx context.Context, offsets []uint64) ([]keyshared.Mess
 	return gr.ng.states(ctx, offsets)
 }
 
-// Route routes a QoS 0 message on the group's ring, at its holder.
-func (gr *Group) Route(m *keyshared.Message) {
+// Route routes a QoS 0 message on the group's ring, at its holder: the
+// member is known (and the outcome) only when the holder is this node.
+func (gr *Group) Route(m *keyshared.Message) (string, bool) {
 	ng := gr.ng
 	if h := ng.g.localHolder(ng.gh); h != nil {
-		h.r.Route(m)
-		return
+		return h.r.Route(m)
 	}
 	if _, ok := ng.g.holderOf(ng.gh); ok {
-		_ = ng.g.node.nc.Publish(holderSubject(ng.gh), append([]byte{reqQoS0}, persistence.EncodeMessage(m)...))
+		_ = ng.g.node.nc.Publish(holderSubject(ng.gh), append([]byte{reqQoS0}, keyshared.EncodeMessage(m)...))
 	}
+	return "", true
 }
 
 // RouterStats returns the QoS 0 routing figures of a holder on this node.

@@ -8,13 +8,13 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Key-Shared groups across nodes. A `$share/<share>/<filter>` group is one
@@ -63,7 +63,7 @@ func holderSubject(gh string) string { return subjHolder + gh }
 // GroupsConfig configures Key-Shared groups across nodes.
 type GroupsConfig struct {
 	// Settings returns a group's dispatcher and backlog settings.
-	Settings func(name string) (keyshared.Config, persistence.GroupConfig)
+	Settings func(name string) (keyshared.Config, keyshared.GroupConfig)
 	// LeaseTTL is how long a lease lives without renewal: it must exceed a
 	// NATS leader election (4-9 s) plus a renewal period. Default 15 s.
 	LeaseTTL time.Duration
@@ -105,25 +105,34 @@ func (c *GroupsConfig) withDefaults() GroupsConfig {
 		out.Logger = slog.New(slog.DiscardHandler)
 	}
 	if out.Settings == nil {
-		out.Settings = func(string) (keyshared.Config, persistence.GroupConfig) {
-			return keyshared.DefaultConfig(), persistence.GroupConfig{}
+		out.Settings = func(string) (keyshared.Config, keyshared.GroupConfig) {
+			return keyshared.DefaultConfig(), keyshared.GroupConfig{}
 		}
 	}
 	return out
 }
 
+// GroupsStats are a node's Key-Shared counters.
+type GroupsStats struct {
+	// AnswersDropped counts members' acks, nacks and rejects that reached a
+	// holder's dispatcher after it closed (see holder.answer).
+	AnswersDropped atomic.Uint64
+}
+
 // groupMeta is the value of m.<hash>.
 type groupMeta struct {
-	Name    string                  `json:"name"`
-	Config  persistence.GroupConfig `json:"config"`
-	Created time.Time               `json:"created"`
+	Name    string                `json:"name"`
+	Config  keyshared.GroupConfig `json:"config"`
+	Created time.Time             `json:"created"`
 }
 
 // Groups is a node's part in the cluster's Key-Shared groups: the store the
-// broker's hook appends to and administers through (persistence.GroupStore),
+// broker's hook appends to and administers through (keyshared.Backend),
 // the groups' node sides (Open), and the holders of the leases this node
 // won. Safe for concurrent use.
 type Groups struct {
+	Stats GroupsStats
+
 	node     *Node
 	cfg      GroupsConfig
 	log      *slog.Logger
@@ -169,22 +178,35 @@ func (n *Node) StartGroups(ctx context.Context, cfg GroupsConfig) (_ *Groups, er
 			g.Close()
 		}
 	}()
-	if g.kv, err = n.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket: BucketGroups, Description: "Keyline Key-Shared groups: names, leases, state",
-		History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas, LimitMarkerTTL: time.Second,
-	}); err != nil {
-		return nil, fmt.Errorf("cluster: bucket %s: %w", BucketGroups, err)
-	}
-	if err := n.createStream(ctx, jetstream.StreamConfig{
-		Name: StreamDLQ, Description: "Keyline Key-Shared dead letters", Subjects: []string{subjGroupDLQ + ">"},
-		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: n.replicas,
-		Duplicates: 2 * time.Minute, AllowDirect: true,
-	}); err != nil {
+	w := newStartWait(n.log)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		g.kv, errs[0] = n.ensureBucket(ctx, w, jetstream.KeyValueConfig{
+			Bucket: BucketGroups, Description: "Keyline Key-Shared groups: names, leases, state",
+			History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas, LimitMarkerTTL: time.Second,
+		})
+	}()
+	go func() {
+		defer wg.Done()
+		errs[1] = n.ensureStream(ctx, w, jetstream.StreamConfig{
+			Name: StreamDLQ, Description: "Keyline Key-Shared dead letters", Subjects: []string{subjGroupDLQ + ">"},
+			Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: n.replicas,
+			Duplicates: 2 * time.Minute, AllowDirect: true,
+		})
+	}()
+	wg.Wait()
+	if err := joinLine(errs...); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	// The watcher lives as long as the node's groups: not on ctx.
-	if g.watcher, err = g.kv.WatchFiltered(context.Background(), []string{"l.*", "m.*"}); err != nil {
-		return nil, fmt.Errorf("cluster: watch %s: %w", BucketGroups, err)
+	if err := n.retryStart(ctx, w, "a watcher of "+BucketGroups, func(context.Context) (err error) {
+		g.watcher, err = g.kv.WatchFiltered(context.Background(), []string{"l.*", "m.*"})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	for _, s := range []struct {
 		subj string

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // Requests to a holder (kl.k.<hash>), by first byte.
@@ -407,7 +406,7 @@ func (h *holder) onRequest(m *nats.Msg) {
 		data, _ := json.Marshal(sts)
 		_ = m.Respond(data)
 	case reqQoS0:
-		msg, err := persistence.DecodeMessage(m.Data[1:])
+		msg, err := keyshared.DecodeMessage(m.Data[1:], true)
 		if err == nil {
 			h.r.Route(&msg)
 		}
@@ -450,17 +449,9 @@ func (h *holder) applyUp(pipeID string, seq uint64, items []upItem) uint64 {
 			h.leave(it.member)
 		case upActive:
 			h.setActive(it.member, it.active)
-		case upAck:
-			if m, ok := h.adopt.answer(it.member, it.offset, true); ok {
-				_ = h.d.Ack(m, it.offset)
-			}
-		case upNack:
-			if m, ok := h.adopt.answer(it.member, it.offset, false); ok {
-				_ = h.d.Nack(m, it.offset, it.reason)
-			}
-		case upReject:
-			if m, ok := h.adopt.answer(it.member, it.offset, false); ok {
-				_ = h.d.Reject(m, it.offset, it.reason)
+		case upAck, upNack, upReject:
+			if m, ok := h.adopt.answer(it.member, it.offset, it.kind == upAck); ok {
+				h.answer(it.kind, m, it.offset, it.reason)
 			}
 		case upOutstanding:
 			h.adopt.outstanding(it.member, it.offset, it.key)
@@ -471,6 +462,39 @@ func (h *holder) applyUp(pipeID string, seq uint64, items []upItem) uint64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.mu.writeNo
+}
+
+// answer hands a member's ack (upAck), nack or reject to the dispatcher.
+// One that meets a dispatcher already closed (the holder is stopping: its
+// lease was lost or handed over) is dropped, counted and logged: the next
+// holder learns of an ack from the node's resync (nodeGroup.unsent keeps
+// it), and delivers a nacked or rejected message again.
+func (h *holder) answer(kind byte, member string, offset uint64, reason byte) {
+	var err error
+	switch kind {
+	case upAck:
+		err = h.d.Ack(member, offset)
+	case upNack:
+		err = h.d.Nack(member, offset, reason)
+	case upReject:
+		err = h.d.Reject(member, offset, reason)
+	}
+	if err == nil {
+		return
+	}
+	h.g.Stats.AnswersDropped.Add(1)
+	h.g.log.Info("key-shared: a member's answer reached a stopped dispatcher; the next holder settles the message",
+		"group", h.name, "member", member, "offset", offset, "answer", answerName(kind), "error", err)
+}
+
+func answerName(kind byte) string {
+	switch kind {
+	case upAck:
+		return "ack"
+	case upNack:
+		return "nack"
+	}
+	return "reject"
 }
 
 // finishResync removes the members a node no longer has and records that

@@ -5,7 +5,8 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
+
+	"github.com/keyline-mq/keyline/internal/wire"
 )
 
 // A holder's members: joins, leaves and activity from every node, the pipes down to
@@ -101,7 +102,7 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 		return
 	}
 	if reply[0] == replyWrongEpoch {
-		if d := (wdec{b: reply[1:]}); d.uvarint() > h.lease.epoch {
+		if d := wire.NewDecoder(reply[1:], errWire); d.Uvarint() > h.lease.epoch {
 			h.g.log.Warn("key-shared: a node knows a newer holder; this one stops", "group", h.name)
 			h.lease.lost.Store(true)
 		}
@@ -114,7 +115,7 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 			continue
 		}
 		if k < len(outcomes) && outcomes[k] == deliveryRefused {
-			_ = h.d.Nack(it.member, it.offset, 0)
+			h.answer(upNack, it.member, it.offset, 0)
 		}
 		k++
 	}
@@ -131,7 +132,7 @@ func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 	}
 	if adopted, ack := h.adopt.intercept(member, m.Offset); adopted {
 		if ack {
-			_ = h.d.Ack(member, m.Offset)
+			h.answer(upAck, member, m.Offset, 0)
 		}
 		return true
 	}
@@ -144,7 +145,7 @@ func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 		return ng != nil && ng.deliverLocal(member, m, attempt)
 	}
 	p := h.link(node)
-	return p != nil && p.push(downItem{kind: downDeliver, member: member, offset: m.Offset, attempt: uint32(attempt), msg: persistence.EncodeMessage(m)})
+	return p != nil && p.push(downItem{kind: downDeliver, member: member, offset: m.Offset, attempt: uint32(attempt), msg: keyshared.EncodeMessage(m)})
 }
 
 func (o holderOut) Revoke(member string, offset uint64) {
@@ -176,7 +177,7 @@ func (o routerOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return ng != nil && ng.deliverLocal(member, m, 0)
 	default:
 		p := h.link(node)
-		return p != nil && p.push(downItem{kind: downQoS0, member: member, offset: m.Offset, msg: persistence.EncodeMessage(m)})
+		return p != nil && p.push(downItem{kind: downQoS0, member: member, offset: m.Offset, msg: keyshared.EncodeMessage(m)})
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // groupLog is the keyshared.Log of a group on the node holding its lease:
@@ -139,7 +138,7 @@ func (l *groupLog) consume(it jetstream.MessagesContext) {
 		}
 		seq := md.Sequence.Stream
 		l.head.Store(max(l.head.Load(), seq+md.NumPending))
-		msg, derr := persistence.DecodeMessage(m.Data())
+		msg, derr := keyshared.DecodeMessage(m.Data(), true)
 		msg.Offset = seq
 		for {
 			l.mu.Lock()
@@ -279,7 +278,7 @@ func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
 	}
 	d.Group = l.name
 	id := "dl-" + l.gh + "-" + strconv.FormatUint(d.Message.Offset, 10)
-	seq, err := l.g.storeDeadLetter(l.gh, persistence.EncodeDeadLetter(&d), id)
+	seq, err := l.g.storeDeadLetter(l.gh, keyshared.AppendDeadLetter(nil, &d), id)
 	if err != nil {
 		return err
 	}
@@ -287,7 +286,11 @@ func (l *groupLog) DeadLetter(d keyshared.DeadLetter) error {
 	l.mu.pendingDL[d.Message.Offset] = seq
 	l.mu.maxDL = max(l.mu.maxDL, seq)
 	l.mu.Unlock()
-	if f := l.g.cfg.OnDeadLetter; f != nil {
+	// Published live by this node's side of the group (every node opens
+	// every group; one that has not yet is told through OnDeadLetter).
+	if ng := l.g.nodeGroupOf(l.gh); ng != nil {
+		ng.local.DeadLettered(d)
+	} else if f := l.g.cfg.OnDeadLetter; f != nil {
 		f(l.name, d)
 	}
 	return nil

@@ -12,7 +12,8 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
+
+	"github.com/keyline-mq/keyline/internal/wire"
 )
 
 // nodeGroup is a group's side on one node: the members connected here,
@@ -23,7 +24,7 @@ type nodeGroup struct {
 	g     *Groups
 	name  string
 	gh    string
-	local keyshared.Deliverer // writes to the members' connections
+	local keyshared.Output // writes to the members' connections; publishes dead letters
 
 	// applyMu orders down batches against a change of holder: a batch is
 	// applied (and its deliveries become outstanding) either before the
@@ -65,9 +66,11 @@ type localMember struct {
 	active bool
 }
 
-// Open returns the node side of group name, whose deliveries to members on
-// this node go through local. The group must exist (EnsureGroup).
-func (g *Groups) Open(name string, local keyshared.Deliverer) (*Group, error) {
+// Open implements keyshared.Backend: the node side of group name, whose
+// deliveries to members on this node go through local. The group must exist
+// (EnsureGroup). Its dispatcher runs on the node holding the group's lease,
+// configured by GroupsConfig.Settings there (cfg is not used).
+func (g *Groups) Open(name string, _ keyshared.Config, local keyshared.Output) (keyshared.Group, error) {
 	gh := groupHash(name)
 	g.mu.Lock()
 	if g.mu.stopped {
@@ -215,8 +218,8 @@ func (ng *nodeGroup) newUpPipe(epoch uint64) *pipe[upItem] {
 			}
 			return
 		}
-		d := wdec{b: reply[1:]}
-		no := d.uvarint()
+		d := wire.NewDecoder(reply[1:], errWire)
+		no := d.Uvarint()
 		if reply[0] != replyOK {
 			for _, it := range items {
 				ng.unsent(it)
@@ -293,6 +296,9 @@ func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt i
 		return true
 	}
 	ok := ng.local.Deliver(member, m, attempt)
+	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+		f.Flush() // no round here to wait for (keyshared.Output)
+	}
 	if !ok && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)
@@ -351,7 +357,7 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 		it := &b.items[i]
 		switch it.kind {
 		case downDeliver, downQoS0:
-			msg, err := persistence.DecodeMessage(it.msg)
+			msg, err := keyshared.DecodeMessage(it.msg, true)
 			if err != nil {
 				continue
 			}
@@ -418,17 +424,8 @@ func (ng *nodeGroup) close() {
 
 // statsReply is a holder's answer to a stats request.
 type statsReply struct {
-	Stats   keyshared.Stats `json:"stats"`
-	Members []MemberInfo    `json:"members"`
-}
-
-// MemberInfo is what the holder knows of a member.
-type MemberInfo struct {
-	ID         string   `json:"id"`
-	Node       string   `json:"node"`
-	QoS        byte     `json:"qos"`
-	KeyFilters []string `json:"key_filters,omitempty"`
-	Connected  bool     `json:"connected"`
+	Stats   keyshared.Stats        `json:"stats"`
+	Members []keyshared.MemberInfo `json:"members"`
 }
 
 func (h *holder) statsReply() []byte {
@@ -440,7 +437,7 @@ func (h *holder) stats() statsReply {
 	r := statsReply{Stats: h.d.Stats()}
 	h.mu.Lock()
 	for id, m := range h.mu.members {
-		r.Members = append(r.Members, MemberInfo{ID: id, Node: m.node, QoS: m.qos, KeyFilters: m.filters, Connected: m.active})
+		r.Members = append(r.Members, keyshared.MemberInfo{ID: id, Node: m.node, QoS: m.qos, KeyFilters: m.filters, Connected: m.active})
 	}
 	h.mu.Unlock()
 	return r

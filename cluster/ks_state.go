@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sort"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/wire"
 )
 
 // offsets is a set of log offsets kept as sorted, disjoint, non-adjacent
@@ -98,22 +100,22 @@ func decodeGroupState(buf []byte) (groupState, error) {
 	if len(buf) == 0 || buf[0] != stateVersion {
 		return st, fmt.Errorf("%w: group state version", errWire)
 	}
-	d := wdec{b: buf[1:]}
-	st.epoch, st.cursor, st.dropped, st.dlqSeq = d.uvarint(), d.uvarint(), d.uvarint(), d.uvarint()
-	if v := d.varint(); v != 0 {
+	d := wire.NewDecoder(buf[1:], errWire)
+	st.epoch, st.cursor, st.dropped, st.dlqSeq = d.Uvarint(), d.Uvarint(), d.Uvarint(), d.Uvarint()
+	if v := d.Varint(); v != 0 {
 		st.lastSeen = time.Unix(0, v)
 	}
-	st.members = int(min(d.uvarint(), 1<<31))
+	st.members = int(min(d.Uvarint(), 1<<31))
 	prev := st.cursor
-	for range d.count() {
-		first := prev + d.uvarint()
-		last := first + d.uvarint()
-		if d.err != nil || first <= prev || last < first {
-			d.fail("resolved range")
+	for range d.Count() {
+		first := prev + d.Uvarint()
+		last := first + d.Uvarint()
+		if d.Err() != nil || first <= prev || last < first {
+			d.Fail("resolved range")
 			break
 		}
 		st.resolved.r = append(st.resolved.r, [2]uint64{first, last})
 		prev = last
 	}
-	return st, d.done()
+	return st, d.Done()
 }

@@ -14,59 +14,78 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
-var _ persistence.GroupStore = (*Groups)(nil)
+var _ keyshared.Backend = (*Groups)(nil)
 
 // known returns the hash of a group that exists.
+func (g *Groups) config(gh string) keyshared.GroupConfig {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.mu.metas[gh].Config
+}
+
 func (g *Groups) known(name string) (string, error) {
 	if _, err := share.Parse(name); err != nil {
-		return "", fmt.Errorf("%w: %w", persistence.ErrBadGroupName, err)
+		return "", fmt.Errorf("%w: %w", keyshared.ErrBadGroupName, err)
 	}
 	gh := groupHash(name)
 	g.mu.Lock()
 	_, ok := g.mu.metas[gh]
 	g.mu.Unlock()
 	if !ok {
-		return "", fmt.Errorf("%w: %q", persistence.ErrGroupNotFound, name)
+		return "", fmt.Errorf("%w: %q", keyshared.ErrGroupNotFound, name)
 	}
 	return gh, nil
 }
 
-func streamConfig(gh string, cfg persistence.GroupConfig, replicas int) jetstream.StreamConfig {
+// streamConfig is the stream of a group's log. The backlog rule
+// (GroupConfig.Limits, package internal/backlog) becomes its limits, which
+// JetStream enforces on what the stream holds: the holder purges what is
+// resolved below the cursor, so what it holds is the unresolved backlog
+// (plus resolved messages above the cursor until the cursor passes them).
+// reject is DiscardNew, drop-oldest DiscardOld; a message larger than
+// MaxBytes is refused before it is sent (Groups.AppendMultiAsync).
+func streamConfig(gh string, cfg keyshared.GroupConfig, replicas int) jetstream.StreamConfig {
+	lim := cfg.Limits()
 	sc := jetstream.StreamConfig{
 		Name: groupStream(gh), Description: "Keyline Key-Shared group log", Subjects: []string{groupSubject(gh)},
 		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: replicas,
 		Duplicates: 2 * time.Minute, AllowDirect: true, MaxMsgs: -1, MaxBytes: -1, Discard: jetstream.DiscardNew,
 	}
-	if cfg.MaxMessages > 0 {
-		sc.MaxMsgs = int64(min(cfg.MaxMessages, 1<<62))
+	if lim.MaxMessages > 0 {
+		sc.MaxMsgs = int64(min(lim.MaxMessages, 1<<62))
 	}
-	if cfg.MaxBytes > 0 {
-		sc.MaxBytes = int64(min(cfg.MaxBytes, 1<<62))
+	if lim.MaxBytes > 0 {
+		sc.MaxBytes = int64(min(lim.MaxBytes, 1<<62))
 	}
-	if cfg.Policy == persistence.PolicyDropOldest {
+	if lim.DropOldest {
 		sc.Discard = jetstream.DiscardOld
 	}
 	return sc
 }
 
-// EnsureGroup implements persistence.GroupStore: the group's meta in
+// EnsureGroup implements keyshared.Backend: the group's meta in
 // KL_GROUPS and its log stream, with the backlog limits as stream limits
 // (reject: DiscardNew; drop-oldest: DiscardOld).
-func (g *Groups) EnsureGroup(name string, cfg persistence.GroupConfig) (bool, error) {
+func (g *Groups) EnsureGroup(name string, cfg keyshared.GroupConfig) (bool, error) {
 	if _, err := share.Parse(name); err != nil {
-		return false, fmt.Errorf("%w: %w", persistence.ErrBadGroupName, err)
+		return false, fmt.Errorf("%w: %w", keyshared.ErrBadGroupName, err)
 	}
 	if err := cfg.Validate(); err != nil {
 		return false, err
 	}
 	gh := groupHash(name)
+	g.mu.Lock()
+	known, ok := g.mu.metas[gh]
+	g.mu.Unlock()
+	if ok && known.Name == name && known.Config == cfg {
+		return false, nil // as the watch of KL_GROUPS shows it: nothing to change
+	}
 	ctx, cancel := g.ctx()
 	defer cancel()
 	// The stream first: a node that sees the meta may start the holder.
-	if _, err := g.node.js.CreateOrUpdateStream(ctx, streamConfig(gh, cfg, g.node.replicas)); err != nil {
+	if err := g.node.ensureStream(ctx, newStartWait(g.log), streamConfig(gh, cfg, g.node.replicas)); err != nil {
 		return false, fmt.Errorf("cluster: group %s: log stream: %w", name, err)
 	}
 	meta := groupMeta{Name: name, Config: cfg, Created: time.Now().UTC()}
@@ -102,7 +121,7 @@ func (g *Groups) EnsureGroup(name string, cfg persistence.GroupConfig) (bool, er
 	return created, nil
 }
 
-// DeleteGroup implements persistence.GroupStore: its log, state, lease,
+// DeleteGroup implements keyshared.Backend: its log, state, lease,
 // meta and dead letters go; its holder stops when it sees the meta go.
 func (g *Groups) DeleteGroup(name string) error {
 	gh, err := g.known(name)
@@ -136,24 +155,24 @@ func (g *Groups) DeleteGroup(name string) error {
 	return errors.Join(errs...)
 }
 
-// Group implements persistence.GroupStore.
-func (g *Groups) Group(name string) (persistence.GroupInfo, error) {
+// Group implements keyshared.Backend.
+func (g *Groups) Group(name string) (keyshared.GroupInfo, error) {
 	gh, err := g.known(name)
 	if err != nil {
-		return persistence.GroupInfo{}, err
+		return keyshared.GroupInfo{}, err
 	}
 	return g.info(gh)
 }
 
-// Groups implements persistence.GroupStore.
-func (g *Groups) Groups() ([]persistence.GroupInfo, error) {
+// Groups implements keyshared.Backend.
+func (g *Groups) Groups() ([]keyshared.GroupInfo, error) {
 	g.mu.Lock()
 	ghs := make([]string, 0, len(g.mu.metas))
 	for gh := range g.mu.metas {
 		ghs = append(ghs, gh)
 	}
 	g.mu.Unlock()
-	out := make([]persistence.GroupInfo, len(ghs))
+	out := make([]keyshared.GroupInfo, len(ghs))
 	errs := make([]error, len(ghs))
 	var wg sync.WaitGroup
 	for i, gh := range ghs {
@@ -168,30 +187,30 @@ func (g *Groups) Groups() ([]persistence.GroupInfo, error) {
 	for i, gi := range out {
 		if errs[i] == nil {
 			kept = append(kept, gi)
-		} else if !errors.Is(errs[i], persistence.ErrGroupNotFound) {
+		} else if !errors.Is(errs[i], keyshared.ErrGroupNotFound) {
 			return nil, errs[i]
 		}
 	}
-	slices.SortFunc(kept, func(a, b persistence.GroupInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(kept, func(a, b keyshared.GroupInfo) int { return strings.Compare(a.Name, b.Name) })
 	return kept, nil
 }
 
 // info reads a group's figures: its meta, log stream, replicated state and
 // dead-letter count.
-func (g *Groups) info(gh string) (persistence.GroupInfo, error) {
+func (g *Groups) info(gh string) (keyshared.GroupInfo, error) {
 	g.mu.Lock()
 	meta, ok := g.mu.metas[gh]
 	g.mu.Unlock()
 	if !ok {
-		return persistence.GroupInfo{}, persistence.ErrGroupNotFound
+		return keyshared.GroupInfo{}, keyshared.ErrGroupNotFound
 	}
 	n, _ := share.Parse(meta.Name)
-	gi := persistence.GroupInfo{Name: meta.Name, Share: n.Share, Filter: n.Filter, Created: meta.Created, Config: meta.Config}
+	gi := keyshared.GroupInfo{Name: meta.Name, Share: n.Share, Filter: n.Filter, Created: meta.Created, Config: meta.Config}
 	ctx, cancel := g.ctx()
 	defer cancel()
 	s, err := g.node.js.Stream(ctx, groupStream(gh))
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return gi, fmt.Errorf("%w: %q", persistence.ErrGroupNotFound, meta.Name)
+		return gi, fmt.Errorf("%w: %q", keyshared.ErrGroupNotFound, meta.Name)
 	}
 	if err != nil {
 		return gi, fmt.Errorf("cluster: group %s: %w", meta.Name, err)
@@ -228,46 +247,35 @@ func (g *Groups) loadStateOnly(ctx context.Context, gh string) (groupState, erro
 	return decodeGroupState(e.Value())
 }
 
-// Log implements persistence.GroupStore with a read-only view of the
-// group's log (the admin API's pending messages); only its holder
-// resolves.
-func (g *Groups) Log(name string) (keyshared.Log, error) {
+// Pending implements keyshared.Backend: a read of the group's stream from
+// any node, skipping what the replicated state says is resolved.
+func (g *Groups) Pending(name string, from uint64, limit int) ([]keyshared.Message, error) {
 	gh, err := g.known(name)
 	if err != nil {
 		return nil, err
 	}
-	return &viewLog{g: g, gh: gh}, nil
+	return (&viewLog{g: g, gh: gh}).ReadFrom(from, limit, nil)
 }
 
-// Append implements persistence.GroupStore.
-func (g *Groups) Append(group string, m keyshared.Message) (uint64, error) {
-	rs := g.AppendMulti([]string{group}, m)
-	return rs[0].Offset, rs[0].Err
-}
-
-// AppendAsync implements persistence.GroupStore.
-func (g *Groups) AppendAsync(group string, m keyshared.Message, done func(uint64, error)) {
-	g.AppendMultiAsync([]string{group}, m, func(rs []persistence.AppendResult) { done(rs[0].Offset, rs[0].Err) })
-}
-
-// AppendMulti implements persistence.GroupStore.
-func (g *Groups) AppendMulti(groups []string, m keyshared.Message) []persistence.AppendResult {
-	ch := make(chan []persistence.AppendResult, 1)
-	g.AppendMultiAsync(groups, m, func(rs []persistence.AppendResult) { ch <- rs })
-	return <-ch
-}
-
-// AppendMultiAsync implements persistence.GroupStore: the message goes to
-// each group's log; done runs once all answered, on a goroutine of the
-// appender (callbacks of different publishes may run concurrently).
-func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]persistence.AppendResult)) {
-	data := persistence.EncodeMessage(&m)
-	rs := make([]persistence.AppendResult, len(groups))
+// AppendMultiAsync implements keyshared.Backend: the message goes to each
+// group's log; done runs once all answered, on a goroutine of the appender
+// (callbacks of different publishes may run concurrently; per group and
+// routing key one append is in flight, so those complete in order). The
+// backlog rule's size check comes first; its counts are the stream's
+// limits (streamConfig).
+func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]keyshared.AppendResult)) {
+	data := keyshared.EncodeMessage(&m)
+	rs := make([]keyshared.AppendResult, len(groups))
 	var mu sync.Mutex
 	left := len(groups)
 	for i, name := range groups {
 		rs[i].Group = name
 		gh, err := g.known(name)
+		if err == nil {
+			if lim := g.config(gh).Limits(); lim.TooLarge(uint64(len(data))) {
+				err = fmt.Errorf("%w: group %q: message of %d bytes exceeds the limit of %d bytes", keyshared.ErrBacklogFull, name, len(data), lim.MaxBytes)
+			}
+		}
 		if err != nil {
 			rs[i].Err = err
 			mu.Lock()
@@ -292,15 +300,7 @@ func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done fun
 	}
 }
 
-// OnAppend implements persistence.GroupStore; holders learn of appends
-// from their stream, so nothing is called.
-func (g *Groups) OnAppend(func(group string, head uint64)) {}
-
-// MembersChanged implements persistence.GroupStore; members are counted
-// cluster-wide by the group's holder.
-func (g *Groups) MembersChanged(string, int, time.Time) error { return nil }
-
-// SweepIdle implements persistence.GroupStore for the groups this node
+// SweepIdle implements keyshared.Backend for the groups this node
 // holds: without members for ttl, with nothing unresolved and no dead
 // letter, they are deleted.
 func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
@@ -314,7 +314,7 @@ func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	var errs []error
 	for _, h := range held {
 		h.mu.Lock()
-		idle := len(h.mu.members) == 0 && now.Sub(h.mu.lastSeen) >= ttl
+		idle := len(h.mu.members) == 0 && now.Sub(h.mu.lastSeen) >= ttl && !strings.HasPrefix(h.name, share.InternalPrefix)
 		h.mu.Unlock()
 		if !idle {
 			continue
@@ -332,7 +332,12 @@ func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	return swept, errors.Join(errs...)
 }
 
-// Flush implements persistence.GroupStore: it waits for the appends made so far.
+// OnCommitted implements keyshared.Backend: a no-op reporting false, as
+// JetStream acknowledges each append on its own (no commit of several to
+// tell the end of).
+func (g *Groups) OnCommitted(func()) bool { return false }
+
+// Flush implements keyshared.Backend: it waits for the appends made so far.
 func (g *Groups) Flush() error {
 	g.appends.flush()
 	return nil
@@ -367,7 +372,7 @@ func (l *viewLog) ReadFrom(from uint64, limit int, buf []keyshared.Message) ([]k
 		if m.Sequence <= st.cursor || st.resolved.contains(m.Sequence) {
 			continue
 		}
-		msg, err := persistence.DecodeMessage(m.Data)
+		msg, err := keyshared.DecodeMessage(m.Data, true)
 		if err != nil {
 			continue
 		}

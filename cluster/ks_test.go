@@ -12,7 +12,6 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/natstest"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // keyLog records the deliveries of every node's members, per key, in the
@@ -27,7 +26,7 @@ type keyLog struct {
 // from another goroutine, as a client's PUBACK arrives.
 type fakeMembers struct {
 	t     *testing.T
-	grp   func() *Group
+	grp   func() keyshared.Group
 	acks  chan delivery
 	log   *keyLog
 	mu    sync.Mutex
@@ -69,6 +68,8 @@ func (f *fakeMembers) Deliver(member string, m *keyshared.Message, _ int) bool {
 
 func (f *fakeMembers) Revoke(string, uint64) {}
 
+func (f *fakeMembers) DeadLettered(keyshared.DeadLetter) {}
+
 func startGroupsNode(t *testing.T, urls []string, id string) (*Node, *Groups) {
 	t.Helper()
 	n, _ := startNode(t, urls, id)
@@ -89,29 +90,29 @@ func TestGroupsAcrossNodes(t *testing.T) {
 	const name = "billing/orders/#"
 	var gs []*Groups
 	var fms []*fakeMembers
-	var grps []*Group
+	var grps []keyshared.Group
 	log := &keyLog{got: map[string][]int{}}
 	for i := range 3 {
 		_, g := startGroupsNode(t, urls[i:i+1], fmt.Sprintf("node-%c", 'a'+i))
 		gs = append(gs, g)
 	}
-	if _, err := gs[0].EnsureGroup(name, persistence.GroupConfig{}); err != nil {
+	if _, err := gs[0].EnsureGroup(name, keyshared.GroupConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	for i, g := range gs {
 		fm := newFakeMembers(t, log)
 		eventually(t, 10*time.Second, "the group to be known", func() bool { _, err := g.known(name); return err == nil })
-		grp, err := g.Open(name, fm)
+		grp, err := g.Open(name, keyshared.Config{}, fm)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fm.grp = func() *Group { return grp }
+		fm.grp = func() keyshared.Group { return grp }
 		fms, grps = append(fms, fm), append(grps, grp)
 		if err := grp.AddMember(fmt.Sprintf("m-%d", i), keyshared.MemberOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, 15*time.Second, "a holder", func() bool { return grps[0].Holder() != "" })
+	eventually(t, 15*time.Second, "a holder", func() bool { _, ok := grps[0].Holder(); return ok })
 	const keys, perKey = 50, 20
 	for s := range perKey {
 		var wg sync.WaitGroup
@@ -119,9 +120,9 @@ func TestGroupsAcrossNodes(t *testing.T) {
 			wg.Add(1)
 			key := fmt.Sprintf("k%03d", k)
 			m := keyshared.Message{Key: key, Topic: "orders/x", QoS: 1, Payload: fmt.Appendf(nil, "%s:%d", key, s), PublishedAt: time.Now()}
-			gs[k%3].AppendAsync(name, m, func(_ uint64, err error) {
-				if err != nil {
-					t.Error(err)
+			gs[k%3].AppendMultiAsync([]string{name}, m, func(rs []keyshared.AppendResult) {
+				if rs[0].Err != nil {
+					t.Error(rs[0].Err)
 				}
 				wg.Done()
 			})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -200,5 +201,42 @@ func TestPipeRetriesInOrder(t *testing.T) {
 	}
 	if seqs[0] != 1 || seqs[1] != 1 || seqs[2] != 1 {
 		t.Fatalf("a retried batch must keep its number: %v", seqs)
+	}
+}
+
+// emptyLog is a keyshared.Log that holds nothing.
+type emptyLog struct{}
+
+func (emptyLog) ReadFrom(_ uint64, _ int, buf []keyshared.Message) ([]keyshared.Message, error) {
+	return buf, nil
+}
+func (emptyLog) Head() uint64                          { return 0 }
+func (emptyLog) LoadCursor() (uint64, error)           { return 0, nil }
+func (emptyLog) Resolve([]uint64)                      {}
+func (emptyLog) DeadLetter(keyshared.DeadLetter) error { return nil }
+
+type nopOut struct{}
+
+func (nopOut) Deliver(string, *keyshared.Message, int) bool { return false }
+func (nopOut) Revoke(string, uint64)                        {}
+
+// TestHolderCountsDroppedAnswers: a member's answer that reaches a holder
+// whose dispatcher closed (lease lost, handed over) is counted, not
+// silently dropped.
+func TestHolderCountsDroppedAnswers(t *testing.T) {
+	d, err := keyshared.New(keyshared.DefaultConfig(), emptyLog{}, nopOut{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	g := &Groups{log: slog.New(slog.DiscardHandler)}
+	h := &holder{g: g, name: "g/x", d: d}
+	h.answer(upAck, "m", 1, 0)
+	h.answer(upNack, "m", 2, 0x80)
+	h.answer(upReject, "m", 3, 0x99)
+	if n := g.Stats.AnswersDropped.Load(); n != 3 {
+		t.Fatalf("dropped answers counted %d, want 3", n)
 	}
 }

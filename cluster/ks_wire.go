@@ -3,7 +3,8 @@ package cluster
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
+
+	"github.com/keyline-mq/keyline/internal/wire"
 )
 
 // The wire format of Key-Shared traffic between nodes. Two kinds of batch
@@ -82,7 +83,7 @@ type downItem struct {
 	member  string
 	offset  uint64
 	attempt uint32
-	msg     []byte // encoded message (persistence.EncodeMessage), deliver and qos0
+	msg     []byte // encoded message (keyshared.EncodeMessage), deliver and qos0
 }
 
 type downBatch struct {
@@ -132,42 +133,42 @@ func (b *upBatch) encode() []byte {
 }
 
 func decodeUpBatch(buf []byte) (upBatch, error) {
-	d := wdec{b: buf}
+	d := wire.NewDecoder(buf, errWire)
 	var b upBatch
-	b.epoch = d.uvarint()
-	b.node = d.str()
-	b.seq = d.uvarint()
-	n := d.count()
+	b.epoch = d.Uvarint()
+	b.node = d.String()
+	b.seq = d.Uvarint()
+	n := d.Count()
 	for range n {
-		it := upItem{kind: d.byte()}
-		it.member = d.str()
+		it := upItem{kind: d.Byte()}
+		it.member = d.String()
 		switch it.kind {
 		case upJoin:
-			it.qos = d.byte()
-			it.recvMax = uint32(min(d.uvarint(), 1<<32-1))
-			for range d.count() {
-				it.filters = append(it.filters, d.str())
+			it.qos = d.Byte()
+			it.recvMax = uint32(min(d.Uvarint(), 1<<32-1))
+			for range d.Count() {
+				it.filters = append(it.filters, d.String())
 			}
 		case upActive:
-			it.active = d.byte() == 1
+			it.active = d.Byte() == 1
 		case upAck, upAcked:
-			it.offset = d.uvarint()
+			it.offset = d.Uvarint()
 		case upNack, upReject:
-			it.offset = d.uvarint()
-			it.reason = d.byte()
+			it.offset = d.Uvarint()
+			it.reason = d.Byte()
 		case upOutstanding:
-			it.offset = d.uvarint()
-			it.key = d.str()
+			it.offset = d.Uvarint()
+			it.key = d.String()
 		case upLeave, upResync:
 		default:
-			d.fail("up item kind")
+			d.Fail("up item kind")
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			break
 		}
 		b.items = append(b.items, it)
 	}
-	return b, d.done()
+	return b, d.Done()
 }
 
 func (b *downBatch) encode() []byte {
@@ -196,30 +197,30 @@ func (b *downBatch) encode() []byte {
 }
 
 func decodeDownBatch(buf []byte) (downBatch, error) {
-	d := wdec{b: buf}
+	d := wire.NewDecoder(buf, errWire)
 	var b downBatch
-	b.group = d.str()
-	b.node = d.str()
-	b.epoch = d.uvarint()
-	b.seq = d.uvarint()
-	for range d.count() {
-		it := downItem{kind: d.byte()}
-		it.member = d.str()
-		it.offset = d.uvarint()
+	b.group = d.String()
+	b.node = d.String()
+	b.epoch = d.Uvarint()
+	b.seq = d.Uvarint()
+	for range d.Count() {
+		it := downItem{kind: d.Byte()}
+		it.member = d.String()
+		it.offset = d.Uvarint()
 		switch it.kind {
 		case downDeliver, downQoS0:
-			it.attempt = uint32(min(d.uvarint(), 1<<32-1))
-			it.msg = d.bytes()
+			it.attempt = uint32(min(d.Uvarint(), 1<<32-1))
+			it.msg = d.Bytes()
 		case downRevoke:
 		default:
-			d.fail("down item kind")
+			d.Fail("down item kind")
 		}
-		if d.err != nil {
+		if d.Err() != nil {
 			break
 		}
 		b.items = append(b.items, it)
 	}
-	return b, d.done()
+	return b, d.Done()
 }
 
 func boolByte(v bool) byte {
@@ -227,71 +228,4 @@ func boolByte(v bool) byte {
 		return 1
 	}
 	return 0
-}
-
-// wdec decodes the wire format; the first error sticks (and empties it).
-type wdec struct {
-	b   []byte
-	err error
-}
-
-func (d *wdec) fail(what string) {
-	if d.err == nil {
-		d.err = fmt.Errorf("%w: %s", errWire, what)
-	}
-	d.b = nil
-}
-
-// take returns the next n bytes (capped: an append copies), or fails.
-func (d *wdec) take(n uint64, what string) []byte {
-	if d.err != nil || n > uint64(len(d.b)) {
-		d.fail(what)
-		return nil
-	}
-	v := d.b[:n:n]
-	d.b = d.b[n:]
-	return v
-}
-
-func (d *wdec) byte() byte {
-	if v := d.take(1, "short"); v != nil {
-		return v[0]
-	}
-	return 0
-}
-
-func (d *wdec) uvarint() uint64 {
-	v, n := binary.Uvarint(d.b)
-	if n <= 0 {
-		d.fail("varint")
-	}
-	d.take(uint64(max(n, 0)), "varint")
-	return v
-}
-
-// varint reads binary.AppendVarint's zig-zag encoding.
-func (d *wdec) varint() int64 {
-	u := d.uvarint()
-	return int64(u>>1) ^ -int64(u&1)
-}
-
-// count reads a count of items, each of which takes at least one byte.
-func (d *wdec) count() int {
-	n := d.uvarint()
-	if n > uint64(len(d.b)) {
-		d.fail("count")
-		return 0
-	}
-	return int(n)
-}
-
-func (d *wdec) bytes() []byte { return d.take(d.uvarint(), "length") }
-
-func (d *wdec) str() string { return string(d.bytes()) }
-
-func (d *wdec) done() error {
-	if d.err == nil && len(d.b) > 0 {
-		d.fail("trailing bytes")
-	}
-	return d.err
 }

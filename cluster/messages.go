@@ -129,19 +129,14 @@ func (n *Node) readQueued(it jetstream.MessagesContext) {
 func (n *Node) QueuedPosition() uint64 { return n.queuedPos.Load() }
 
 // startRetained tails KL_RETAINED from the last message of every subject;
-// retainedOK closes once the tail was reached.
+// retainedOK closes once the tail was reached. Nothing of a failed try is
+// left running: Start tries again.
 func (n *Node) startRetained(ctx context.Context) error {
 	st, err := n.js.Stream(ctx, StreamRetained)
 	if err != nil {
-		return fmt.Errorf("cluster: retained stream: %w", err)
+		return fmt.Errorf("retained stream: %w", err)
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("cluster: retained stream: %w", err)
-	}
-	if info.State.Msgs == 0 {
-		close(n.retainedOK)
-	}
+	empty := st.CachedInfo().State.Msgs == 0
 	cons, err := n.js.OrderedConsumer(ctx, StreamRetained, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverAllPolicy, // one message per subject: the last
 		FilterSubjects: []string{
@@ -149,16 +144,18 @@ func (n *Node) startRetained(ctx context.Context) error {
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("cluster: retained consumer: %w", err)
+		return fmt.Errorf("retained consumer: %w", err)
 	}
 	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
 	if err != nil {
-		return fmt.Errorf("cluster: retained consumer: %w", err)
+		return fmt.Errorf("retained consumer: %w", err)
 	}
 	if !n.trackIterator(it) {
 		return ErrNotReady
 	}
-	loaded := info.State.Msgs == 0
+	if empty {
+		n.retainedLoaded()
+	}
 	n.goFunc(func() {
 		for {
 			m, err := it.Next()
@@ -178,14 +175,16 @@ func (n *Node) startRetained(ctx context.Context) error {
 				continue
 			}
 			n.retainedPos.Store(md.Sequence.Stream)
-			if !loaded && md.NumPending == 0 {
-				loaded = true
-				close(n.retainedOK)
+			if md.NumPending == 0 {
+				n.retainedLoaded()
 			}
 		}
 	})
 	return nil
 }
+
+// retainedLoaded marks the retained stream as read up to its tail.
+func (n *Node) retainedLoaded() { n.retainedOnce.Do(func() { close(n.retainedOK) }) }
 
 // CatchUpRetained waits until every retained message stored anywhere in the
 // cluster before the call has been handed to Handler.Retained, or ctx ends:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -85,6 +86,7 @@ type Node struct {
 	queuedPos    atomic.Uint64 // highest KL_MSGS sequence handed to Handler.Message
 	retainedPos  atomic.Uint64 // highest KL_RETAINED sequence handed to Handler.Retained
 	retainedOK   chan struct{} // closed once the retained stream has been read up to its tail
+	retainedOnce sync.Once
 	lastJSOK     atomic.Int64  // unix nanos of the last successful JetStream call
 	connGen      atomic.Uint64 // bumped on every NATS disconnection
 	onReconnect  atomic.Pointer[func()]
@@ -100,8 +102,11 @@ type Node struct {
 func NodeHash(nodeID string) string { return hashToken(nodeID) }
 
 // Start connects to NATS, makes sure the streams and the bucket exist,
-// loads the retained messages and starts delivering to h. On error nothing
-// is left running.
+// loads the retained messages and starts delivering to h. It waits for
+// NATS and JetStream as long as ctx lets it (see ensure.go): a node may
+// start before the NATS servers, with them, or while they elect leaders.
+// On error nothing is left running, and the error names what never became
+// available.
 func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -119,20 +124,37 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	defer func() {
 		if err != nil {
 			n.Close()
+			err = fmt.Errorf("cluster: node %s not started: %w", cfg.NodeID, err)
 		}
 	}()
+	// One connection for the node's life; until a server answers it keeps
+	// trying in the background.
 	if n.nc, err = nats.Connect(strings.Join(cfg.URLs, ","), n.natsOptions()...); err != nil {
-		return nil, fmt.Errorf("cluster: connect to NATS %s: %w", strings.Join(cfg.URLs, ","), err)
+		return nil, fmt.Errorf("connect to NATS %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
 	if n.js, err = jetstream.New(n.nc, jetstream.WithDefaultTimeout(cfg.RequestTimeout)); err != nil {
-		return nil, fmt.Errorf("cluster: jetstream: %w", err)
+		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	if err := n.ensureStorage(ctx); err != nil {
+	w := newStartWait(n.log)
+	if err := n.waitConnected(ctx, w); err != nil {
+		return nil, err
+	}
+	n.replicas = cfg.Replicas
+	if n.nc.ConnectedClusterName() == "" && n.replicas > 1 {
+		// A NATS server without a cluster holds one replica; a NATS cluster
+		// one server short holds as many as asked once that server is up.
+		n.log.Warn("the NATS server is not part of a cluster: keyline's streams get one replica", "asked", cfg.Replicas)
+		n.replicas = 1
+	}
+	if err := n.ensureStorage(ctx, w); err != nil {
 		return nil, err
 	}
 	n.lastJSOK.Store(time.Now().UnixNano())
-	last, err := n.LastSequence(ctx)
-	if err != nil {
+	var last uint64
+	if err := n.retryStart(ctx, w, "the last sequence of "+StreamMessages, func(ctx context.Context) (err error) {
+		last, err = n.LastSequence(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	n.queuedPos.Store(last) // a node starts with no sessions: older messages are not for it
@@ -143,25 +165,33 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	}{{subjRelease + NodeHash(cfg.NodeID), n.onRelease}, {subjAnnounce, n.onAnnounce}, {subjStats + "*", n.onStats}} {
 		sub, err := n.nc.Subscribe(s.subj, s.cb)
 		if err != nil {
-			return nil, fmt.Errorf("cluster: subscribe %s: %w", s.subj, err)
+			return nil, fmt.Errorf("subscribe %s: %w", s.subj, err)
 		}
 		n.subs = append(n.subs, sub)
 	}
-	if err := n.nc.FlushTimeout(n.cfg.RequestTimeout); err != nil {
-		return nil, fmt.Errorf("cluster: flush: %w", err)
+	if err := n.retryStart(ctx, w, "the node's subscriptions to reach NATS", func(ctx context.Context) error {
+		return n.nc.FlushWithContext(ctx)
+	}); err != nil {
+		return nil, err
 	}
 	n.goFunc(n.coreLoop)
 	n.goFunc(n.queuedLoop)
 	n.goFunc(n.probeLoop)
-	if err := n.startRetained(ctx); err != nil {
+	if err := n.retryStart(ctx, w, "a reader of "+StreamRetained, n.startRetained); err != nil {
 		return nil, err
 	}
-	select {
-	case <-n.retainedOK:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("cluster: loading retained messages: %w", ctx.Err())
+	if err := n.retryStart(ctx, w, "the retained messages", func(ctx context.Context) error {
+		select {
+		case <-n.retainedOK:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("loading them from %s: %w", StreamRetained, ctx.Err())
+		}
+	}); err != nil {
+		return nil, err
 	}
-	n.log.Info("joined cluster", "node", cfg.NodeID, "nats", n.nc.ConnectedUrlRedacted(), "replicas", n.replicas)
+	n.log.Info("joined cluster", "nats", n.nc.ConnectedUrlRedacted(), "replicas", n.replicas,
+		"took", time.Since(w.begin).Round(time.Millisecond))
 	return n, nil
 }
 
@@ -178,6 +208,7 @@ func (n *Node) natsOptions() []nats.Option {
 		nats.Name("keyline " + n.cfg.NodeID),
 		nats.NoEcho(), // the publishing node delivers locally itself
 		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), // a node may start before NATS (see ensure.go)
 		nats.ReconnectWait(100 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.Timeout(n.cfg.RequestTimeout),
@@ -215,9 +246,9 @@ func (n *Node) natsOptions() []nats.Option {
 	return opts
 }
 
-// ensureStorage creates or updates the streams and the bucket, with as many
-// replicas as the NATS cluster can hold, up to cfg.Replicas.
-func (n *Node) ensureStorage(ctx context.Context) error {
+// ensureStorage makes the streams and the bucket, all at once, with
+// n.replicas replicas.
+func (n *Node) ensureStorage(ctx context.Context, w *startWait) error {
 	msgs := jetstream.StreamConfig{
 		Name:        StreamMessages,
 		Description: "Keyline QoS 1/2 messages",
@@ -227,6 +258,7 @@ func (n *Node) ensureStorage(ctx context.Context) error {
 		MaxBytes:    n.cfg.QueueMaxBytes,
 		Discard:     jetstream.DiscardOld,
 		Storage:     jetstream.FileStorage,
+		Replicas:    n.replicas,
 		Duplicates:  2 * time.Minute,
 		AllowDirect: true,
 	}
@@ -238,62 +270,56 @@ func (n *Node) ensureStorage(ctx context.Context) error {
 		MaxMsgsPerSubject: 1,
 		Discard:           jetstream.DiscardOld,
 		Storage:           jetstream.FileStorage,
+		Replicas:          n.replicas,
 		Duplicates:        2 * time.Minute,
 		AllowDirect:       true,
 	}
-	for r := n.cfg.Replicas; r >= 1; r-- {
-		msgs.Replicas, retained.Replicas = r, r
-		err := n.createStream(ctx, msgs)
-		if err == nil {
-			err = n.createStream(ctx, retained)
-		}
-		if err == nil {
-			kv, kerr := n.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-				Bucket:      BucketSessions,
-				Description: "Keyline sessions",
-				History:     1,
-				Storage:     jetstream.FileStorage,
-				Replicas:    r,
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, f := range []func() error{
+		func() error { return n.ensureStream(ctx, w, msgs) },
+		func() error { return n.ensureStream(ctx, w, retained) },
+		func() (err error) {
+			n.kv, err = n.ensureBucket(ctx, w, jetstream.KeyValueConfig{
+				Bucket: BucketSessions, Description: "Keyline sessions",
+				History: 1, Storage: jetstream.FileStorage, Replicas: n.replicas,
 			})
-			if kerr == nil {
-				n.kv, n.replicas = kv, r
-				if r < n.cfg.Replicas {
-					n.log.Warn("the NATS cluster holds fewer JetStream replicas than asked", "asked", n.cfg.Replicas, "replicas", r)
-				}
-				return nil
+			return err
+		},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f()
+		}()
+	}
+	wg.Wait()
+	return joinLine(errs...)
+}
+
+// joinLine joins the errors that are not nil on one line.
+func joinLine(errs ...error) error {
+	var msgs []string
+	var first error
+	for _, err := range errs {
+		if err != nil {
+			if first == nil {
+				first = err
 			}
-			err = kerr
-		}
-		if !tooFewPeers(err) || r == 1 {
-			return fmt.Errorf("cluster: create streams (replicas %d): %w", r, err)
+			msgs = append(msgs, err.Error())
 		}
 	}
-	return nil
-}
-
-func (n *Node) createStream(ctx context.Context, cfg jetstream.StreamConfig) error {
-	_, err := n.js.CreateOrUpdateStream(ctx, cfg)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", cfg.Name, err)
+	if len(msgs) <= 1 {
+		return first
 	}
-	return nil
-}
-
-// tooFewPeers reports whether err says the NATS cluster cannot place that many replicas.
-func tooFewPeers(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case 10005, 10074, 10023: // insufficient resources, replicas > 1 unsupported, no suitable peers
-			return true
-		}
-	}
-	s := err.Error()
-	return strings.Contains(s, "replicas") || strings.Contains(s, "insufficient resources") || strings.Contains(s, "no suitable peers")
+	return fmt.Errorf("%w (and: %s)", first, strings.Join(msgs[1:], "; "))
 }
 
 // Replicas returns the JetStream replica count in use.
 func (n *Node) Replicas() int { return n.replicas }
+
+// URLs returns the NATS servers the node was given.
+func (n *Node) URLs() []string { return slices.Clone(n.cfg.URLs) }
 
 // NodeID returns the node's id.
 func (n *Node) NodeID() string { return n.cfg.NodeID }

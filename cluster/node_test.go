@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
 )
 
@@ -77,13 +78,7 @@ func (r *recorder) snapshot() (retained, released []string) {
 // eventually polls cond until it holds or d passes.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	mqtttest.Eventually(t, d, what, cond)
 }
 
 func startNode(t *testing.T, urls []string, id string) (*Node, *recorder) {
@@ -111,10 +106,9 @@ func startNodeCfg(t *testing.T, cfg Config) (*Node, *recorder) {
 func warmCore(t *testing.T, pub *Node, r *recorder, topic string) {
 	t.Helper()
 	eventually(t, 10*time.Second, "core interest to propagate", func() bool {
-		if _, err := pub.Publish(context.Background(), topic, 0, []byte("probe")); err != nil {
+		if _, err := pub.Publish(context.Background(), topic, 0, []byte("probe")); err != nil { // paced by the poll
 			t.Fatal(err)
 		}
-		time.Sleep(5 * time.Millisecond)
 		return slices.Contains(r.bodies(false), "probe")
 	})
 	// Drain: every probe sent so far arrives before a marker sent after them.

@@ -24,8 +24,10 @@ import (
 //  2. else the ACL rules in file order whose client, username and remote
 //     match: a rule without filters allows; otherwise its most specific
 //     matching filter decides; a rule none of whose filters match is skipped;
-//  3. else the topic is allowed, except $dlq/...: dead letters carry other
-//     clients' payloads, so reading them needs a filter that names $dlq.
+//  3. else the topic is allowed, except the broker's own topics, $dlq/...
+//     and $SYS/...: dead letters carry other clients' payloads and $SYS the
+//     broker's figures, so reading them needs a filter that names them (a
+//     rule without filters does not grant them either).
 //
 // As in MQTT's own matching, a filter that starts with a wildcard says
 // nothing about topics that start with '$' ($dlq/..., $SYS/..., and the full
@@ -159,11 +161,18 @@ func grants(access auth.Access, write bool) bool {
 	return access == auth.ReadOnly || access == auth.ReadWrite
 }
 
+// brokerTopic reports whether topic is one of the broker's own that no
+// default grants: $dlq/... and $SYS/... (any case, as mochi matches $SYS).
+func brokerTopic(topic string) bool {
+	first, _, _ := strings.Cut(topic, "/")
+	return first == "$dlq" || strings.EqualFold(first, "$SYS")
+}
+
 // decide applies the ACL to one access of topic (a topic name, or a filter
 // for a subscription).
 func (a *acl) decide(client, username, remote, topic string, write bool) bool {
 	dollar := strings.HasPrefix(topic, "$")
-	dlqTopic := strings.HasPrefix(topic, "$dlq/") || topic == "$dlq"
+	dlqTopic := brokerTopic(topic)
 	pick := func(fs []aclFilter) (bool, bool) {
 		for _, f := range fs {
 			if dollar && !f.dollar {

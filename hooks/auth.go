@@ -153,6 +153,16 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	return ok
 }
 
+// UserCanRead reports whether a client of username may read topic, by the
+// ACL alone (rules that name a client id or an address do not match): what
+// the console's topic stream shows for http-topic-user.
+func (h *Auth) UserCanRead(username, topic string) bool { return h.UserMay(username, topic, false) }
+
+// UserMay is UserCanRead for either access: write (publish) or read.
+func (h *Auth) UserMay(username, topic string, write bool) bool {
+	return h.ledger == nil || h.rules.acl.decide("", username, "", topic, write)
+}
+
 // CanRead reports whether cl may receive a message published on topic.
 func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.rules.CanRead(cl, topic) }
 

@@ -12,7 +12,18 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
+
+// SessionOutboxes is what the cluster hook needs of the fan-out's session
+// outboxes (Fanout implements it).
+type SessionOutboxes interface {
+	// RequeueSession gives client id the messages its session held, in
+	// order, encoded for protocol version; it returns how many it took.
+	RequeueSession(id string, version byte, msgs []outbox.Queued) int
+	// DropSession discards what the fan-out holds for client id.
+	DropSession(id string)
+}
 
 // Ids of the inline clients that inject messages from other nodes. Clients
 // cannot take them: MQTT strings never hold U+0000.
@@ -47,6 +58,9 @@ type Cluster struct {
 	server *mqtt.Server
 	node   *cluster.Node
 	Stats  ClusterStats
+	// Outboxes is the fan-out: a session taken over from another node gets
+	// its queued messages there, and one another node took leaves it.
+	Outboxes SessionOutboxes
 
 	inlineCore, inlineQueued, inlineSys *mqtt.Client
 
@@ -57,11 +71,15 @@ type Cluster struct {
 	// in the middle of (stored, not yet delivered locally).
 	pubSeq sync.Map
 
+	table *sessionTable // the sessions this node holds
+	// refused holds the connections whose session ownership could not be
+	// settled, until their CONNACK (a refusal) is out.
+	refused sync.Map // *mqtt.Client -> struct{}
+
 	mu struct {
 		sync.Mutex
-		sessions map[string]*clusterSession // client id -> session this node holds
-		nodes    map[string]nodeFigures     // other nodes' figures, by node id
-		orphans  map[string]time.Time       // client id -> when its owner was first found gone
+		nodes   map[string]nodeFigures // other nodes' figures, by node id
+		orphans map[string]time.Time   // client id -> when its owner was first found gone
 	}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -70,8 +88,7 @@ type Cluster struct {
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
-	h := &Cluster{server: server, stop: make(chan struct{})}
-	h.mu.sessions = map[string]*clusterSession{}
+	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
 	h.mu.nodes = map[string]nodeFigures{}
 	h.mu.orphans = map[string]time.Time{}
 	for _, c := range []struct {
@@ -114,8 +131,7 @@ var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
 	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
-	mqtt.OnQosPublish, mqtt.OnQosComplete, mqtt.OnQosDropped, mqtt.OnClientExpired,
-	mqtt.OnPacketSent,
+	mqtt.OnClientExpired, mqtt.OnPacketSent,
 )
 
 // Stop ends the flusher after a last flush of every session.
@@ -288,13 +304,13 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 		return subs
 	}
 	seq := h.injectSeq.Load()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for id := range subs.Subscriptions {
-		if s := h.mu.sessions[id]; s != nil && !s.takesQueued(pk.TopicName, seq) {
-			delete(subs.Subscriptions, id)
+	h.table.locked(func(get func(string) *clusterSession) {
+		for id := range subs.Subscriptions {
+			if s := get(id); s != nil && !s.takesQueued(pk.TopicName, seq) {
+				delete(subs.Subscriptions, id)
+			}
 		}
-	}
+	})
 	return subs
 }
 
@@ -388,7 +404,7 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			removed = append(removed, f.Filter)
 		}
 	}
-	if len(removed) > 0 && s.persistent.Load() && !s.released.Load() {
+	if len(removed) > 0 && s.persistent.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		h.saveSubscriptions(ctx, s, nil, 0, removed)

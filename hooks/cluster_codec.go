@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -71,15 +70,15 @@ func decodeEnvelope(data []byte) (packets.Packet, error) {
 	if err := pk.FixedHeader.Decode(hb); err != nil || pk.FixedHeader.Type != packets.Publish {
 		return pk, errEnvelope
 	}
-	br := bufio.NewReader(r)
-	length, _, err := packets.DecodeLength(br)
-	if err != nil {
+	length, _, err := packets.DecodeLength(r)
+	if err != nil || length != r.Len() {
+		// Checked before allocating: any NATS client of the account can
+		// publish on Keyline's subjects, and a length of 256 MiB costs
+		// nothing to send.
 		return pk, errEnvelope
 	}
 	body := make([]byte, length)
-	if _, err := ioReadFull(br, body); err != nil {
-		return pk, errEnvelope
-	}
+	_, _ = r.Read(body)
 	pk.FixedHeader.Remaining = length
 	pk.ProtocolVersion = 5
 	if err := pk.PublishDecode(body); err != nil {
@@ -88,18 +87,6 @@ func decodeEnvelope(data []byte) (packets.Packet, error) {
 	pk.TopicName = strings.Clone(pk.TopicName)
 	pk.Origin, pk.Created, pk.Expiry = string(origin), created, expiry
 	return pk, nil
-}
-
-func ioReadFull(r *bufio.Reader, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		m, err := r.Read(b[n:])
-		n += m
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // remainingExpiry sets pk's message expiry interval to what is left of it

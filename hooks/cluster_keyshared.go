@@ -4,7 +4,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 )
@@ -27,19 +26,6 @@ func (h ClusterKeyShared) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets
 	return h.KeyShared.OnPublish(cl, pk)
 }
 
-// openClusterGroup opens this node's side of a cluster-wide group: its
-// dispatcher runs on the node holding the group's lease, which delivers to
-// members here through groupOut.
-func (h *KeyShared) openClusterGroup(name string, n share.Name) (*ksGroup, error) {
-	g := &ksGroup{name: name, n: n}
-	grp, err := h.cfg.Cluster.Open(name, &groupOut{h: h, g: g})
-	if err != nil {
-		return nil, err
-	}
-	g.d, g.r = grp, clusterRouter{grp}
-	return g, nil
-}
-
 // IsOpen reports whether this node has its side of group name open: its
 // publishes matching the group's filter go to the group.
 func (h *KeyShared) IsOpen(name string) bool { return h.groups.get(name) != nil }
@@ -51,7 +37,7 @@ func (h *KeyShared) OpenGroup(name string) error {
 	if err != nil {
 		return err
 	}
-	_, err = h.ensureGroup(n)
+	_, err = h.openGroup(n, false)
 	return err
 }
 
@@ -64,17 +50,3 @@ func (h *KeyShared) PublishDeadLetter(group string, d keyshared.DeadLetter) {
 	}
 	h.dlq.publish(group, n.Share, d)
 }
-
-// clusterRouter routes QoS 0 messages through the group's holder, whose
-// ring has the members of every node (members join it with the dispatcher).
-type clusterRouter struct{ g *cluster.Group }
-
-func (clusterRouter) AddMember(string, keyshared.MemberOptions) error { return nil }
-func (clusterRouter) RemoveMember(string) error                       { return nil }
-
-func (r clusterRouter) Route(m *keyshared.Message) (string, bool) {
-	r.g.Route(m)
-	return "", true
-}
-
-func (r clusterRouter) Stats() keyshared.RouterStats { return r.g.RouterStats() }

@@ -6,69 +6,73 @@ import (
 	"slices"
 	"time"
 
-	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
 
 // What a cluster session has resolved: its in-flight deliveries tied to their KL_MSGS
 // sequences, the floor below which everything is resolved, and the writes of its record.
 
-// OnQosPublish ties a QoS 1/2 delivery to a persistent session to the
-// KL_MSGS sequence of its message, so the session's floor never passes it
-// while it is unacknowledged.
-func (h *Cluster) OnQosPublish(cl *mqtt.Client, pk packets.Packet, _ int64, _ int) {
-	if pk.FixedHeader.Type != packets.Publish || h.node == nil {
-		return
-	}
-	var seq uint64
+// MessageRef is the fan-out's Refs in cluster mode: the KL_MSGS sequence of
+// a QoS 1/2 publish, kept with every outbox copy of it so that the
+// session's floor stays below it until it is acknowledged. A message from
+// another node is the one being injected; a local publish was stored by
+// OnPublish before it is delivered here. Retained messages and QoS 0 have
+// none (0).
+func (h *Cluster) MessageRef(pk packets.Packet) uint64 {
 	switch pk.Origin {
 	case clusterQueuedClient:
-		seq = h.injectSeq.Load()
+		return h.injectSeq.Load()
 	case clusterCoreClient, clusterSysClient:
+		return 0
+	}
+	if v, ok := h.pubSeq.Load(pk.Origin); ok {
+		return v.(uint64)
+	}
+	return 0
+}
+
+// OutboxStore returns the outbox.Store of cluster mode: the session copy
+// this node holds tracks the KL_MSGS sequences of its outbox's messages and
+// which were acknowledged; its record (floor and acknowledged sequences) is
+// written from them (flush). The messages themselves stay in KL_MSGS: a
+// node that takes the session over replays them from there.
+func (h *Cluster) OutboxStore() outbox.Store { return clusterOutboxes{h} }
+
+type clusterOutboxes struct{ h *Cluster }
+
+func (o clusterOutboxes) Put(client string, m outbox.Stored) {
+	if m.Ref == 0 {
 		return
-	default:
-		v, ok := h.pubSeq.Load(pk.Origin)
-		if !ok {
-			return
+	}
+	if s := o.h.table.get(client); s != nil {
+		s.mu.Lock()
+		s.live[m.Seq] = m.Ref
+		s.mu.Unlock()
+	}
+}
+
+func (o clusterOutboxes) Delete(client string, seq, ref uint64) {
+	if ref == 0 {
+		return
+	}
+	if s := o.h.table.get(client); s != nil {
+		s.mu.Lock()
+		if _, ok := s.live[seq]; ok {
+			delete(s.live, seq)
+			s.acked = append(s.acked, ref)
+			s.dirty = true
 		}
-		seq = v.(uint64)
+		s.mu.Unlock()
 	}
-	if seq == 0 {
-		return
-	}
-	s := h.session(cl)
-	if s == nil || !s.persistent.Load() {
-		return
-	}
-	s.mu.Lock()
-	s.inflight[pk.PacketID] = seq
-	s.mu.Unlock()
 }
 
-// OnQosComplete records an acknowledgement.
-func (h *Cluster) OnQosComplete(cl *mqtt.Client, pk packets.Packet) { h.resolved(cl, pk.PacketID) }
+func (clusterOutboxes) PutMeta(string, []byte) {}
 
-// OnQosDropped records a dropped delivery (it will not be retried either).
-func (h *Cluster) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { h.resolved(cl, pk.PacketID) }
-
-func (h *Cluster) resolved(cl *mqtt.Client, id uint16) {
-	if h.node == nil || cl.IsTakenOver() {
-		return
-	}
-	s := h.session(cl)
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	if seq, ok := s.inflight[id]; ok {
-		delete(s.inflight, id)
-		s.acked = append(s.acked, seq)
-		s.dirty = true
-	}
-	s.mu.Unlock()
-}
+// DeleteSession: the session's record goes with its copy (forget), not here.
+func (clusterOutboxes) DeleteSession(string) {}
 
 // floorLocked is the highest sequence at or below which every message for
 // the session has been resolved: nothing in flight, nothing being delivered.
@@ -83,7 +87,7 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 	if inj := h.injectSeq.Load(); inj > 0 && inj-1 < covered {
 		covered = inj - 1
 	}
-	for _, seq := range s.inflight {
+	for _, seq := range s.live {
 		if seq-1 < covered {
 			covered = seq - 1
 		}
@@ -91,11 +95,19 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 	return max(s.rec.Floor, covered)
 }
 
-// flush writes a session's record if it changed (or force). A refused
-// write means another node owns the session: this node drops it.
+// flush writes the record of an installed copy if it changed (or force).
+// A refused write means another node owns the session: this node drops it.
 func (h *Cluster) flush(ctx context.Context, s *clusterSession, force bool) {
+	if !s.released.Load() {
+		h.write(ctx, s, force)
+	}
+}
+
+// write writes a copy's record if it changed (or force), installed or
+// not: a copy being released writes its last progress this way.
+func (h *Cluster) write(ctx context.Context, s *clusterSession, force bool) {
 	s.mu.Lock()
-	if !s.persistent.Load() || s.released.Load() {
+	if !s.persistent.Load() {
 		s.mu.Unlock()
 		return
 	}
@@ -124,8 +136,10 @@ func (h *Cluster) flush(ctx context.Context, s *clusterSession, force bool) {
 
 	nrev, err := h.node.SaveSession(ctx, &rec, rev)
 	if errors.Is(err, cluster.ErrRevision) {
-		h.Log.Info("cluster: session taken over by another node", "client", s.id)
-		h.releaseLocal(s.id)
+		if h.table.removeStale(s) {
+			h.Log.Info("cluster: session taken over by another node", "client", s.id)
+			h.dropCopy(s)
+		}
 		return
 	}
 	s.mu.Lock()
@@ -153,13 +167,7 @@ func (h *Cluster) flushLoop() {
 			stopping = true
 		case <-t.C:
 		}
-		h.mu.Lock()
-		sessions := make([]*clusterSession, 0, len(h.mu.sessions))
-		for _, s := range h.mu.sessions {
-			sessions = append(sessions, s)
-		}
-		h.mu.Unlock()
-		for _, s := range sessions {
+		for _, s := range h.table.all() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			h.flush(ctx, s, false)
 			cancel()

@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/outbox"
 )
 
 // Ownership protocol (a CONNECT on node N for client id C):
@@ -30,7 +31,10 @@ import (
 //     node; one that still holds an older copy of C (it missed step 1)
 //     drops it. Requests and announcements carry revisions, and a copy
 //     newer than theirs is kept: they may arrive late. Any later write by
-//     the old owner fails its compare-and-set, and it drops C too.
+//     the old owner fails its compare-and-set, and it drops C too. One
+//     that arrives while N is between its write and taking the copy in
+//     (sessionTable) and covers N's revision means N lost: its CONNECT
+//     is refused.
 //  4. A persistent session N did not hold in memory is rebuilt from the
 //     record: its filters join N's interest first, then every KL_MSGS
 //     message above the record's floor that its subscriptions take is
@@ -53,12 +57,14 @@ type clusterSub struct {
 	Since uint64 `json:"since"`
 }
 
-// clusterSession is a session this node holds.
+// clusterSession is one copy of a session this node holds: one
+// connection's (client never changes) and the record revisions written for
+// it. The sessionTable says whether it is the installed copy.
 type clusterSession struct {
 	id         string
-	client     atomic.Pointer[mqtt.Client] // the mochi client holding it now
+	client     *mqtt.Client // the mochi client holding it
 	persistent atomic.Bool
-	released   atomic.Bool   // another node took it over
+	released   atomic.Bool   // dropped: another node took it over, or a newer copy replaced it
 	replayedTo atomic.Uint64 // queued messages up to here came through the replay
 
 	mu       sync.Mutex
@@ -68,30 +74,53 @@ type clusterSession struct {
 	filters  map[string]bool       // filters registered with the node's interest
 	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
 	maxSince uint64                // the highest of since
-	inflight map[uint16]uint64     // packet id -> KL_MSGS sequence
-	acked    []uint64              // acknowledged sequences above rec.Floor
-	dirty    bool                  // acks not written yet
-	refused  bool                  // the CONNECT could not take ownership
+	// live holds the KL_MSGS sequences of the messages in the session's
+	// outbox (queued or in flight), by outbox sequence: the floor stays
+	// below them (clusterOutboxes keeps it).
+	live  map[uint64]uint64
+	acked []uint64 // acknowledged sequences above rec.Floor
+	dirty bool     // acks not written yet
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, inflight: map[uint16]uint64{}}
-	s.client.Store(cl)
+	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
 	s.persistent.Store(persistent)
 	return s
 }
 
-// session returns the session cl holds on this node, nil if none (a
-// client taken over, a placeholder, or not a session of ours).
-func (h *Cluster) session(cl *mqtt.Client) *clusterSession {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	s := h.mu.sessions[cl.ID]
-	if s == nil || s.client.Load() != cl || s.released.Load() {
-		return nil
-	}
-	return s
+// revision returns the record revision the copy last read or wrote.
+func (s *clusterSession) revision() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rev
 }
+
+// inherit moves what prev holds for the session that mochi and the
+// fan-out keep in memory across the new connection (its subscriptions, the
+// node interest they hold, the references of its outbox's messages and the
+// acknowledged ones) into s, a fresh copy for that connection; prev is
+// dropped. Call it once s is installed in prev's place: from then on the
+// outbox reports to s, so what it reported meanwhile is merged, not replaced.
+func (s *clusterSession) inherit(prev *clusterSession) {
+	prev.released.Store(true)
+	prev.mu.Lock()
+	subs, filters, since, maxSince, live, acked, dirty := prev.subs, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
+	prev.subs, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
+	prev.mu.Unlock()
+	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs, s.filters, s.since, s.maxSince = subs, filters, since, maxSince
+	for seq, ref := range s.live {
+		live[seq] = ref
+	}
+	s.live, s.acked = live, append(acked, s.acked...)
+	s.dirty = s.dirty || dirty
+}
+
+// session returns the copy of the session cl holds on this node, nil if
+// none (a client taken over, a placeholder, or not a session of ours).
+func (h *Cluster) session(cl *mqtt.Client) *clusterSession { return h.table.current(cl) }
 
 func storedClient(cl *mqtt.Client) storage.Client {
 	props := cl.Properties.Props.Copy(false)
@@ -109,7 +138,7 @@ func storedClient(cl *mqtt.Client) storage.Client {
 
 // stateLocked encodes the session's client and subscriptions.
 func (s *clusterSession) stateLocked() json.RawMessage {
-	st := clusterState{Client: storedClient(s.client.Load())}
+	st := clusterState{Client: storedClient(s.client)}
 	for _, sub := range s.subs {
 		st.Subs = append(st.Subs, sub)
 	}
@@ -132,11 +161,7 @@ func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	if err != nil {
 		h.Log.Warn("cluster: refusing a connection: session ownership not settled", "client", cl.ID, "error", err)
 		h.Stats.Refused.Add(1)
-		s = newClusterSession(cl.ID, cl, false)
-		s.refused = true
-		h.mu.Lock()
-		h.mu.sessions[cl.ID] = s
-		h.mu.Unlock()
+		h.refused.Store(cl, struct{}{})
 		// Make mochi forget this client when it goes: it holds no session.
 		cl.Properties.Clean = true
 		cl.Properties.Props.SessionExpiryInterval = 0
@@ -153,6 +178,8 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 	self := h.node.NodeID()
 	id := cl.ID
 	persist := persistent(cl)
+	h.table.begin(id)
+	defer h.table.end(id)
 	var lastErr error
 	for attempt := 0; attempt < 8; attempt++ {
 		if attempt > 0 {
@@ -172,28 +199,23 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 				h.Log.Warn("cluster: the previous owner did not confirm the release", "client", id, "owner", rec.Owner, "error", err)
 			}
 		}
-		h.mu.Lock()
-		prev := h.mu.sessions[id]
-		h.mu.Unlock()
-		if prev != nil && (prev.released.Load() || prev.refused) {
-			prev = nil
-		}
+		prev := h.table.get(id)
 		keepLocal := !clean && prev != nil && rec != nil && rec.Owner == self && rec.Persistent
 		var restore *cluster.SessionRecord
-		var s *clusterSession
+		s := newClusterSession(id, cl, persist)
 		nr := cluster.SessionRecord{ClientID: id, Owner: self, Persistent: persist, Connected: true}
 		switch {
 		case keepLocal: // mochi holds it in memory and resumes it
-			s = prev
-			s.mu.Lock()
-			nr.Floor, nr.Acked = s.rec.Floor, s.acked
-			s.mu.Unlock()
+			prev.mu.Lock()
+			nr.Floor, nr.Acked = prev.rec.Floor, prev.acked
+			for f, sub := range prev.subs {
+				s.subs[f] = sub // for the state written below; inherit moves the rest
+			}
+			prev.mu.Unlock()
 		case !clean && rec != nil && rec.Persistent:
-			s = newClusterSession(id, cl, persist)
 			restore = rec
 			nr.Floor, nr.Acked, nr.State = rec.Floor, rec.Acked, rec.State
 		default:
-			s = newClusterSession(id, cl, persist)
 			if persist {
 				if nr.Floor, err = h.node.LastSequence(ctx); err != nil {
 					lastErr = err
@@ -202,8 +224,6 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			}
 		}
 		s.mu.Lock()
-		s.persistent.Store(persist)
-		s.client.Store(cl)
 		if restore == nil {
 			nr.State = s.stateLocked()
 		}
@@ -219,12 +239,18 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		s.mu.Lock()
 		s.rev, s.rec, s.dirty = nrev, nr, false
 		s.mu.Unlock()
-		if prev != nil && prev != s {
+		switch err := h.table.install(s, prev); {
+		case errors.Is(err, errTableChanged):
+			lastErr = err
+			continue // prev was released or replaced meanwhile: look again
+		case err != nil:
+			return nil, nil, err // another node took the session after this write
+		}
+		if keepLocal {
+			s.inherit(prev)
+		} else if prev != nil {
 			h.dropInterest(prev) // mochi discards or replaces the local copy
 		}
-		h.mu.Lock()
-		h.mu.sessions[id] = s
-		h.mu.Unlock()
 		if rec != nil && rec.Owner != self {
 			h.node.Announce(id, nrev)
 		}
@@ -246,8 +272,9 @@ func (h *Cluster) dropInterest(s *clusterSession) {
 }
 
 // restore rebuilds a persistent session from its record: interest, then
-// the replay of its queued messages, then a placeholder client mochi
-// resumes the session from.
+// the replay of its queued messages into its outbox (Outboxes), then a
+// placeholder client with its subscriptions, which mochi resumes the
+// session from (session present).
 func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *cluster.SessionRecord) {
 	var st clusterState
 	if len(rec.State) > 0 {
@@ -271,9 +298,12 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	for _, a := range rec.Acked {
 		acked[a] = true
 	}
-	var queued []packets.Packet
-	var nextID uint16
-	maxInflight := int(h.server.Options.Capabilities.MaximumInflight)
+	// The session's queued messages, in KL_MSGS order, go to its outbox:
+	// the fan-out sends them once the client's CONNACK is out, in that
+	// order, as single-node mode resends what it kept.
+	version := cl.Properties.ProtocolVersion
+	var queued []outbox.Queued
+	maxHeld := int(h.server.Options.Capabilities.MaximumInflight)
 	last, err := h.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
 		if acked[seq] {
 			return
@@ -286,27 +316,29 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		if !ok || min(qos, pk.FixedHeader.Qos) == 0 {
 			return
 		}
-		if len(queued) >= maxInflight {
+		if len(queued) >= maxHeld {
 			atomic.AddInt64(&h.server.Info.InflightDropped, 1)
 			return
 		}
-		nextID++
-		pk.FixedHeader.Qos = min(qos, pk.FixedHeader.Qos)
-		pk.FixedHeader.Retain = false
-		pk.PacketID = nextID
-		if cl.Properties.ProtocolVersion == 5 && len(ids) > 0 {
-			pk.Properties.SubscriptionIdentifier = ids
+		if version != 5 {
+			ids = nil
 		}
-		queued = append(queued, pk)
-		s.mu.Lock()
-		s.inflight[nextID] = seq
-		s.mu.Unlock()
+		p, err := encodeFrame(pk, version, false, min(qos, pk.FixedHeader.Qos), ids)
+		if err != nil {
+			h.Log.Warn("cluster: a queued message cannot be encoded for the session; skipped", "client", cl.ID, "topic", clip(pk.TopicName), "error", err)
+			return
+		}
+		// It may have reached the client from the node that held the
+		// session before: DUP on its first send here.
+		queued = append(queued, outbox.Queued{Pub: p, Ref: seq, Created: pk.Created, Deadline: pk.Expiry, Sent: true})
 	})
 	if err != nil {
 		h.Log.Error("cluster: replaying a session's queued messages failed; some may be missing", "client", cl.ID, "error", err)
 	}
 	s.replayedTo.Store(last)
-	h.Stats.Restored.Add(uint64(len(queued)))
+	if h.Outboxes != nil {
+		h.Stats.Restored.Add(uint64(h.Outboxes.RequeueSession(cl.ID, version, queued)))
+	}
 
 	ph := h.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
 	ph.Properties.ProtocolVersion = cl.Properties.ProtocolVersion
@@ -322,17 +354,6 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 			atomic.AddInt64(&h.server.Info.Subscriptions, 1)
 		}
 		ph.State.Subscriptions.Add(sub.Filter, ps)
-	}
-	// mochi resends a session's messages sorted by uint16(Created), with
-	// ties in any order: give them distinct, increasing values (ending now,
-	// and without a wrap of the low 16 bits inside the run).
-	start := time.Now().Unix() - int64(len(queued))
-	if int64(uint16(start))+int64(len(queued)) > 0xffff {
-		start -= int64(uint16(start))
-	}
-	for i, pk := range queued {
-		pk.Created = start + int64(i)
-		ph.State.Inflight.Set(pk)
 	}
 	h.server.Clients.Add(ph)
 }
@@ -425,43 +446,44 @@ func (h *Cluster) dropLocal(cl *mqtt.Client) {
 // A copy newer than upTo stays: a late announcement or a request that lost
 // a race must not drop a session taken over since.
 func (h *Cluster) Release(clientID string, upTo uint64) {
-	h.mu.Lock()
-	s := h.mu.sessions[clientID]
-	h.mu.Unlock()
-	if s != nil {
-		s.mu.Lock()
-		newer := s.rev > upTo
-		s.mu.Unlock()
-		if newer {
-			return
-		}
+	s, newer := h.table.claim(clientID, upTo)
+	if newer {
+		return
 	}
-	if s != nil && s.persistent.Load() && !s.released.Load() {
-		if cl := s.client.Load(); cl != nil && !cl.Closed() {
-			_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
+	if s == nil {
+		// No copy here: a stale client mochi still holds under the id goes
+		// (a connection that is being acquired is not in mochi's list yet).
+		if cl, ok := h.server.Clients.Get(clientID); ok {
+			h.dropLocal(cl)
+		}
+		return
+	}
+	if s.persistent.Load() {
+		if !s.client.Closed() {
+			_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 		}
 		s.mu.Lock()
 		s.rec.Connected = false
 		s.rec.DisconnectedAt = time.Now().Unix()
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		h.flush(ctx, s, true)
+		h.write(ctx, s, true)
 		cancel()
 	}
-	h.releaseLocal(clientID)
+	h.dropCopy(s)
 }
 
-// releaseLocal drops this node's copy of a session without writing its record.
-func (h *Cluster) releaseLocal(clientID string) {
-	h.mu.Lock()
-	s := h.mu.sessions[clientID]
-	delete(h.mu.sessions, clientID)
-	h.mu.Unlock()
-	if s != nil {
-		h.dropInterest(s)
+// dropCopy forgets s, a copy already uninstalled, without writing its
+// record: its interest, and its connection if mochi still holds it.
+func (h *Cluster) dropCopy(s *clusterSession) {
+	h.dropInterest(s)
+	if h.Outboxes != nil {
+		h.Outboxes.DropSession(s.id) // what it queued is another node's now
 	}
-	if cl, ok := h.server.Clients.Get(clientID); ok {
+	if cl, ok := h.server.Clients.Get(s.id); ok && cl == s.client {
 		h.dropLocal(cl)
+	} else if !s.client.Closed() {
+		_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 	}
 }
 
@@ -471,11 +493,7 @@ func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode != 0 {
 		return
 	}
-	h.mu.Lock()
-	s := h.mu.sessions[cl.ID]
-	refused := s != nil && s.refused && s.client.Load() == cl
-	h.mu.Unlock()
-	if refused {
+	if _, refused := h.refused.Load(cl); refused {
 		pk.SessionPresent = false
 		pk.ReasonCode = packets.ErrServerUnavailable.Code
 		if cl.Properties.ProtocolVersion < 5 {
@@ -487,13 +505,7 @@ func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 // OnPacketSent closes a refused connection once its CONNACK is out.
 func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode >= packets.Err3ServerUnavailable.Code {
-		h.mu.Lock()
-		s := h.mu.sessions[cl.ID]
-		if s != nil && s.refused && s.client.Load() == cl {
-			delete(h.mu.sessions, cl.ID)
-		}
-		h.mu.Unlock()
-		if s != nil && s.refused {
+		if _, refused := h.refused.LoadAndDelete(cl); refused {
 			cl.Stop(packets.ErrServerUnavailable)
 		}
 	}
@@ -510,8 +522,9 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 		// reached OnPublished: do not let it hold every floor back.
 		h.pubSeq.CompareAndDelete(cl.ID, v)
 	}
+	h.refused.Delete(cl) // its CONNACK may never have gone out
 	s := h.session(cl)
-	if s == nil || s.refused {
+	if s == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -536,14 +549,12 @@ func (h *Cluster) OnClientExpired(cl *mqtt.Client) {
 	}
 }
 
-// forget ends a session: interest, map entry and record.
+// forget ends a session: its copy, interest and record.
 func (h *Cluster) forget(ctx context.Context, s *clusterSession) {
-	h.dropInterest(s)
-	h.mu.Lock()
-	if h.mu.sessions[s.id] == s {
-		delete(h.mu.sessions, s.id)
+	if !h.table.remove(s) {
+		return // replaced or released meanwhile: the record is someone else's
 	}
-	h.mu.Unlock()
+	h.dropInterest(s)
 	s.mu.Lock()
 	rev := s.rev
 	s.mu.Unlock()

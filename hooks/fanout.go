@@ -3,7 +3,6 @@ package hooks
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -42,9 +41,10 @@ type FanoutStats struct {
 // every matching connection's connq.Conn, QoS 1/2 frames in each session's
 // outbox (outbox.Outbox), which owns their packet ids, the client's Receive
 // Maximum, and the resend order, and writes them to the store for persistent
-// sessions. A connection whose subscriptions overlap gets one copy. Only
-// retained messages sent on SUBSCRIBE, inline subscriptions and Key-Shared
-// groups are delivered elsewhere.
+// sessions. A connection whose subscriptions overlap gets one copy.
+// Retained messages sent on SUBSCRIBE take the same path (mochi leaves them
+// to this hook). Only inline subscriptions and Key-Shared groups are
+// delivered elsewhere.
 type Fanout struct {
 	mqtt.HookBase
 	server *mqtt.Server
@@ -53,16 +53,17 @@ type Fanout struct {
 	// limits gives a client's queue limits once its id is known.
 	limits          func(cl *mqtt.Client) connq.Limits
 	sharedElsewhere bool // FanoutConfig.SharedElsewhere
-	mochiTracksQoS  bool // FanoutConfig.MochiTracksQoS
-	Stats           FanoutStats
-	OutboxStats     outbox.Stats
+	// refs is FanoutConfig.Refs.
+	refs        func(pk packets.Packet) uint64
+	Stats       FanoutStats
+	OutboxStats outbox.Stats
 
 	sessions      *sessionRegistry
 	routes        *topicCache[*routes]
 	routesVersion atomic.Uint64 // bumped whenever mochi's topic index may have changed
-	// frozen holds the sessions whose packet ids are frozen while mochi
-	// handles a client's SUBSCRIBE (and may pick ids for retained messages).
-	frozen sync.Map // *mqtt.Client -> *fanSession
+	// subscribing holds, per client, what a SUBSCRIBE being handled needs
+	// for its retained messages (fanout_retained.go).
+	subscribing sync.Map // *mqtt.Client -> *retainedWork
 }
 
 // FanoutConfig configures a fan-out hook.
@@ -88,16 +89,16 @@ type FanoutConfig struct {
 	// SharedElsewhere says another hook delivers $share subscriptions
 	// (Key-Shared), so they do not keep a publish on mochi's path.
 	SharedElsewhere bool
-	// MochiTracksQoS leaves QoS 1/2 deliveries to mochi's in-flight path
-	// (cluster mode: the cluster hook ties mochi's in-flight messages to
-	// their JetStream sequences, for a session another node takes over).
-	MochiTracksQoS bool
+	// Refs, when set, returns the backend's reference of a QoS 1/2 publish
+	// (in cluster mode its JetStream sequence); every outbox copy keeps it,
+	// and the outbox's Store sees it.
+	Refs func(pk packets.Packet) uint64
 }
 
 // NewFanout returns a fan-out hook for server.
 func NewFanout(server *mqtt.Server, cfg FanoutConfig) *Fanout {
 	h := &Fanout{server: server, canRead: cfg.CanRead, limits: cfg.Limits,
-		sharedElsewhere: cfg.SharedElsewhere, mochiTracksQoS: cfg.MochiTracksQoS,
+		sharedElsewhere: cfg.SharedElsewhere, refs: cfg.Refs,
 		routes: newTopicCache[*routes](maxCachedRoutes, maxCachedRouteBytes)}
 	info := server.Info
 	h.OutboxStats.InfoInflight, h.OutboxStats.InfoDropped = &info.Inflight, &info.InflightDropped
@@ -124,6 +125,7 @@ func (h *Fanout) Provides(b byte) bool { return fanoutEvents.has(b) }
 var fanoutEvents = eventSet(
 	mqtt.OnSelectSubscribers,
 	mqtt.OnConnect,
+	mqtt.OnSubscribe,
 	mqtt.OnSessionEstablish,
 	mqtt.OnPublish,
 	mqtt.OnSubscribed,
@@ -159,6 +161,7 @@ func (h *Fanout) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	s := connq.Session{Version: cl.Properties.ProtocolVersion, MaxPacketSize: props.MaximumPacketSize}
 	if s.Version == 5 {
 		s.TopicAliasMax = props.TopicAliasMaximum
+		s.TopicAliasBytes = h.server.Options.Capabilities.TopicAliasBytes // the inbound table's bound, for this one too
 		for _, u := range pk.Properties.User {
 			s.DropSignal = s.DropSignal || (u.Key == DropSignalProperty && u.Val == "1")
 		}
@@ -175,8 +178,9 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
-// successful CONNACK is about to be written: mochi has decided by now whether
+// EncodePacket (a PacketEncoder step) attaches the session to its new
+// connection when a successful CONNACK (reason code 0, in both protocol
+// versions) is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
@@ -190,14 +194,18 @@ func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 		return
 	}
 	q := queueOf(cl)
-	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+	if pk.ReasonCode != packets.CodeSuccess.Code || cl.Closed() || q == nil {
+		// A refusal: MQTT 5's codes are 0x80 and above, MQTT 3.1.1's 0x01
+		// to 0x05; a 3.1.1 CONNECT that breaks the protocol is stopped
+		// (hooks.Protocol) and its CONNACK never sent. A refused
+		// connection never reaches OnDisconnect, so nothing may be attached
+		// to it: the session it names stays whoever's it is.
 		return
 	}
 	var s *fanSession
 	stale := pk.SessionPresent // a resumed session's subscriptions were re-indexed
 	if pk.SessionPresent {
 		s = h.sessions.ensure(cl)
-		dropPlaceholders(cl.State.Inflight) // inherited from a connection taken over mid-SUBSCRIBE
 	} else {
 		// A new session: whatever was queued for the id is gone, and cached
 		// routes may hold the session replaced.
@@ -235,51 +243,10 @@ func (h *Fanout) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	}
 }
 
-// OnSubscribed invalidates the cached routes, and freezes the session's
-// packet ids while mochi sends the retained messages of the new
-// subscriptions (it picks their ids from its own in-flight map, where the
-// outbox's ids are reserved meanwhile).
-func (h *Fanout) OnSubscribed(cl *mqtt.Client, _ packets.Packet, _ []byte) {
-	h.invalidate()
-	s := h.sessions.get(cl.ID)
-	if s == nil || cl.Net.Inline {
-		return
-	}
-	now := time.Now().Unix()
-	s.out.Freeze(func(id uint16) { cl.State.Inflight.Set(packets.Packet{PacketID: id, Created: now}) })
-	h.frozen.Store(cl, s)
-}
-
-// OnPacketProcessed thaws the packet ids frozen for a SUBSCRIBE.
-func (h *Fanout) OnPacketProcessed(cl *mqtt.Client, pk packets.Packet, _ error) {
-	if pk.FixedHeader.Type != packets.Subscribe {
-		return
-	}
-	if s, ok := h.frozen.LoadAndDelete(cl); ok {
-		s.(*fanSession).out.Thaw(func(id uint16) { dropPlaceholder(cl.State.Inflight, id) })
-	}
-}
-
-// A placeholder reserves a packet id in mochi's in-flight map: a packet of
-// no type, which mochi never sends.
-func dropPlaceholder(inflight *mqtt.Inflight, id uint16) {
-	if p, ok := inflight.Get(id); ok && p.FixedHeader.Type == 0 {
-		inflight.Delete(id)
-	}
-}
-
-func dropPlaceholders(inflight *mqtt.Inflight) {
-	for _, p := range inflight.GetAll(false) {
-		if p.FixedHeader.Type == 0 {
-			inflight.Delete(p.PacketID)
-		}
-	}
-}
-
 // AllocPacketID picks a packet id for a delivery to cl that mochi's
 // in-flight map tracks (Key-Shared): set records it there while the
 // session's outbox cannot choose the same id. It reports false when no id
-// is free now (or ids are frozen): try again later.
+// is free now: try again later.
 func (h *Fanout) AllocPacketID(cl *mqtt.Client, set func(id uint16)) (uint16, bool) {
 	if s := h.sessions.get(cl.ID); s != nil {
 		id := s.out.AllocExternal(set)
@@ -350,3 +317,6 @@ func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Inf
 	held, inflight = s.out.Len()
 	return held, inflight, s.out.Snapshot(n)
 }
+
+// Sessions returns how many sessions the fan-out holds, connected or not.
+func (h *Fanout) Sessions() int { return len(h.sessions.ids()) }

@@ -14,7 +14,11 @@ import (
 type pubDelivery struct {
 	h        *Fanout
 	pk       packets.Packet
-	deadline int64 // unix seconds after which a queued QoS 1/2 copy is dropped unsent; 0: never
+	deadline int64  // unix seconds after which a queued QoS 1/2 copy is dropped unsent; 0: never
+	ref      uint64 // the backend's reference of the message (FanoutConfig.Refs), kept with outbox copies
+	// retained: a retained message sent on SUBSCRIBE, whose RETAIN flag
+	// stays set whatever the subscription says [MQTT-3.3.1-9].
+	retained bool
 	variants []variant
 	// stores is set when the publisher waits for an acknowledgement that
 	// must mean stored: the writes of the persistent sessions' records.
@@ -86,6 +90,24 @@ func (h *Fanout) newDelivery(pk packets.Packet) *pubDelivery {
 	return d
 }
 
+// newPublishDelivery is a publish on its way to its subscribers, with the
+// backend's reference of it (Refs).
+func (h *Fanout) newPublishDelivery(pk packets.Packet) *pubDelivery {
+	d := h.newDelivery(pk)
+	if h.refs != nil && pk.FixedHeader.Qos > 0 {
+		d.ref = h.refs(pk)
+	}
+	return d
+}
+
+// newRetainedDelivery is a retained message sent on SUBSCRIBE: it has no
+// backend reference (it is not a message queued for the session).
+func (h *Fanout) newRetainedDelivery(pk packets.Packet) *pubDelivery {
+	d := h.newDelivery(pk)
+	d.retained = true
+	return d
+}
+
 // to delivers the publish to one subscriber, applying no-local,
 // retain-as-published, the granted QoS and the client's maximum packet
 // size: QoS 0 to the live connection (a session that is away gets none, as
@@ -105,7 +127,7 @@ func (d *pubDelivery) to(rt route) {
 		return
 	}
 	version = wireVersion(version)
-	retain := pk.FixedHeader.Retain && version == 5 && rt.retainAsPublished // [MQTT-3.3.1-12]
+	retain := pk.FixedHeader.Retain && (d.retained || (version == 5 && rt.retainAsPublished)) // [MQTT-3.3.1-9] [MQTT-3.3.1-12]
 	p := d.frame(version, qos, retain, rt.ids)
 	switch {
 	case p == nil:
@@ -121,7 +143,7 @@ func (d *pubDelivery) to(rt route) {
 			w.add()
 			stored = w.done
 		}
-		added, pending := s.out.AddDurable(p, pk.Created, d.deadline, stored)
+		added, pending := s.out.AddDurable(p, pk.Created, d.deadline, d.ref, stored)
 		switch {
 		case stored != nil && !pending:
 			stored(nil) // a session that is not persisted: nothing to wait for

@@ -99,10 +99,10 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, nil
 	}
 	r := h.routesFor(pk.TopicName)
-	if r.mochiOnly || (h.mochiTracksQoS && pk.FixedHeader.Qos > 0 && r.maxQoS > 0) {
+	if r.mochiOnly {
 		return pk, nil
 	}
-	d := h.newDelivery(pk)
+	d := h.newPublishDelivery(pk)
 	if pk.FixedHeader.Qos > 0 {
 		d.stores = &storeWait{}
 	}
@@ -159,9 +159,9 @@ func (h *Fanout) awaitStored(cl *mqtt.Client, pk packets.Packet, w *storeWait) e
 }
 
 // OnSelectSubscribers delivers what mochi routes itself (retained
-// publishes, wills, $SYS, publishes an inline subscription matches) to
-// client sessions, and leaves mochi only the inline subscriptions (and,
-// with FanoutConfig.MochiTracksQoS, the QoS 1/2 deliveries).
+// publishes, wills, $SYS, publishes an inline subscription matches or an
+// inline client makes) to client sessions, and leaves mochi only the
+// inline subscriptions.
 func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) *mqtt.Subscribers {
 	delete(subs.Shared, placeholderFilter)
 	if len(subs.Shared) > 0 {
@@ -172,10 +172,10 @@ func (h *Fanout) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet) 
 		subs.MergeSharedSelected()
 		subs.SharedSelected = map[string]packets.Subscription{placeholderClient: {}}
 	}
-	d := h.newDelivery(pk)
+	d := h.newPublishDelivery(pk)
 	for id, sub := range subs.Subscriptions {
 		cl, ok := h.server.Clients.Get(id)
-		if (ok && cl.Net.Inline) || (h.mochiTracksQoS && min(pk.FixedHeader.Qos, sub.Qos) > 0) {
+		if ok && cl.Net.Inline {
 			continue
 		}
 		delete(subs.Subscriptions, id)

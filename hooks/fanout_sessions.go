@@ -33,11 +33,8 @@ type sessConn struct {
 	version   byte
 	maxPacket uint32
 	// inflight is mochi's in-flight map of this connection's client: the
-	// packet ids it uses (retained messages, Key-Shared deliveries).
+	// packet ids of Key-Shared deliveries.
 	inflight *mqtt.Inflight
-	// frozen is set while mochi may pick packet ids (a SUBSCRIBE's retained
-	// messages); only the client's read goroutine touches it.
-	frozen bool
 }
 
 var _ outbox.Conn = (*sessConn)(nil)
@@ -183,4 +180,29 @@ func (s *fanSession) detach(q *connq.Conn) {
 	}
 	s.cur.CompareAndSwap(c, nil)
 	s.out.Detach(c)
+}
+
+// RequeueSession implements SessionOutboxes: client id's session, rebuilt
+// here by a backend that keeps its messages elsewhere (the cluster replays
+// them from JetStream), gets them in its outbox, in order, to be sent once
+// the client's CONNACK is out. What the fan-out held for the id before is
+// discarded.
+func (h *Fanout) RequeueSession(id string, version byte, msgs []outbox.Queued) int {
+	o := outbox.New(id, h.sessions.cfg)
+	o.SetPersistent(true) // only persistent sessions are rebuilt
+	n := o.Requeue(msgs)
+	s := &fanSession{id: id, out: o}
+	s.version.Store(uint32(max(version, 3)))
+	if old, ok := h.sessions.m.Swap(id, s); ok {
+		old.(*fanSession).discard()
+	}
+	h.invalidate()
+	return n
+}
+
+// DropSession implements SessionOutboxes: the session of client id is no
+// longer this node's.
+func (h *Fanout) DropSession(id string) {
+	h.sessions.drop(id, nil)
+	h.invalidate()
 }

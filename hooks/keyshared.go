@@ -11,7 +11,6 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
@@ -29,7 +28,7 @@ type KeySharedConfig struct {
 	KeyProperty string
 	// GroupSettings returns the dispatcher and storage settings of a group
 	// (global settings with the group's overrides applied).
-	GroupSettings func(group string) (keyshared.Config, persistence.GroupConfig)
+	GroupSettings func(group string) (keyshared.Config, keyshared.GroupConfig)
 	// CanRead reports whether a client may receive a message on a topic; nil allows all.
 	CanRead func(cl *mqtt.Client, topic string) bool
 	// Sessions, when set, keeps the key filters of persistent sessions'
@@ -43,9 +42,14 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
-	// Cluster, when set, makes every group one group across the cluster's
-	// nodes (the store must then be the same cluster.Groups).
-	Cluster *cluster.Groups
+	// MaxGroupsPerOwner bounds the groups that the clients of one owner
+	// (GroupOwner) have created and that still run (0: no bound), so that
+	// throwaway client ids cannot take every group: a SUBSCRIBE that would
+	// create one more gets 0x97. Groups resumed from the store have no owner.
+	MaxGroupsPerOwner int
+	// GroupOwner names whom a client's new groups count against (its user,
+	// or its address); "" counts them against nobody. Nil: nobody.
+	GroupOwner func(cl *mqtt.Client) string
 	// AllocPacketID, when set, picks the packet id of a delivery and calls
 	// set with it while no other delivery to the client can pick the same
 	// (the fan-out's session outbox shares the id space); false: none free
@@ -54,9 +58,10 @@ type KeySharedConfig struct {
 }
 
 // KeyShared dispatches `$share/<group>/<filter>` subscriptions Key-Shared: it
-// is the mochi glue between MQTT clients and one keyshared.Dispatcher per
-// group, over the durable group logs of a persistence.GroupStore. The mochi
-// callbacks are in this file; the state they act on is split by owner:
+// is the mochi glue between MQTT clients and the groups of a
+// keyshared.Backend (one node's data dir, or the cluster), whose Group for
+// each group dispatches, wherever its dispatcher runs. The mochi callbacks
+// are in this file; the state they act on is split by owner:
 //   - groupRegistry (ks_groups.go): the running groups and the topic index;
 //   - memberships (ks_members.go): which client is a member of which group;
 //   - inflightTable (ks_inflight.go): packet ids of deliveries awaiting acks;
@@ -65,16 +70,16 @@ type KeySharedConfig struct {
 //   - the publish path (ks_publish.go) and the admin face (keyshared_admin.go).
 type KeyShared struct {
 	mqtt.HookBase
-	server *mqtt.Server
-	store  persistence.GroupStore
-	cfg    KeySharedConfig
+	server  *mqtt.Server
+	backend keyshared.Backend
+	cfg     KeySharedConfig
 
 	groups   *groupRegistry
 	members  *memberships
 	inflight *inflightTable
 	dlq      *dlqPublisher
-	// acks, when the store tells the end of each commit's callbacks
-	// (persistence.Groups.OnCommitted), holds the publishers'
+	// acks, when the backend tells the end of each commit's callbacks
+	// (keyshared.Backend.OnCommitted), holds the publishers'
 	// acknowledgements a commit released until its callbacks have all run:
 	// each publisher's then go with one write, made there when its
 	// connection's writer is idle.
@@ -95,12 +100,12 @@ type KeyShared struct {
 	ResultsDropped atomic.Uint64
 }
 
-// NewKeyShared returns the Key-Shared hook. Add it to the server before
-// Serve; its Init resumes the stored groups.
-func NewKeyShared(server *mqtt.Server, store persistence.GroupStore, cfg KeySharedConfig) *KeyShared {
-	h := &KeyShared{server: server, store: store, cfg: cfg,
+// NewKeyShared returns the Key-Shared hook over backend. Add it to the
+// server before Serve; its Init opens every group the backend holds.
+func NewKeyShared(server *mqtt.Server, backend keyshared.Backend, cfg KeySharedConfig) *KeyShared {
+	h := &KeyShared{server: server, backend: backend, cfg: cfg,
 		groups: newGroupRegistry(), inflight: newInflightTable()}
-	h.members = newMemberships(h.recordMembers)
+	h.members = newMemberships()
 	h.dlq = newDLQPublisher(server, h)
 	return h
 }
@@ -117,19 +122,13 @@ var keySharedEvents = eventSet(
 	mqtt.OnPublish, mqtt.OnSelectSubscribers,
 )
 
-// Init notifies dispatchers of new log entries and resumes every stored group,
-// so publishes keep landing in groups whose members are away.
+// Init opens every group the backend holds, so publishes keep landing in
+// groups whose members are away.
 func (h *KeyShared) Init(any) error {
-	h.store.OnAppend(func(group string, _ uint64) {
-		if g := h.groups.get(group); g != nil {
-			g.d.Notify()
-		}
-	})
-	if cs, ok := h.store.(interface{ OnCommitted(func()) }); ok {
-		h.acks = new(connq.Flusher)
-		cs.OnCommitted(h.acks.Flush)
+	if acks := new(connq.Flusher); h.backend.OnCommitted(acks.Flush) {
+		h.acks = acks
 	}
-	infos, err := h.store.Groups()
+	infos, err := h.backend.Groups()
 	if err != nil {
 		return fmt.Errorf("keyshared hook: list groups: %w", err)
 	}
@@ -158,35 +157,33 @@ func (h *KeyShared) Stop() error {
 	return errors.Join(errs...)
 }
 
-// ensureGroup returns the running group, creating its log and dispatcher if
-// needed (the store commits a new group without any lock of the hook held).
-func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) {
+// ensureGroup returns the running group, creating the group in the backend
+// and opening this node's side of it if needed (the backend commits a new
+// group without any lock of the hook held).
+func (h *KeyShared) ensureGroup(n share.Name) (*ksGroup, error) { return h.openGroup(n, true) }
+
+// openGroup returns the running group, opening this node's side of it if
+// needed; create makes the group exist first (else a group that does not
+// exist, being deleted for instance, stays closed).
+func (h *KeyShared) openGroup(n share.Name, create bool) (*ksGroup, error) {
 	name := n.String()
 	return h.groups.ensure(name, func() (*ksGroup, error) {
 		dcfg, gcfg := h.cfg.GroupSettings(name)
-		if h.cfg.Cluster != nil && h.cfg.Cluster.Known(name) {
-			return h.openClusterGroup(name, n) // made by another node
-		}
-		if _, err := h.store.EnsureGroup(name, gcfg); err != nil {
-			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
-		}
-		if h.cfg.Cluster != nil {
-			return h.openClusterGroup(name, n)
-		}
-		log, err := h.store.Log(name)
-		if err != nil {
-			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
+		if create {
+			if _, err := h.backend.EnsureGroup(name, gcfg); err != nil {
+				return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
+			}
 		}
 		g := &ksGroup{name: name, n: n}
 		dcfg.Group = name
 		if dcfg.Logger == nil {
 			dcfg.Logger = h.Log
 		}
-		g.d, err = keyshared.New(dcfg, &deadLetterLog{Log: log, pub: h.dlq, group: name, share: n.Share}, &groupOut{h: h, g: g, fl: new(connq.Flusher)})
+		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g, fl: new(connq.Flusher)})
 		if err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}
-		g.r = keyshared.NewRouter(&groupOut{h: h, g: g})
+		g.d = d
 		return g, nil
 	})
 }
@@ -258,13 +255,25 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrQuotaExceeded)
 			continue
 		}
+		created := h.groups.get(n.String()) == nil
 		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
 			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
 		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier})
+		if owner := h.owner(cl); created && owner != "" {
+			h.groups.claim(n.String(), owner)
+		}
 	}
+}
+
+// owner returns whom cl's new groups count against ("": nobody).
+func (h *KeyShared) owner(cl *mqtt.Client) string {
+	if h.cfg.GroupOwner == nil {
+		return ""
+	}
+	return h.cfg.GroupOwner(cl)
 }
 
 // overGroupLimits says why cl may not join group name, "" if it may.
@@ -275,7 +284,13 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 	if max := h.cfg.MaxGroupsPerClient; max > 0 && h.members.groupsOf(cl.ID) >= max {
 		return fmt.Sprintf("the client is a member of %d groups already (max-groups-per-client)", max)
 	}
-	if max := h.cfg.MaxGroups; max > 0 && h.groups.get(name) == nil && h.groups.count() >= max {
+	if h.groups.get(name) != nil {
+		return "" // joining a group that exists takes no new one
+	}
+	if max, owner := h.cfg.MaxGroupsPerOwner, h.owner(cl); max > 0 && owner != "" && h.groups.owned(owner) >= max {
+		return fmt.Sprintf("%s has created %d groups already (max-groups-per-user)", owner, max)
+	}
+	if max := h.cfg.MaxGroups; max > 0 && h.groups.count() >= max {
 		return fmt.Sprintf("the broker holds %d groups already (max-groups)", max)
 	}
 	return ""
@@ -289,28 +304,23 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 		return
 	}
 	h.members.set(cl.ID, g.name, m)
-	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters}
+	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters, QoS: m.qos}
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
-	if cg, ok := g.d.(*cluster.Group); ok {
-		err = cg.AddMemberQoS(cl.ID, opts, m.qos)
-	} else {
-		err = g.d.AddMember(cl.ID, opts)
+	if max, version := maxPacketSize(cl), cl.Properties.ProtocolVersion; max > 0 {
+		// A message larger than the member's Maximum Packet Size is not for
+		// it: another member gets it, or it waits (it was dead-lettered).
+		var ids []int
+		if m.subID > 0 && version == 5 {
+			ids = []int{m.subID} // as deliver sends them
+		}
+		opts.Fits = func(msg *keyshared.Message) bool {
+			return fits(max, deliveryLen(msg, version, min(msg.QoS, m.qos), ids))
+		}
 	}
-	if err != nil {
+	if err := g.d.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
-	}
-	if err := g.r.AddMember(cl.ID, opts); err != nil {
-		h.Log.Error("add QoS 0 member", "group", g.name, "client", cl.ID, "error", err)
-	}
-}
-
-// recordMembers tells the store a group's member count (memberships calls
-// it after every change, in order); the idle TTL counts from the last member.
-func (h *KeyShared) recordMembers(group string, members int) {
-	if err := h.store.MembersChanged(group, members, time.Now()); err != nil && !errors.Is(err, persistence.ErrGroupNotFound) {
-		h.Log.Warn("record group members", "group", group, "error", err)
 	}
 }
 
@@ -338,7 +348,6 @@ func (h *KeyShared) leave(clientID, name string) {
 	if err := g.d.RemoveMember(clientID); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 		h.Log.Warn("remove member", "group", name, "client", clientID, "error", err)
 	}
-	_ = g.r.RemoveMember(clientID)
 }
 
 // OnSessionEstablished re-activates the memberships of a resumed session (or,
@@ -373,7 +382,6 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 		if err := g.d.SetActive(cl.ID, false); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 			h.Log.Warn("mark member inactive", "group", name, "client", cl.ID, "error", err)
 		}
-		_ = g.r.RemoveMember(cl.ID)
 	}
 }
 

@@ -4,14 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // The admin face of the Key-Shared hook: what the admin API, the metrics and
@@ -22,7 +19,7 @@ var ErrGroupBusy = errors.New("keyshared hook: group has members")
 
 // GroupStatus is a group's stored figures and live dispatch figures.
 type GroupStatus struct {
-	Info    persistence.GroupInfo
+	Info    keyshared.GroupInfo
 	Stats   keyshared.Stats
 	QoS0    keyshared.RouterStats
 	Running bool
@@ -33,7 +30,7 @@ type GroupStatus struct {
 // Groups returns every stored group's status, sorted by name; the
 // broker's own (internal) groups are left out.
 func (h *KeyShared) Groups() ([]GroupStatus, error) {
-	infos, err := h.store.Groups()
+	infos, err := h.backend.Groups()
 	if err != nil {
 		return nil, err
 	}
@@ -49,29 +46,27 @@ func (h *KeyShared) Groups() ([]GroupStatus, error) {
 
 // Group returns one group's status.
 func (h *KeyShared) Group(name string) (GroupStatus, error) {
-	gi, err := h.store.Group(name)
+	gi, err := h.backend.Group(name)
 	if err != nil {
 		return GroupStatus{}, err
 	}
 	return h.status(gi), nil
 }
 
-func (h *KeyShared) status(gi persistence.GroupInfo) GroupStatus {
+func (h *KeyShared) status(gi keyshared.GroupInfo) GroupStatus {
 	st := GroupStatus{Info: gi}
 	g := h.groups.get(gi.Name)
-	if g == nil && h.cfg.Cluster != nil {
-		// A group another node made: this node's side of it shows the
-		// cluster-wide figures (and takes members that come here).
+	if g == nil {
+		// A group another node made, not opened here yet (OpenGroup does
+		// when its creation is heard): this node's side of it shows the
+		// cluster-wide figures, and takes members that come here.
 		if n, err := share.Parse(gi.Name); err == nil {
-			g, _ = h.ensureGroup(n)
+			g, _ = h.openGroup(n, false)
 		}
 	}
 	if g != nil {
-		st.Running, st.Stats, st.QoS0 = true, g.d.Stats(), g.r.Stats()
-		if cg, ok := g.d.(*cluster.Group); ok {
-			st.Holder = cg.Holder()
-			st.Running = st.Holder != ""
-		}
+		st.Stats, st.QoS0 = g.d.Stats(), g.d.RouterStats()
+		st.Holder, st.Running = g.d.Holder()
 	}
 	return st
 }
@@ -88,14 +83,14 @@ func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 	if g := h.groups.remove(name); g != nil {
 		_ = g.d.Close(ctx)
 	}
-	return h.store.DeleteGroup(name)
+	return h.backend.DeleteGroup(name)
 }
 
 // SweepIdle deletes the groups that have had no members, no backlog and no
 // dead letters for ttl, and returns their names. A group holding messages is
 // never deleted this way.
 func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Duration) ([]string, error) {
-	swept, err := h.store.SweepIdle(now, ttl)
+	swept, err := h.backend.SweepIdle(now, ttl)
 	for _, name := range swept {
 		if g := h.groups.remove(name); g != nil {
 			_ = g.d.Close(ctx)
@@ -104,88 +99,80 @@ func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Durat
 	return swept, err
 }
 
+// SweepHolding deletes, with their backlog, the groups that have had no
+// members for ttl and hold messages but no dead letters, and returns their
+// names: what keeps a group alive is a member, not the messages it was sent
+// (a client that joined a group and published to it left it holding them
+// for ever, and groups are bounded). A group holding dead letters is kept.
+func (h *KeyShared) SweepHolding(ctx context.Context, now time.Time, ttl time.Duration) ([]string, error) {
+	infos, err := h.backend.Groups()
+	if err != nil {
+		return nil, err
+	}
+	var swept []string
+	var errs []error
+	for _, gi := range infos {
+		if gi.Members > 0 || gi.DeadLetters > 0 || gi.Backlog == 0 || now.Sub(gi.LastSeen) < ttl {
+			continue
+		}
+		if err := h.DeleteGroup(ctx, gi.Name); err != nil {
+			if !errors.Is(err, ErrGroupBusy) && !errors.Is(err, keyshared.ErrGroupNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		swept = append(swept, gi.Name)
+	}
+	return swept, errors.Join(errs...)
+}
+
 // Members returns the ids of a group's members, sorted (in cluster mode,
 // the members on every node).
 func (h *KeyShared) Members(group string) []string {
-	if cg := h.clusterGroup(group); cg != nil {
-		var out []string
-		for _, m := range cg.Members() {
-			out = append(out, m.ID)
-		}
-		return out
-	}
-	return h.members.ids(group)
-}
-
-// clusterGroup returns the cluster-wide group of name (nil on one node).
-func (h *KeyShared) clusterGroup(name string) *cluster.Group {
-	if g := h.groups.get(name); g != nil {
-		cg, _ := g.d.(*cluster.Group)
-		return cg
-	}
-	return nil
-}
-
-// MemberInfo is what a group knows of one member's subscription.
-type MemberInfo struct {
-	ID string
-	// QoS is the QoS granted to the member's subscription.
-	QoS byte
-	// KeyFilters are the member's key-filter patterns; none means every key.
-	KeyFilters []string
-	// Connected reports whether the client is connected now.
-	Connected bool
-	// Node is the cluster node the member is connected to (cluster mode).
-	Node string
-}
-
-// MemberInfos returns the members of a group with their subscriptions,
-// sorted by id (in cluster mode, the members on every node).
-func (h *KeyShared) MemberInfos(group string) []MemberInfo {
-	var out []MemberInfo
-	if cg := h.clusterGroup(group); cg != nil {
-		for _, m := range cg.Members() {
-			out = append(out, MemberInfo{ID: m.ID, QoS: m.QoS, KeyFilters: slices.Clone(m.KeyFilters), Connected: m.Connected, Node: m.Node})
-		}
-		return out
-	}
-	for _, id := range h.members.ids(group) {
-		m := h.members.get(id, group)
-		if m == nil {
-			continue // left meanwhile
-		}
-		mi := MemberInfo{ID: id, QoS: m.qos, KeyFilters: slices.Clone(m.keyFilters)}
-		if cl, ok := h.server.Clients.Get(id); ok {
-			mi.Connected = !cl.Closed()
-		}
-		out = append(out, mi)
+	var out []string
+	for _, m := range h.MemberInfos(group) {
+		out = append(out, m.ID)
 	}
 	return out
 }
 
+// MemberInfo is what a group knows of one member.
+type MemberInfo = keyshared.MemberInfo
+
+// MemberInfos returns the members of a group with their subscriptions,
+// sorted by id, as the group's registry has them (in cluster mode, the
+// members on every node, with their node).
+func (h *KeyShared) MemberInfos(group string) []MemberInfo {
+	g := h.groups.get(group)
+	if g == nil {
+		return nil
+	}
+	return g.d.Members()
+}
+
 // DeadLetters returns up to limit dead letters of a group with ids after after.
-func (h *KeyShared) DeadLetters(group string, after uint64, limit int) ([]persistence.DeadLetterEntry, error) {
-	return h.store.DeadLetters(group, after, limit)
+func (h *KeyShared) DeadLetters(group string, after uint64, limit int) ([]keyshared.DeadLetterEntry, error) {
+	return h.backend.DeadLetters(group, after, limit)
 }
 
 // DeadLetter returns one dead letter.
-func (h *KeyShared) DeadLetter(group string, id uint64) (persistence.DeadLetterEntry, error) {
-	return h.store.DeadLetter(group, id)
+func (h *KeyShared) DeadLetter(group string, id uint64) (keyshared.DeadLetterEntry, error) {
+	return h.backend.DeadLetter(group, id)
 }
 
 // ReplayDeadLetter puts a dead letter back at the tail of its group's log.
 func (h *KeyShared) ReplayDeadLetter(group string, id uint64) (uint64, error) {
-	return h.store.ReplayDeadLetter(group, id)
+	return h.backend.ReplayDeadLetter(group, id)
 }
 
 // DeleteDeadLetter deletes one dead letter.
 func (h *KeyShared) DeleteDeadLetter(group string, id uint64) error {
-	return h.store.DeleteDeadLetter(group, id)
+	return h.backend.DeleteDeadLetter(group, id)
 }
 
 // PurgeDeadLetters deletes all of a group's dead letters and returns how many.
 func (h *KeyShared) PurgeDeadLetters(group string) (int, error) {
-	return h.store.PurgeDeadLetters(group)
+	return h.backend.PurgeDeadLetters(group)
 }
 
 // PendingMessage is a message of a group's log past its cursor and where it stands.
@@ -205,15 +192,11 @@ func (h *KeyShared) Pending(ctx context.Context, group string, limit int) (st Gr
 	if err != nil {
 		return st, nil, false, err
 	}
-	log, err := h.store.Log(group)
-	if err != nil {
-		return st, nil, false, err
-	}
 	cursor := st.Info.Cursor
 	if st.Running {
 		cursor = max(cursor, st.Stats.Cursor)
 	}
-	read, err := log.ReadFrom(cursor+1, limit+1, nil)
+	read, err := h.backend.Pending(group, cursor+1, limit+1)
 	if err != nil {
 		return st, nil, false, err
 	}

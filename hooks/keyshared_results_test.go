@@ -11,7 +11,7 @@ import (
 )
 
 // closedDispatch is a group dispatcher that has been closed.
-type closedDispatch struct{ groupDispatch }
+type closedDispatch struct{ keyshared.Group }
 
 func (closedDispatch) Ack(string, uint64) error          { return keyshared.ErrClosed }
 func (closedDispatch) Nack(string, uint64, byte) error   { return keyshared.ErrClosed }

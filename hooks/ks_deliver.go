@@ -15,23 +15,24 @@ import (
 // when it exceeds a member's Maximum Packet Size.
 const ReasonPacketTooLarge byte = 0x95
 
-// groupOut delivers one group's messages to its members (keyshared.Deliverer).
+// groupOut delivers one group's messages to its members and publishes its
+// dead letters live (keyshared.Output).
 // It is called on the group's dispatcher goroutine (reliable path) or on a
 // publisher's goroutine (QoS 0 routing), and never blocks: every write goes
 // to the member's connection queue.
 type groupOut struct {
 	h *KeyShared
 	g *ksGroup
-	// fl, the dispatcher's only (nil elsewhere), holds the round's QoS 1/2
-	// deliveries until the dispatcher's Flush: then each member's go with
-	// one write, made by the dispatcher's goroutine when the member's
-	// connection writer is idle.
+	// fl holds a round's QoS 1/2 deliveries until the backend's Flush
+	// (keyshared.Output): then each member's go with one write, made by the
+	// goroutine that delivered them when the member's connection writer is
+	// idle.
 	fl *connq.Flusher
 }
 
 var (
-	_ keyshared.Deliverer = (*groupOut)(nil)
-	_ keyshared.Flusher   = (*groupOut)(nil)
+	_ keyshared.Output  = (*groupOut)(nil)
+	_ keyshared.Flusher = (*groupOut)(nil)
 )
 
 // Flush implements keyshared.Flusher.
@@ -39,6 +40,12 @@ func (o *groupOut) Flush() {
 	if o.fl != nil {
 		o.fl.Flush()
 	}
+}
+
+// DeadLettered implements keyshared.Output: a dead letter, once stored, is
+// published live on $dlq/<share>/<original topic>.
+func (o *groupOut) DeadLettered(d keyshared.DeadLetter) {
+	o.h.dlq.publish(o.g.name, o.g.n.Share, d)
 }
 
 // Deliver implements keyshared.Deliverer. The dispatcher only offers a

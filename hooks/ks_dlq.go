@@ -18,23 +18,6 @@ const DLQPrefix = "$dlq/"
 // maxTopicLen is the longest topic name MQTT can carry.
 const maxTopicLen = 65535
 
-// deadLetterLog stores dead letters through the group log, then publishes
-// each live on $dlq/<share name>/<original topic> through dlqPublisher.
-type deadLetterLog struct {
-	keyshared.Log
-	pub   *dlqPublisher
-	group string
-	share string
-}
-
-func (l *deadLetterLog) DeadLetter(d keyshared.DeadLetter) error {
-	if err := l.Log.DeadLetter(d); err != nil {
-		return err
-	}
-	l.pub.publish(l.group, l.share, d)
-	return nil
-}
-
 // dlqPublisher publishes dead letters live through an inline client.
 type dlqPublisher struct {
 	server *mqtt.Server

@@ -1,7 +1,6 @@
 package hooks
 
 import (
-	"context"
 	"slices"
 	"strings"
 	"sync"
@@ -14,46 +13,19 @@ import (
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
-// ksGroup is one running Key-Shared group: its reliable dispatcher (QoS >= 1,
-// over the group log) and its QoS 0 router. On one node they are a
-// keyshared.Dispatcher and a keyshared.Router; in cluster mode both are the
-// node's side of the cluster-wide group (cluster.Group), whose one
-// dispatcher runs on the node holding the group's lease.
+// ksGroup is one running Key-Shared group: this node's side of it
+// (keyshared.Group), from the backend: its dispatcher runs here on one
+// node, on the node holding the group's lease in a cluster.
 type ksGroup struct {
 	name string // "<share>/<filter>"
 	n    share.Name
-	d    groupDispatch
-	r    groupRouter
+	d    keyshared.Group
+	// owner is whom the group counts against (KeySharedConfig.GroupOwner);
+	// guarded by the registry's mu.
+	owner string
 	// ext is where an internal group's deliveries go (ks_internal.go).
 	ext atomic.Pointer[internalOut]
 }
-
-// groupDispatch is what the hook asks of a group's reliable dispatch.
-type groupDispatch interface {
-	AddMember(id string, o keyshared.MemberOptions) error
-	RemoveMember(id string) error
-	SetActive(id string, active bool) error
-	Ack(member string, offset uint64) error
-	Nack(member string, offset uint64, reason byte) error
-	Reject(member string, offset uint64, reason byte) error
-	Notify()
-	Stats() keyshared.Stats
-	States(ctx context.Context, offsets []uint64) ([]keyshared.MessageStatus, error)
-	Close(ctx context.Context) error
-}
-
-// groupRouter is what the hook asks of a group's QoS 0 routing.
-type groupRouter interface {
-	AddMember(id string, o keyshared.MemberOptions) error
-	RemoveMember(id string) error
-	Route(m *keyshared.Message) (string, bool)
-	Stats() keyshared.RouterStats
-}
-
-var (
-	_ groupDispatch = (*keyshared.Dispatcher)(nil)
-	_ groupRouter   = (*keyshared.Router)(nil)
-)
 
 // groupRegistry owns the running groups and the index that matches topics to
 // them. It is safe for concurrent use.
@@ -66,6 +38,8 @@ type groupRegistry struct {
 		// the first instead of creating it twice, and nobody holds mu while
 		// the store commits the new group.
 		opening map[string]chan struct{}
+		// owned counts the running groups of each owner (ksGroup.owner).
+		owned map[string]int
 	}
 	// matches caches topic -> matching groups, valid while version is.
 	matches *topicCache[[]*ksGroup]
@@ -83,7 +57,36 @@ func newGroupRegistry() *groupRegistry {
 	r.mu.groups = map[string]*ksGroup{}
 	r.mu.index = mqtt.NewTopicsIndex()
 	r.mu.opening = map[string]chan struct{}{}
+	r.mu.owned = map[string]int{}
 	return r
+}
+
+// claim makes owner the owner of group name, if it runs and has none.
+func (r *groupRegistry) claim(name, owner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.mu.groups[name]; g != nil && g.owner == "" {
+		g.owner = owner
+		r.mu.owned[owner]++
+	}
+}
+
+// owned returns how many running groups owner owns.
+func (r *groupRegistry) owned(owner string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.mu.owned[owner]
+}
+
+// disownLocked stops counting g against its owner.
+func (r *groupRegistry) disownLocked(g *ksGroup) {
+	if g.owner == "" {
+		return
+	}
+	if r.mu.owned[g.owner]--; r.mu.owned[g.owner] <= 0 {
+		delete(r.mu.owned, g.owner)
+	}
+	g.owner = ""
 }
 
 func (r *groupRegistry) get(name string) *ksGroup {
@@ -134,6 +137,7 @@ func (r *groupRegistry) remove(name string) *ksGroup {
 	defer r.mu.Unlock()
 	g := r.mu.groups[name]
 	if g != nil {
+		r.disownLocked(g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)
 		r.version.Add(1)
@@ -147,6 +151,7 @@ func (r *groupRegistry) removeAll() []*ksGroup {
 	defer r.mu.Unlock()
 	out := make([]*ksGroup, 0, len(r.mu.groups))
 	for name, g := range r.mu.groups {
+		r.disownLocked(g)
 		out = append(out, g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)

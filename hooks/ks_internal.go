@@ -10,10 +10,8 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // The broker's own groups and publishes, for bridges to other brokers.
@@ -69,7 +67,8 @@ var ErrNotInternal = errors.New("keyshared hook: not an internal group")
 // KeySharedConfig.GroupSettings gives its name) if it does not exist, and
 // sends its deliveries to out from then on. The group counts as having a
 // member while it is open, so the idle TTL never deletes it. Deliveries
-// start once a member is added (InternalGroup.AddMember).
+// start once a member is added (InternalGroup.AddMember). (No backend's
+// idle sweep deletes an internal group: keyshared.Backend's contract.)
 func (h *KeyShared) OpenInternal(n share.Name, out keyshared.Deliverer) (*InternalGroup, error) {
 	if !n.Internal() {
 		return nil, fmt.Errorf("%w: %s", ErrNotInternal, n)
@@ -79,7 +78,6 @@ func (h *KeyShared) OpenInternal(n share.Name, out keyshared.Deliverer) (*Intern
 		return nil, err
 	}
 	g.ext.Store(&internalOut{d: out})
-	h.recordMembers(g.name, 1)
 	return &InternalGroup{h: h, g: g}, nil
 }
 
@@ -89,20 +87,12 @@ func (ig *InternalGroup) Name() string { return ig.g.name }
 // AddMember adds the in-process member id, which takes at most recvMax
 // messages in flight (0: the group's member-max-inflight).
 func (ig *InternalGroup) AddMember(id string, recvMax int) error {
-	opts := keyshared.MemberOptions{ReceiveMaximum: recvMax}
-	if err := ig.g.r.AddMember(id, opts); err != nil {
-		return err
-	}
-	if cg, ok := ig.g.d.(*cluster.Group); ok {
-		return cg.AddMemberQoS(id, opts, 2)
-	}
-	return ig.g.d.AddMember(id, opts)
+	return ig.g.d.AddMember(id, keyshared.MemberOptions{ReceiveMaximum: recvMax, QoS: 2})
 }
 
 // RemoveMember removes member id: what it held is requeued at the head of
 // its keys. An unknown member is not an error.
 func (ig *InternalGroup) RemoveMember(id string) error {
-	_ = ig.g.r.RemoveMember(id)
 	if err := ig.g.d.RemoveMember(id); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
 		return err
 	}
@@ -128,29 +118,20 @@ func (ig *InternalGroup) Reject(member string, offset uint64, reason byte) {
 
 // Stats returns the group's live dispatch figures and the QoS 0 routing ones.
 func (ig *InternalGroup) Stats() (keyshared.Stats, keyshared.RouterStats) {
-	return ig.g.d.Stats(), ig.g.r.Stats()
+	return ig.g.d.Stats(), ig.g.d.RouterStats()
 }
 
 // Info returns the group's stored figures (backlog, bytes, dead letters).
-func (ig *InternalGroup) Info() (persistence.GroupInfo, error) { return ig.h.store.Group(ig.g.name) }
+func (ig *InternalGroup) Info() (keyshared.GroupInfo, error) { return ig.h.backend.Group(ig.g.name) }
 
-// Holder returns the node holding the group's lease in cluster mode, and
-// whether the group is a cluster-wide one.
-func (ig *InternalGroup) Holder() (node string, clustered bool) {
-	if cg, ok := ig.g.d.(*cluster.Group); ok {
-		return cg.Holder(), true
-	}
-	return "", false
-}
+// Holder returns the node holding the group's lease in cluster mode ("" on
+// one node), and whether a dispatcher serves the group now.
+func (ig *InternalGroup) Holder() (node string, dispatching bool) { return ig.g.d.Holder() }
 
-// HeldHere reports whether this node holds the group's lease now (by its own
-// clock, not a read of the lease); always true on one node.
-func (ig *InternalGroup) HeldHere() bool {
-	if cg, ok := ig.g.d.(*cluster.Group); ok {
-		return cg.HeldHere()
-	}
-	return true
-}
+// HeldHere reports whether this node dispatches the group now (in a
+// cluster: holds its lease by its own clock, not a read of the lease);
+// always true on one node.
+func (ig *InternalGroup) HeldHere() bool { return ig.g.d.HeldHere() }
 
 // Close detaches the in-process member's Deliverer; the group and its
 // backlog stay, and it goes on taking publishes. Remove members first.
@@ -235,14 +216,14 @@ func (in *Injector) Publish(msg *keyshared.Message, retain bool) error {
 		}
 		if pk.FixedHeader.Qos == 0 {
 			for _, g := range groups {
-				g.r.Route(&m)
+				g.d.Route(&m)
 			}
 		} else {
 			names := make([]string, len(groups))
 			for i, g := range groups {
 				names[i] = g.name
 			}
-			if err := h.appendFailure(in.cl, pk.TopicName, h.store.AppendMulti(names, m)); err != nil {
+			if err := h.appendFailure(in.cl, pk.TopicName, keyshared.AppendMulti(h.backend, names, m)); err != nil {
 				in.Refused.Add(1)
 				return err
 			}

@@ -45,7 +45,7 @@ func newInternalFixture(t *testing.T, backlog persistence.GroupConfig) (*KeyShar
 		t.Fatal(err)
 	}
 	store := db.Groups()
-	h := NewKeyShared(server, store, KeySharedConfig{
+	h := NewKeyShared(server, keyshared.NewLocalBackend(store), KeySharedConfig{
 		KeyProperty: "key",
 		GroupSettings: func(string) (keyshared.Config, persistence.GroupConfig) {
 			return keyshared.DefaultConfig(), backlog

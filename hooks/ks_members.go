@@ -23,20 +23,10 @@ type memberships struct {
 	mu       sync.Mutex
 	byClient map[string]map[string]*membership // client id -> group name -> membership
 	byGroup  map[string]map[string]struct{}    // group name -> client ids
-	// counted, when set, is told a group's member count after every change,
-	// under mu: two members leaving at once cannot report their counts out
-	// of order (a group once stayed at one member for ever, never idle).
-	counted func(group string, members int)
 }
 
-func newMemberships(counted func(group string, members int)) *memberships {
-	return &memberships{byClient: map[string]map[string]*membership{}, byGroup: map[string]map[string]struct{}{}, counted: counted}
-}
-
-func (ms *memberships) countedLocked(group string, members int) {
-	if ms.counted != nil {
-		ms.counted(group, members)
-	}
+func newMemberships() *memberships {
+	return &memberships{byClient: map[string]map[string]*membership{}, byGroup: map[string]map[string]struct{}{}}
 }
 
 // set records client as a member of group and returns the group's member count.
@@ -55,7 +45,6 @@ func (ms *memberships) set(client, group string, m *membership) int {
 		ms.byGroup[group] = cs
 	}
 	cs[client] = struct{}{}
-	ms.countedLocked(group, len(cs))
 	return len(cs)
 }
 
@@ -77,7 +66,6 @@ func (ms *memberships) remove(client, group string) (int, bool) {
 	if len(cs) == 0 {
 		delete(ms.byGroup, group)
 	}
-	ms.countedLocked(group, len(cs))
 	return len(cs), true
 }
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // message is the group log entry of a publish.
@@ -75,7 +74,7 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 	}
 	if m.QoS == 0 {
 		for _, g := range groups {
-			g.r.Route(&m)
+			g.d.Route(&m)
 		}
 		return pk, nil
 	}
@@ -94,7 +93,7 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 		}
 		hold := q.HoldAck(typ, pk.PacketID, v5)
 		topic := pk.TopicName // not pk: the callback would keep the whole packet on the heap
-		h.store.AppendMultiAsync(names, m, func(rs []persistence.AppendResult) {
+		h.backend.AppendMultiAsync(names, m, func(rs []keyshared.AppendResult) {
 			if err := h.appendFailure(cl, topic, rs); err != nil {
 				hold.Fail(refusalCode(err).Code)
 				return
@@ -107,7 +106,7 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 		})
 		return pk, nil
 	}
-	failed := h.appendFailure(cl, pk.TopicName, h.store.AppendMulti(names, m))
+	failed := h.appendFailure(cl, pk.TopicName, keyshared.AppendMulti(h.backend, names, m))
 	if failed == nil {
 		return pk, nil
 	}
@@ -135,13 +134,13 @@ func (h *KeyShared) refuse(cl *mqtt.Client, pk packets.Packet, code packets.Code
 
 // appendFailure logs and counts refused appends and returns the error to
 // report, if any (a full backlog wins: it is the one a publisher can act on).
-func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistence.AppendResult) error {
+func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []keyshared.AppendResult) error {
 	var failed error
 	for _, r := range rs {
 		if r.Err != nil {
 			h.AppendErrors.Add(1)
 			h.Log.Warn("group refused a message", "group", r.Group, "topic", clip(topic), "client", cl.ID, "error", r.Err)
-			if failed == nil || errors.Is(r.Err, persistence.ErrBacklogFull) {
+			if failed == nil || errors.Is(r.Err, keyshared.ErrBacklogFull) {
 				failed = r.Err
 			}
 		}
@@ -151,7 +150,7 @@ func (h *KeyShared) appendFailure(cl *mqtt.Client, topic string, rs []persistenc
 
 // refusalCode is the MQTT 5 reason code for a refused append.
 func refusalCode(err error) packets.Code {
-	if errors.Is(err, persistence.ErrBacklogFull) {
+	if errors.Is(err, keyshared.ErrBacklogFull) {
 		return packets.ErrQuotaExceeded
 	}
 	return packets.ErrUnspecifiedError

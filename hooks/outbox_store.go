@@ -27,17 +27,17 @@ func outboxKey(client string, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(clientPrefix(client), seq)
 }
 
-func (s outboxStore) Put(client string, seq uint64, rec []byte) {
-	s.store.Put(persistence.KindOutbox, outboxKey(client, seq), rec)
+func (s outboxStore) Put(client string, m outbox.Stored) {
+	s.store.Put(persistence.KindOutbox, outboxKey(client, m.Seq), m.Record())
 }
 
 // PutDurable implements outbox.DurableStore: the write commits with the
 // store's next commit, and done hears its outcome.
-func (s outboxStore) PutDurable(client string, seq uint64, rec []byte, done func(error)) {
-	s.store.PutNotify(persistence.KindOutbox, outboxKey(client, seq), rec, done)
+func (s outboxStore) PutDurable(client string, m outbox.Stored, done func(error)) {
+	s.store.PutNotify(persistence.KindOutbox, outboxKey(client, m.Seq), m.Record(), done)
 }
 
-func (s outboxStore) Delete(client string, seq uint64) {
+func (s outboxStore) Delete(client string, seq, _ uint64) {
 	s.store.Delete(persistence.KindOutbox, outboxKey(client, seq))
 }
 

@@ -65,20 +65,16 @@ func (r *receiver) has(ns []int) bool {
 // check fails unless every number in acked arrived, first arrivals in order.
 func (r *receiver) check(t *testing.T, who string, acked []int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !r.has(acked) {
-		if time.Now().After(deadline) {
-			r.mu.Lock()
-			var missing []int
-			for _, n := range acked {
-				if !r.seen[n] {
-					missing = append(missing, n)
-				}
+	if !mqtttest.Within(30*time.Second, func() bool { return r.has(acked) }) {
+		r.mu.Lock()
+		var missing []int
+		for _, n := range acked {
+			if !r.seen[n] {
+				missing = append(missing, n)
 			}
-			r.mu.Unlock()
-			t.Fatalf("%s: %d acknowledged messages never arrived: %v", who, len(missing), missing)
 		}
-		time.Sleep(10 * time.Millisecond)
+		r.mu.Unlock()
+		t.Fatalf("%s: %d acknowledged messages never arrived: %v", who, len(missing), missing)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -26,8 +26,8 @@ func (c *core) addMember(id string, spec memberSpec, now time.Time) error {
 		c.memberChanged(m)
 		// Functions cannot be compared: any read access given may differ
 		// from the last (another user may hold the client id now).
-		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil {
-			m.filters, m.canRead = fs, spec.canRead
+		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil || m.fits != nil || spec.fits != nil {
+			m.filters, m.canRead, m.fits = fs, spec.canRead, spec.fits
 			c.rebuildRing()
 			c.rerouteWaiting(nil, now)
 		} else {
@@ -35,7 +35,7 @@ func (c *core) addMember(id string, spec memberSpec, now time.Time) error {
 		}
 		return nil
 	}
-	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, active: true, stat: &memberStat{id: id}}
+	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, fits: spec.fits, active: true, stat: &memberStat{id: id}}
 	c.members[id] = m
 	c.memberChanged(m)
 	c.rebuildRing()
@@ -108,7 +108,7 @@ func (c *core) setActive(id string, active bool, now time.Time) error {
 func (c *core) rebuildRing() {
 	rms := make([]ringMember, 0, len(c.members))
 	for _, m := range c.members {
-		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead})
+		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead, fits: m.fits})
 	}
 	c.ring = buildRing(rms)
 	c.byRing = make([]*member, len(c.ring.members))

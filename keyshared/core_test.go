@@ -406,27 +406,38 @@ func TestExpiredAreSkippedAndUnmatchedWait(t *testing.T) {
 	}
 }
 
-// TestMemberThatMayNotReadIsNotEligible: read access works like a key filter:
-// a message goes to an eligible member or waits; it is never offered to a
-// member that may not read its topic (and never dead-lettered for it).
-func TestMemberThatMayNotReadIsNotEligible(t *testing.T) {
-	h := newHarness(t, nil)
-	deny := func(topic string) bool { return topic != "secret" }
-	if err := h.c.addMember("nosy", memberSpec{canRead: deny}, h.now); err != nil {
-		t.Fatal(err)
-	}
-	h.c.poll(h.now)
-	h.check()
-	offs := h.publish("secret", "public")
-	wantOffsets(t, "only public", h.out.take(), offs[1])
-	if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
-		t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
-	}
-	h.add("admin", 0)
-	got := h.out.take()
-	wantOffsets(t, "secret, once admin joins", got, offs[0])
-	if got[0].member != "admin" {
-		t.Fatalf("secret went to %q", got[0].member)
+// TestIneligibleMembers: read access and the size a member can take work
+// like a key filter: a message goes to an eligible member or waits; it is
+// never offered to a member that may not read its topic or cannot take it
+// (its Maximum Packet Size), and never dead-lettered for it (a message too
+// large was, with 0x95, at the first attempt).
+func TestIneligibleMembers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec memberSpec // refuses the message of key (and topic) "denied"
+	}{
+		{"may not read", memberSpec{canRead: func(topic string) bool { return topic != "denied" }}},
+		{"cannot take", memberSpec{fits: func(m *Message) bool { return m.Key != "denied" }}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			if err := h.c.addMember("narrow", tc.spec, h.now); err != nil {
+				t.Fatal(err)
+			}
+			h.c.poll(h.now)
+			h.check()
+			offs := h.publish("denied", "allowed")
+			wantOffsets(t, "only the allowed one", h.out.take(), offs[1])
+			if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
+				t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
+			}
+			h.add("wide", 0)
+			got := h.out.take()
+			wantOffsets(t, "the denied one, once a member that takes it joins", got, offs[0])
+			if got[0].member != "wide" {
+				t.Fatalf("the denied one went to %q", got[0].member)
+			}
+		})
 	}
 }
 

@@ -160,6 +160,13 @@ type MemberOptions struct {
 	// message it may not read is never offered to it: the key goes to the
 	// next eligible member on the ring, or waits for one.
 	CanRead func(topic string) bool
+	// Fits, when set, reports whether the member can take a message (MQTT 5
+	// Maximum Packet Size). Like a topic it may not read, a message it cannot
+	// take is never offered to it: another member gets it, or it waits.
+	Fits func(m *Message) bool
+	// QoS is the QoS granted to the member's subscription: what
+	// Group.Members shows (the dispatcher does not use it).
+	QoS byte
 }
 
 // AddMember adds a member (an MQTT client id). Adding a member that exists
@@ -174,7 +181,7 @@ func (d *Dispatcher) AddMember(id string, o MemberOptions) error {
 	if err != nil {
 		return err
 	}
-	return d.do(command{kind: cmdAdd, id: id, spec: memberSpec{recvMax: o.ReceiveMaximum, filters: fs, canRead: o.CanRead}})
+	return d.do(command{kind: cmdAdd, id: id, spec: memberSpec{recvMax: o.ReceiveMaximum, filters: fs, canRead: o.CanRead, fits: o.Fits}})
 }
 
 // RemoveMember removes a member that unsubscribed. Its in-flight messages

@@ -8,6 +8,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // Dead letters live in the data file under groups/<name>/dlq, keyed by an id
@@ -79,7 +81,7 @@ func (s *Groups) DeadLetters(name string, after uint64, limit int) ([]DeadLetter
 
 func decodeDeadLetterEntry(group string, k, v []byte) (DeadLetterEntry, error) {
 	id := binary.BigEndian.Uint64(k)
-	d, _, err := decodeDeadLetter(v, true)
+	d, _, err := keyshared.DecodeDeadLetter(v, true)
 	if err != nil {
 		return DeadLetterEntry{}, fmt.Errorf("%w: group %q dead letter %d: %w", ErrCorrupt, group, id, err)
 	}

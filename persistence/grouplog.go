@@ -26,7 +26,7 @@ func (l *segLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keys
 	var bad []uint64
 	for i := range es {
 		// Entries are immutable and kept alive by the messages viewing them.
-		m, derr := decodeMessage(es[i].Data, false)
+		m, derr := keyshared.DecodeMessage(es[i].Data, false)
 		if derr != nil {
 			l.s.quarantine(l.g, es[i].Offset, es[i].Data, derr)
 			bad = append(bad, es[i].Offset)
@@ -60,7 +60,7 @@ func (l *segLog) Resolve(offsets []uint64) { l.s.log.Resolve(l.g.meta.ID, offset
 
 func (l *segLog) DeadLetter(d keyshared.DeadLetter) error {
 	d.Group = l.g.name
-	v := appendDeadLetter(nil, &d)
+	v := keyshared.AppendDeadLetter(nil, &d)
 	return l.s.dlqOp(l.g, func(bk *bolt.Bucket, st *dlqState) error {
 		id := st.seq + 1
 		if err := bk.Bucket(dlqBucket).Put(be64(id), v); err != nil {

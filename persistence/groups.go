@@ -13,6 +13,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/share"
+	"github.com/keyline-mq/keyline/internal/wire"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence/seglog"
 )
@@ -93,10 +95,10 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 			return fmt.Errorf("persistence: create groups bucket: %w", err)
 		}
 		if v := tx.Bucket(groupsBucket).Get(keylineKey); v != nil {
-			d := decoder{b: v}
-			s.mu.nextID = d.uvarint()
-			if d.err != nil {
-				return fmt.Errorf("%w: %s: next group id: %w", ErrCorrupt, db.path, d.err)
+			d := wire.NewDecoder(v, errDecode)
+			s.mu.nextID = d.Uvarint()
+			if d.Err() != nil {
+				return fmt.Errorf("%w: %s: next group id: %w", ErrCorrupt, db.path, d.Err())
 			}
 		}
 		s.mu.nextID = max(s.mu.nextID, 1)
@@ -150,7 +152,7 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 	}
 	s.lg.Debug("message log opened", "segments", rep.Segments, "bytes", rep.Bytes, "live", rep.Live, "took", rep.Took)
 	for _, g := range s.mu.groups {
-		if err := s.log.SetLimits(g.meta.ID, g.meta.Config.limits()); err != nil {
+		if err := s.log.SetLimits(g.meta.ID, g.meta.Config.Limits()); err != nil {
 			_ = s.log.Close()
 			return nil, fmt.Errorf("persistence: group %q: %w", g.name, err)
 		}
@@ -262,7 +264,7 @@ func (s *Groups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
 			return false, err
 		}
 		g.meta = meta
-		return false, s.log.SetLimits(meta.ID, cfg.limits())
+		return false, s.log.SetLimits(meta.ID, cfg.Limits())
 	}
 	s.mu.Lock()
 	id := s.mu.nextID
@@ -297,7 +299,7 @@ func (s *Groups) EnsureGroup(name string, cfg GroupConfig) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
 	}
-	if err := s.log.AddGroup(id, seglog.GroupState{}, cfg.limits()); err != nil {
+	if err := s.log.AddGroup(id, seglog.GroupState{}, cfg.Limits()); err != nil {
 		return false, fmt.Errorf("persistence: create group %q: %w", name, err)
 	}
 	g = &group{name: name, meta: meta, lastSeen: st.lastSeen}
@@ -469,7 +471,7 @@ func (s *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done fun
 		done(logResults(names, rs))
 		return
 	}
-	s.log.Append(s.ids(names), encodeMessage(&m), func(rs []seglog.Result) { done(logResults(names, rs)) })
+	s.log.Append(s.ids(names), keyshared.EncodeMessage(&m), func(rs []seglog.Result) { done(logResults(names, rs)) })
 }
 
 // AppendAsync implements GroupStore.
@@ -516,6 +518,10 @@ func (s *Groups) MembersChanged(name string, members int, now time.Time) error {
 	return nil
 }
 
+// internalGroup reports whether name is one of the broker's own groups,
+// which no idle sweep deletes (keyshared.Backend's contract).
+func internalGroup(name string) bool { return strings.HasPrefix(name, share.InternalPrefix) }
+
 // SweepIdle implements GroupStore.
 func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	s.shape.Lock()
@@ -526,7 +532,7 @@ func (s *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	s.mu.RLock()
 	var idle []*group
 	for _, g := range s.mu.groups {
-		if g.members == 0 && g.dlq.count == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl {
+		if g.members == 0 && g.dlq.count == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl && !internalGroup(g.name) {
 			idle = append(idle, g)
 		}
 	}

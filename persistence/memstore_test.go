@@ -22,8 +22,9 @@ type MemGroups struct {
 		groups map[string]*memGroup
 		closed bool
 	}
-	onAppend atomic.Pointer[func(group string, head uint64)]
-	notify   *notify.Notifier
+	onAppend    atomic.Pointer[func(group string, head uint64)]
+	onCommitted atomic.Pointer[func()]
+	notify      *notify.Notifier
 }
 
 type memGroup struct {
@@ -168,6 +169,9 @@ func (s *MemGroups) Log(name string) (keyshared.Log, error) {
 // OnAppend implements GroupStore.
 func (s *MemGroups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
 
+// OnCommitted implements GroupStore: each append is a commit of its own.
+func (s *MemGroups) OnCommitted(fn func()) { s.onCommitted.Store(&fn) }
+
 // resolveLocked resolves off; drop counts it as dropped by the policy.
 func (g *memGroup) resolveLocked(off uint64, drop bool) {
 	enc, ok := g.msgs[off]
@@ -194,11 +198,9 @@ func (g *memGroup) resolveLocked(off uint64, drop bool) {
 
 // appendLocked applies the group's limits and appends enc.
 func (g *memGroup) appendLocked(name string, enc []byte) (uint64, error) {
-	lim, size := g.meta.Config.limits(), uint64(len(enc))
-	over := func() bool {
-		return (lim.MaxMessages > 0 && uint64(len(g.msgs))+1 > lim.MaxMessages) || (lim.MaxBytes > 0 && g.bytes+size > lim.MaxBytes)
-	}
-	if lim.MaxBytes > 0 && size > lim.MaxBytes {
+	lim, size := g.meta.Config.Limits(), uint64(len(enc))
+	over := func() bool { return lim.Over(uint64(len(g.msgs)), g.bytes, size) }
+	if lim.TooLarge(size) {
 		g.rejected++
 		return 0, fmt.Errorf("%w: group %q: message of %d bytes exceeds the limit of %d bytes", ErrBacklogFull, name, size, lim.MaxBytes)
 	}
@@ -253,10 +255,13 @@ func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult
 			}
 		})
 	}
+	if fn := s.onCommitted.Load(); fn != nil && *fn != nil {
+		s.notify.Push(*fn)
+	}
 }
 
 func (s *MemGroups) appendMulti(groups []string, m *keyshared.Message, done func([]AppendResult)) []AppendResult {
-	enc := encodeMessage(m)
+	enc := keyshared.EncodeMessage(m)
 	res := make([]AppendResult, len(groups))
 	s.mu.Lock()
 	if s.mu.closed {
@@ -313,7 +318,7 @@ func (l *memLog) ReadFrom(from uint64, max int, buf []keyshared.Message) ([]keys
 		if !live {
 			continue
 		}
-		m, err := decodeMessage(enc, false)
+		m, err := keyshared.DecodeMessage(enc, false)
 		if err != nil {
 			return buf, fmt.Errorf("%w: group %q offset %d: %w", ErrCorrupt, l.name, g.order[i], err)
 		}
@@ -355,7 +360,7 @@ func (l *memLog) Resolve(offsets []uint64) {
 
 func (l *memLog) DeadLetter(d keyshared.DeadLetter) error {
 	d.Group = l.name
-	v := appendDeadLetter(nil, &d)
+	v := keyshared.AppendDeadLetter(nil, &d)
 	g, err := l.s.lockGroup(l.name)
 	if err != nil {
 		return err
@@ -436,7 +441,7 @@ func (s *MemGroups) ReplayDeadLetter(name string, id uint64) (uint64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: group %q id %d", ErrDeadLetterNotFound, name, id)
 	}
-	_, enc, err := decodeDeadLetter(v, false)
+	_, enc, err := keyshared.DecodeDeadLetter(v, false)
 	if err != nil {
 		return 0, fmt.Errorf("%w: group %q dead letter %d: %w", ErrCorrupt, name, id, err)
 	}
@@ -485,7 +490,7 @@ func (s *MemGroups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error
 	}
 	var swept []string
 	for name, g := range s.mu.groups {
-		if g.members == 0 && len(g.msgs) == 0 && len(g.dlIDs) == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl {
+		if g.members == 0 && len(g.msgs) == 0 && len(g.dlIDs) == 0 && now.Sub(timeFromNanos(g.lastSeen)) >= ttl && !internalGroup(name) {
 			swept = append(swept, name)
 			delete(s.mu.groups, name)
 		}

@@ -210,7 +210,7 @@ func testAppendRead(t *testing.T, h *harness) {
 		}
 		var size uint64
 		for i := range want {
-			size += uint64(messageSize(&want[i]))
+			size += uint64(keyshared.MessageSize(&want[i]))
 		}
 		if info.StoredBytes != size {
 			t.Fatalf("StoredBytes = %d, want %d", info.StoredBytes, size)
@@ -342,7 +342,7 @@ func testBacklogReject(t *testing.T, h *harness) {
 		mustAppend(t, h.s, g, msg("t", "x"))
 	}
 	_, err := h.s.Append(g, msg("t", "x"))
-	if !errors.Is(err, ErrBacklogFull) || !strings.HasPrefix(err.Error(), "persistence: ") {
+	if !errors.Is(err, ErrBacklogFull) || !strings.HasPrefix(err.Error(), "keyshared: group backlog full") {
 		t.Fatalf("append over the message limit = %v, want ErrBacklogFull", err)
 	}
 	if info := mustInfo(t, h.s, g); info.Rejected != 1 || info.Head != 3 {
@@ -356,7 +356,7 @@ func testBacklogReject(t *testing.T, h *harness) {
 
 	// Byte limit.
 	m := msg("t", strings.Repeat("b", 100))
-	size := uint64(messageSize(&m))
+	size := uint64(keyshared.MessageSize(&m))
 	const gb = "bytes/#"
 	ensure(t, h.s, gb, GroupConfig{MaxBytes: 2*size + 1})
 	mustAppend(t, h.s, gb, m)
@@ -764,7 +764,7 @@ func testGroupNames(t *testing.T, h *harness) {
 		"s/" + strings.Repeat("x", MaxGroupNameLen)}
 	for _, name := range bad {
 		_, err := h.s.EnsureGroup(name, GroupConfig{})
-		if !errors.Is(err, ErrBadGroupName) || !strings.HasPrefix(err.Error(), "persistence: invalid group name") {
+		if !errors.Is(err, ErrBadGroupName) || !strings.HasPrefix(err.Error(), "keyshared: invalid group name") {
 			t.Errorf("EnsureGroup(%.40q) = %v, want ErrBadGroupName", name, err)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/keyline-mq/keyline/broker/console"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/persistence"
@@ -115,6 +116,13 @@ type Config struct {
 	// AllowedHosts are the host names, besides IP addresses and localhost,
 	// the listener answers to (DNS rebinding protection).
 	AllowedHosts []string
+	// TopicReader, when set, says which topics a topic stream may show
+	// (canRead nil: every topic); an error refuses the stream (403) with it.
+	TopicReader func() (canRead func(topic string) bool, err error)
+	// Waiting, when set, is called while a request waits for its token
+	// check and returns a function called when it stops waiting (the
+	// listener's connection cap lets such a request give way).
+	Waiting func(r *http.Request) func()
 	// Pprof serves Go's profiler under /debug/pprof/.
 	Pprof bool
 	// Settings returns group name's dispatcher settings, for its detail.
@@ -178,6 +186,9 @@ func (s *Service) Published(topic string, qos byte, retain bool, payload []byte)
 	s.obs.topics.publish(topic, qos, retain, payload, time.Now())
 }
 
+// minTokenLen is the shortest http-token that gets no warning.
+const minTokenLen = 16
+
 // Handler returns the HTTP handler of the operator surface.
 func (s *Service) Handler() http.Handler {
 	reg := newRegistry(append([]prometheus.Collector{newBrokerCollector(s), newGroupsCollector(s.groups)}, s.cfg.Collectors...)...)
@@ -188,7 +199,12 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, s.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", s.handleClient)
 	s.groups.register(mux)
-	s.registerConsole(mux, s.groups)
+	auth := console.NewAuth(s.cfg.Token)
+	auth.Waiting = s.cfg.Waiting
+	if n := len(s.cfg.Token); n > 0 && n < minTokenLen {
+		s.log.Warn("http-token is short: at the ten guesses a second the HTTP listener answers, it could be guessed; use 16 random characters or more", "length", n)
+	}
+	s.registerConsole(mux, s.groups, auth)
 	s.registerBridges(mux)
 	if s.cfg.Routes != nil {
 		s.cfg.Routes(mux)
@@ -204,5 +220,5 @@ func (s *Service) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return s.hostCheck(s.adminHandler(mux))
+	return s.hostCheck(s.adminHandler(mux, auth))
 }

@@ -127,8 +127,10 @@ type Session struct {
 	// edit never makes a frame larger than it.
 	MaxPacketSize uint32
 	// TopicAliasMax is the client's Topic Alias Maximum (MQTT 5): publishes
-	// use up to that many aliases, assigned first come.
-	TopicAliasMax uint16
+	// use up to that many aliases, assigned first come, while their topics
+	// take at most TopicAliasBytes (0: no limit) in the writer's table.
+	TopicAliasMax   uint16
+	TopicAliasBytes int
 	// DropSignal adds the user property DropSignalProperty to the first
 	// publish written after messages were dropped or conflated (MQTT 5).
 	DropSignal bool
@@ -211,9 +213,11 @@ type Conn struct {
 	}
 	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
 
-	// aliases is the writer's table of topic aliases (topic -> alias); only
-	// the running writer touches it.
-	aliases map[string]uint16
+	// aliases is the writer's table of topic aliases (topic -> alias), and
+	// aliasBytes the bytes of its topics (at most Session.TopicAliasBytes);
+	// only the running writer touches them.
+	aliases    map[string]uint16
+	aliasBytes int
 	// raw is the socket for direct writes (flush.go); only the running
 	// writer touches it.
 	raw syscall.RawConn

@@ -25,6 +25,7 @@ type batch struct {
 	segs    []seg
 	bufs    net.Buffers
 	user    []byte
+	strip   []frame.Span // reused by each publish's StripUser
 }
 
 // seg is scratch[off:end] followed by ext (which may be nil).
@@ -196,6 +197,13 @@ func (c *Conn) build(bt *batch) net.Buffers {
 			ed.Now = now
 		}
 		newAlias := c.alias(bt, p, &ed)
+		if bt.session.DropSignal && p.Version == 5 {
+			// The publisher's own "dropped" would read as the broker's
+			// signal: a client that asked for the signal never sees one.
+			ed.Strip = bt.strip
+			p.StripUser(&ed, DropSignalProperty)
+			bt.strip = ed.Strip[:0]
+		}
 		if bt.signal > 0 && !signalled {
 			bt.user = frame.AppendUserProperty(bt.user[:0], DropSignalProperty, strconv.FormatUint(bt.signal, 10))
 			ed.User = bt.user
@@ -204,6 +212,7 @@ func (c *Conn) build(bt *batch) net.Buffers {
 			ed.User = nil // the signal waits for a frame it fits in
 			if uint32(p.Size(&ed)) > max && newAlias {
 				delete(c.aliases, p.Topic) // the topic and its alias do not fit: no alias
+				c.aliasBytes -= len(p.Topic)
 				ed.Alias, ed.AliasOnly = 0, false
 			}
 		}
@@ -211,7 +220,7 @@ func (c *Conn) build(bt *batch) net.Buffers {
 			signalled = true
 			c.stats.DropSignals.Add(1)
 		}
-		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 {
+		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 && len(ed.Strip) == 0 {
 			bt.add(p.B, coalesce) // unedited: the shared bytes themselves
 			continue
 		}
@@ -259,7 +268,10 @@ func (bt *batch) add(b []byte, coalesce bool) {
 
 // alias sets ed's topic alias for p when the client allows aliases, and
 // reports whether it assigned a new one. Aliases are assigned in the order
-// frames are written, so the first frame using one announces it.
+// frames are written, so the first frame using one announces it; once the
+// table holds TopicAliasBytes of topics, later topics go without (aliases
+// cannot be taken back from a client, so the table never shrinks: 1,000
+// topics of 30 KB held 31 MB per subscriber before the bound).
 func (c *Conn) alias(bt *batch, p *frame.Publish, ed *frame.Edit) bool {
 	max := bt.session.TopicAliasMax
 	if max == 0 || bt.session.Version != 5 || p.Topic == "" {
@@ -272,11 +284,15 @@ func (c *Conn) alias(bt *batch, p *frame.Publish, ed *frame.Edit) bool {
 	if len(c.aliases) >= int(max) {
 		return false
 	}
+	if limit := bt.session.TopicAliasBytes; limit > 0 && c.aliasBytes+len(p.Topic) > limit {
+		return false
+	}
 	if c.aliases == nil {
 		c.aliases = map[string]uint16{}
 	}
 	a := uint16(len(c.aliases) + 1)
 	c.aliases[strings.Clone(p.Topic)] = a // the table outlives the frame
+	c.aliasBytes += len(p.Topic)
 	ed.Alias = a
 	return true
 }

@@ -24,6 +24,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
 // FreePort returns a loopback TCP port that was free a moment ago. The
@@ -106,18 +108,34 @@ func specs(t testing.TB, n int) []spec {
 // Cluster is an in-process NATS cluster.
 type Cluster struct {
 	Servers []*server.Server
+	// MQTTAddrs are the servers' MQTT listeners (Options.MQTT), in order.
+	MQTTAddrs []string
 }
 
 // Start starts an n-server JetStream cluster in process (n == 1: a single
 // server) and waits until it has a JetStream meta leader. It shuts down
 // when the test ends.
-func Start(t testing.TB, n int) *Cluster {
+func Start(t testing.TB, n int) *Cluster { return StartWith(t, n, Options{}) }
+
+// Options are what StartWith adds to a cluster.
+type Options struct {
+	// MQTT gives every server nats-server's own MQTT listener (the peer of
+	// the cluster benchmarks): MQTTAddrs lists them.
+	MQTT bool
+}
+
+// StartWith is Start with options.
+func StartWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	c := &Cluster{}
 	for _, s := range specs(t, n) {
 		o := s.options()
 		if n == 1 {
 			o.Cluster, o.Routes = server.ClusterOpts{}, nil
+		}
+		if opts.MQTT {
+			o.MQTT = server.MQTTOpts{Host: "127.0.0.1", Port: FreePort(t)}
+			c.MQTTAddrs = append(c.MQTTAddrs, fmt.Sprintf("127.0.0.1:%d", o.MQTT.Port))
 		}
 		srv, err := server.NewServer(o)
 		if err != nil {
@@ -130,13 +148,7 @@ func Start(t testing.TB, n int) *Cluster {
 		c.Servers = append(c.Servers, srv)
 	}
 	t.Cleanup(c.Shutdown)
-	deadline := time.Now().Add(30 * time.Second)
-	for !c.hasLeader(n) {
-		if time.Now().After(deadline) {
-			t.Fatal("no JetStream meta leader within 30s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	mqtttest.Eventually(t, 30*time.Second, "a JetStream meta leader", func() bool { return c.hasLeader(n) })
 	return c
 }
 
@@ -196,6 +208,8 @@ func MaybeRunChild() {
 
 // ProcCluster is a NATS cluster of child processes.
 type ProcCluster struct {
+	bin   string // nats-server binary; "" re-executes the test binary
+	dir   string
 	specs []spec
 	procs []*exec.Cmd
 }
@@ -205,11 +219,27 @@ type ProcCluster struct {
 // answers. The children are killed when the test ends.
 func StartProcs(t testing.TB, n int) *ProcCluster {
 	t.Helper()
-	c := &ProcCluster{specs: specs(t, n), procs: make([]*exec.Cmd, n)}
-	t.Cleanup(c.KillAll)
+	c := NewProcs(t, n, "")
 	for i := range c.specs {
-		c.start(t, i)
+		c.Start(t, i)
 	}
+	c.WaitJetStream(t)
+	return c
+}
+
+// NewProcs prepares an n-server cluster of child processes, none started:
+// each runs bin (a nats-server binary, see ServerBin), or the test binary
+// when bin is "". The children are killed when the test ends.
+func NewProcs(t testing.TB, n int, bin string) *ProcCluster {
+	t.Helper()
+	c := &ProcCluster{bin: bin, dir: t.TempDir(), specs: specs(t, n), procs: make([]*exec.Cmd, n)}
+	t.Cleanup(c.KillAll)
+	return c
+}
+
+// WaitJetStream waits until every server listens and JetStream answers.
+func (c *ProcCluster) WaitJetStream(t testing.TB) {
+	t.Helper()
 	for i := range c.specs {
 		waitTCP(t, c.specs[i].Port)
 	}
@@ -218,32 +248,42 @@ func StartProcs(t testing.TB, n int) *ProcCluster {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	last := ""
+	ok := mqtttest.Within(30*time.Second, func() bool { // JetStream has no readiness event to wait on
 		var info struct {
 			Error *struct{} `json:"error"`
 		}
 		m, err := nc.Request("$JS.API.INFO", nil, 2*time.Second)
-		if err == nil && json.Unmarshal(m.Data, &info) == nil && info.Error == nil {
-			return c
+		switch {
+		case err != nil:
+			last = err.Error()
+		case json.Unmarshal(m.Data, &info) != nil || info.Error != nil:
+			last = string(m.Data)
+		default:
+			return true
 		}
-		if time.Now().After(deadline) {
-			last := ""
-			if err != nil {
-				last = err.Error()
-			} else {
-				last = string(m.Data)
-			}
-			t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	if !ok {
+		t.Fatalf("JetStream not available within 30s: last answer %s; connected to %s; servers %+v", last, nc.ConnectedUrl(), c.specs)
 	}
 }
 
-func (c *ProcCluster) start(t testing.TB, i int) {
-	raw, _ := json.Marshal(c.specs[i])
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+// Start starts server i without waiting for it.
+func (c *ProcCluster) Start(t testing.TB, i int) {
+	t.Helper()
+	var cmd *exec.Cmd
+	if c.bin == "" {
+		raw, _ := json.Marshal(c.specs[i])
+		cmd = exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	} else {
+		conf := filepath.Join(c.dir, c.specs[i].Name+".conf")
+		if err := os.WriteFile(conf, []byte(c.specs[i].config()), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd = exec.Command(c.bin, "-c", conf)
+	}
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -251,20 +291,30 @@ func (c *ProcCluster) start(t testing.TB, i int) {
 	c.procs[i] = cmd
 }
 
+// config is the server's configuration file for a nats-server binary.
+func (s spec) config() string {
+	var routes []string
+	for _, r := range s.Routes {
+		routes = append(routes, strconv.Quote(r))
+	}
+	return fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n"+
+		"cluster { name: kl, listen: 127.0.0.1:%d, routes: [%s] }\n",
+		s.Name, s.Port, s.StoreDir, s.ClusterPort, strings.Join(routes, ", "))
+}
+
+// ServerBin returns $KEYLINE_NATS_SERVER: a nats-server binary for
+// NewProcs, or "" (the test binary runs the servers).
+func ServerBin() string { return os.Getenv("KEYLINE_NATS_SERVER") }
+
 func waitTCP(t testing.TB, port int) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	mqtttest.Eventually(t, 15*time.Second, fmt.Sprintf("the nats server on port %d to listen", port), func() bool {
 		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
 		if err == nil {
 			conn.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats server on port %d not listening", port)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return err == nil
+	})
 }
 
 // URLs returns every server's client URL (killed ones included: clients skip them).
@@ -287,7 +337,7 @@ func (c *ProcCluster) Kill(i int) {
 
 // Restart starts server i again (same name and store).
 func (c *ProcCluster) Restart(t testing.TB, i int) {
-	c.start(t, i)
+	c.Start(t, i)
 	waitTCP(t, c.specs[i].Port)
 }
 

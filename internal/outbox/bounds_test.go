@@ -12,12 +12,12 @@ func TestByteBounds(t *testing.T) {
 	cfg := &Config{Max: 100, MaxBytes: 3 * size, MaxTotalBytes: 5 * size}
 	a, b := New("a", cfg), New("b", cfg)
 	for n := range 4 {
-		if got := a.Add(publish(t, 1, n), 0, 0); got != (n < 3) {
+		if got := a.Add(publish(t, 1, n), 0, 0, 0); got != (n < 3) {
 			t.Fatalf("a: add %d = %v", n, got)
 		}
 	}
 	for n := range 3 {
-		if got := b.Add(publish(t, 1, n), 0, 0); got != (n < 2) {
+		if got := b.Add(publish(t, 1, n), 0, 0, 0); got != (n < 2) {
 			t.Fatalf("b: add %d = %v (the total bound)", n, got)
 		}
 	}
@@ -30,7 +30,7 @@ func TestByteBounds(t *testing.T) {
 		t.Fatalf("a's connection: missed %d, sends %v", c.missed, c.sends)
 	}
 	a.Ack(4, c.sends[0].id, 0)
-	if !b.Add(publish(t, 1, 9), 0, 0) {
+	if !b.Add(publish(t, 1, 9), 0, 0, 0) {
 		t.Fatal("no room after an ack")
 	}
 	a.Discard()
@@ -49,7 +49,7 @@ func TestColdRestore(t *testing.T) {
 	o := New("c", cfg)
 	o.SetPersistent(true)
 	for n := range 5 {
-		o.Add(publish(t, 1+byte(n%2), n), 0, 0)
+		o.Add(publish(t, 1+byte(n%2), n), 0, 0, 0)
 	}
 	c := &fakeConn{}
 	o.Attach(c, 2) // two sent, three queued

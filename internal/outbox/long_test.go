@@ -11,7 +11,7 @@ func TestLongRunKeepsEverything(t *testing.T) {
 	o.Attach(c, 20)
 	acked := 0
 	for n := range 30000 {
-		if !o.Add(publish(t, 1, n), 0, 0) {
+		if !o.Add(publish(t, 1, n), 0, 0, 0) {
 			t.Fatalf("message %d refused; held %v", n, fmtLen(o))
 		}
 		for len(c.sends) > 0 { // an acknowledgement sends the next message

@@ -40,10 +40,10 @@ type memStore struct {
 	meta []byte
 }
 
-func (s *memStore) Put(_ string, seq uint64, rec []byte) { s.recs[seq] = slices.Clone(rec) }
-func (s *memStore) Delete(_ string, seq uint64)          { delete(s.recs, seq) }
-func (s *memStore) PutMeta(_ string, meta []byte)        { s.meta = slices.Clone(meta) }
-func (s *memStore) DeleteSession(string)                 { clear(s.recs); s.meta = nil }
+func (s *memStore) Put(_ string, m Stored)         { s.recs[m.Seq] = m.Record() }
+func (s *memStore) Delete(_ string, seq, _ uint64) { delete(s.recs, seq) }
+func (s *memStore) PutMeta(_ string, meta []byte)  { s.meta = slices.Clone(meta) }
+func (s *memStore) DeleteSession(string)           { clear(s.recs); s.meta = nil }
 
 // Records implements Loader.
 func (s *memStore) Records(string) ([]Record, error) { return s.records(), nil }
@@ -61,12 +61,12 @@ type durableStore struct {
 	uncommitted map[uint64]bool
 }
 
-func (s *durableStore) PutDurable(client string, seq uint64, rec []byte, done func(error)) {
-	s.Put(client, seq, rec)
+func (s *durableStore) PutDurable(client string, m Stored, done func(error)) {
+	s.Put(client, m)
 	if s.uncommitted == nil {
 		s.uncommitted = map[uint64]bool{}
 	}
-	s.uncommitted[seq] = true
+	s.uncommitted[m.Seq] = true
 	s.pending = append(s.pending, done)
 }
 
@@ -143,8 +143,6 @@ type model struct {
 	window   int
 	read     int // sends of conn already checked
 	external map[uint16]bool
-	frozen   bool
-	reserved map[uint16]bool
 
 	qos      map[int]byte   // message number -> QoS, for every message added
 	sentOnce map[int]bool   // sent at least once
@@ -293,7 +291,7 @@ func (m *model) ack(r *rand.Rand) {
 }
 
 // TestOutboxModel drives an outbox with random adds, acknowledgements,
-// reconnects, full connections, frozen ids, crashes and restarts, checking
+// reconnects, full connections, ids taken by other deliveries, crashes and restarts, checking
 // the invariants after every step and that nothing is lost at the end.
 func TestOutboxModel(t *testing.T) {
 	seed := *seedFlag
@@ -327,11 +325,11 @@ func TestOutboxModel(t *testing.T) {
 			}
 			cfg.Spill = sp
 		}
-		m := &model{t: t, cfg: cfg, store: store, external: map[uint16]bool{}, reserved: map[uint16]bool{},
+		m := &model{t: t, cfg: cfg, store: store, external: map[uint16]bool{},
 			qos: map[int]byte{}, relOf: map[uint16]int{}, sentOnce: map[int]bool{}, acked: map[int]bool{}, maybeDup: map[int]bool{}}
 		m.o = New("c", cfg)
 		m.o.SetPersistent(true)
-		m.o.SetExternal(func(id uint16) bool { return m.external[id] || m.reserved[id] })
+		m.o.SetExternal(func(id uint16) bool { return m.external[id] })
 		next := 0
 		for step := range steps {
 			op := r.IntN(100)
@@ -341,9 +339,9 @@ func TestOutboxModel(t *testing.T) {
 				m.qos[next] = q
 				added := false
 				if durable != nil {
-					added, _ = m.o.AddDurable(publish(t, q, next), 1000, 0, func(error) {})
+					added, _ = m.o.AddDurable(publish(t, q, next), 1000, 0, 0, func(error) {})
 				} else {
-					added = m.o.Add(publish(t, q, next), 1000, 0)
+					added = m.o.Add(publish(t, q, next), 1000, 0, 0)
 				}
 				if !added {
 					m.dropped++
@@ -366,27 +364,20 @@ func TestOutboxModel(t *testing.T) {
 					m.conn.wake = nil
 					w()
 				}
-			case op < 90 && !m.frozen:
-				m.frozen = true
-				m.o.Freeze(func(id uint16) { m.reserved[id] = true })
-				for range r.IntN(3) { // mochi picks ids meanwhile
-					id := uint16(1 + r.IntN(40))
-					if !m.reserved[id] && !m.external[id] {
-						m.external[id] = true
+			case op < 94:
+				// Another delivery path (Key-Shared) takes an id for a
+				// message of its own.
+				if id := m.o.AllocExternal(func(id uint16) { m.external[id] = true }); id != 0 {
+					if _, live := m.o.mu.ids.get(id); live {
+						t.Fatalf("run %d step %d: external id %d is a live message's", run, step, id)
 					}
-				}
-			case op < 94 && m.frozen:
-				m.frozen = false
-				m.o.Thaw(func(id uint16) { delete(m.reserved, id) })
-				if len(m.reserved) > 0 {
-					t.Fatalf("run %d step %d: reservations %v left after Thaw", run, step, m.reserved)
 				}
 			case op < 96 && len(m.external) > 0:
 				for id := range m.external { // mochi's message acknowledged
 					delete(m.external, id)
 					break
 				}
-			case op < 98 && !m.frozen:
+			case op < 98:
 				// Crash and restart: a new outbox from the store.
 				wasAttached := m.conn != nil
 				if m.conn != nil {
@@ -425,7 +416,7 @@ func TestOutboxModel(t *testing.T) {
 				if len(errs) > 0 {
 					t.Fatalf("run %d step %d: restore: %v", run, step, errs)
 				}
-				m.o.SetExternal(func(id uint16) bool { return m.external[id] || m.reserved[id] })
+				m.o.SetExternal(func(id uint16) bool { return m.external[id] })
 				m.wire, m.released = map[uint16]int{}, map[uint16]int{}
 			}
 			m.checkSends()
@@ -443,10 +434,6 @@ func TestOutboxModel(t *testing.T) {
 			}
 		}
 		// Drain: attach without limits and acknowledge everything.
-		if m.frozen {
-			m.o.Thaw(func(id uint16) { delete(m.reserved, id) })
-			m.checkSends()
-		}
 		clear(m.external)
 		if m.conn != nil {
 			m.detach()

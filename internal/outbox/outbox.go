@@ -53,14 +53,35 @@ type Conn interface {
 // NoRoom is what Conn.Send returns when it queued nothing for lack of room.
 var NoRoom = errors.New("outbox: connection has no room now")
 
-// Store keeps an outbox's records; its writes may be behind (a crash can
-// lose the newest). Keys are the client id and a message's sequence number.
+// Store keeps a persistent session's outbox: where its messages survive a
+// restart (the bbolt store keeps their records) or a move to another node
+// (the cluster's store ties each message to its reference, a JetStream
+// sequence, and records how far the session has got). Writes may be
+// behind: a crash can lose the newest. The outbox calls it with its own
+// lock held, in the order things happen to the session's messages.
 type Store interface {
-	Put(client string, seq uint64, rec []byte)
-	Delete(client string, seq uint64)
+	// Put records message m of client: just added, or its packet id or
+	// state changed. m is valid only during the call.
+	Put(client string, m Stored)
+	// Delete forgets message seq of client, whose reference was ref:
+	// acknowledged, expired unsent, or dropped.
+	Delete(client string, seq, ref uint64)
+	// PutMeta records the session's own record (see record.go).
 	PutMeta(client string, meta []byte)
+	// DeleteSession forgets everything of client: the session ended, or is
+	// no longer persistent.
 	DeleteSession(client string)
 }
+
+// Stored is one message of an outbox as its Store sees it.
+type Stored struct {
+	Seq uint64 // the message's place in the session: publish order
+	Ref uint64 // what the caller of Add gave (0: none)
+	e   *entry
+}
+
+// Record returns the message's stored form, as Restore reads it.
+func (m Stored) Record() []byte { return appendRecord(nil, m.e) }
 
 // DurableStore is a Store that can tell when a record is durable, so that
 // the publisher of a message for a persistent session is acknowledged only
@@ -69,7 +90,7 @@ type DurableStore interface {
 	Store
 	// PutDurable is Put, calling done with the outcome once the record is
 	// durable (nil) or its write failed; done must be short.
-	PutDurable(client string, seq uint64, rec []byte, done func(error))
+	PutDurable(client string, m Stored, done func(error))
 }
 
 // Loader is a Store that reads a session's records back, for messages
@@ -132,9 +153,10 @@ const (
 // whose frame is in the outbox's spill file (invariant 7).
 type entry struct {
 	pub      *frame.Publish
-	created  int64 // unix seconds
-	deadline int64 // unix seconds past which an unsent message is dropped; 0: never
-	spillOff int64 // spilled: the record's place in the spill file
+	ref      uint64 // the caller's reference of the message (Add)
+	created  int64  // unix seconds
+	deadline int64  // unix seconds past which an unsent message is dropped; 0: never
+	spillOff int64  // spilled: the record's place in the spill file
 	spillLen int32
 	size     int32 // bytes of the frame, counted against the byte bounds
 	id       uint16
@@ -191,8 +213,6 @@ type Outbox struct {
 		inflight int // live messages on conn's wire
 		lastID   uint16
 		external func(id uint16) bool // ids in use outside the outbox
-		frozen   bool                 // ids are not assigned (see Freeze)
-		reserved []uint16             // the ids Freeze reserved
 		missed   uint64               // dropped while no connection was there to tell
 		sentTo   uint64               // highest seq ever sent (persisted on Detach)
 		gone     bool                 // discarded: refuses everything
@@ -229,10 +249,11 @@ func (o *Outbox) SetExternal(inUse func(id uint16) bool) {
 
 // Add queues p (encoded at QoS 1 or 2 for the session's protocol version),
 // created at unix time created, to be dropped unsent after deadline (0:
-// never). It reports false when the outbox is full (the message is dropped
-// and counted) or discarded.
-func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
-	added, _ := o.AddDurable(p, created, deadline, nil)
+// never); ref is the caller's reference of the message, handed to the
+// Store (0: none). It reports false when the outbox is full (the message is
+// dropped and counted) or discarded.
+func (o *Outbox) Add(p *frame.Publish, created, deadline int64, ref uint64) bool {
+	added, _ := o.AddDurable(p, created, deadline, ref, nil)
 	return added
 }
 
@@ -241,7 +262,7 @@ func (o *Outbox) Add(p *frame.Publish, created, deadline int64) bool {
 // message's record is written with PutDurable, stored hears the outcome,
 // and pending is true; otherwise stored is never called. (A message whose
 // record failed stays held in memory; its publisher is refused.)
-func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored func(error)) (added, pending bool) {
+func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, ref uint64, stored func(error)) (added, pending bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.mu.gone {
@@ -259,10 +280,8 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored fu
 		}
 		return false, false
 	}
-	e := entry{pub: p, created: created, deadline: deadline, size: int32(size)}
-	if !o.mu.frozen {
-		e.id = o.allocLocked()
-	}
+	e := entry{pub: p, ref: ref, created: created, deadline: deadline, size: int32(size)}
+	e.id = o.allocLocked()
 	seq := o.mu.next
 	o.mu.next++
 	o.mu.q = append(o.mu.q, e)
@@ -277,7 +296,7 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, stored fu
 	addInfo(o.cfg.Stats.InfoInflight, 1)
 	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
 		committed, note := &o.mu.committed, o.cfg.Spill != nil // spillLocked takes the notes
-		ds.PutDurable(o.client, seq, appendRecord(nil, &o.mu.q[len(o.mu.q)-1]), func(err error) {
+		ds.PutDurable(o.client, Stored{Seq: seq, Ref: ref, e: &o.mu.q[len(o.mu.q)-1]}, func(err error) {
 			if err == nil && note {
 				committed.note(seq)
 			}
@@ -412,9 +431,6 @@ func (o *Outbox) pumpLocked() {
 			}
 		}
 		if e.id == 0 {
-			if o.mu.frozen {
-				return
-			}
 			if e.id = o.allocLocked(); e.id == 0 {
 				return // every id in use: an acknowledgement frees one
 			}
@@ -496,7 +512,7 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 // finishLocked removes the live message at q[i].
 func (o *Outbox) finishLocked(i int) {
 	e := &o.mu.q[i]
-	seq := o.mu.base + uint64(i)
+	seq, ref := o.mu.base+uint64(i), e.ref
 	if e.id != 0 {
 		o.mu.ids.del(e.id)
 	}
@@ -505,7 +521,7 @@ func (o *Outbox) finishLocked(i int) {
 	o.mu.live--
 	addInfo(o.cfg.Stats.InfoInflight, -1)
 	if o.mu.persist {
-		o.cfg.Store.Delete(o.client, seq)
+		o.cfg.Store.Delete(o.client, seq, ref)
 	}
 	for o.mu.head < len(o.mu.q) && o.mu.q[o.mu.head].pub == nil && o.mu.head < o.mu.cursor {
 		o.mu.head++
@@ -528,52 +544,13 @@ func (o *Outbox) compactLocked() {
 	}
 }
 
-// Freeze stops assigning packet ids until Thaw, so that someone else (mochi,
-// delivering retained messages) may pick ids meanwhile: reserve is called
-// with every id the outbox holds, for the caller to mark as in use where the
-// other allocator looks. New messages queue without an id meanwhile.
-func (o *Outbox) Freeze(reserve func(id uint16)) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.mu.frozen = true
-	o.mu.reserved = o.mu.reserved[:0]
-	o.mu.ids.each(func(id uint16) {
-		reserve(id)
-		o.mu.reserved = append(o.mu.reserved, id)
-	})
-}
-
-// Thaw ends a Freeze: unreserve is called with the ids Freeze reserved,
-// then ids are assigned again.
-func (o *Outbox) Thaw(unreserve func(id uint16)) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	for _, id := range o.mu.reserved {
-		unreserve(id)
-	}
-	o.mu.reserved, o.mu.frozen = nil, false
-	for i := o.mu.head; i < len(o.mu.q); i++ {
-		if e := &o.mu.q[i]; e.pub != nil && e.id == 0 {
-			if e.id = o.allocLocked(); e.id == 0 {
-				break // the pump assigns it once an id is free
-			}
-			o.mu.ids.put(e.id, o.mu.base+uint64(i))
-			o.persistLocked(o.mu.base + uint64(i))
-		}
-	}
-	o.pumpLocked()
-}
-
 // AllocExternal picks a packet id for a message the outbox does not hold
 // (another delivery path's), calling set with it while no other id can be
-// chosen, so set can record it where External looks. It returns 0 while
-// frozen or when no id is free.
+// chosen, so set can record it where External looks. It returns 0 when no
+// id is free.
 func (o *Outbox) AllocExternal(set func(id uint16)) uint16 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.mu.frozen {
-		return 0
-	}
 	id := o.allocLocked()
 	if id != 0 {
 		set(id)

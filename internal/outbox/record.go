@@ -141,12 +141,12 @@ func (o *Outbox) persistLocked(seq uint64) {
 	switch {
 	case e == nil:
 	case e.inMemory():
-		o.cfg.Store.Put(o.client, seq, appendRecord(nil, e))
+		o.cfg.Store.Put(o.client, Stored{Seq: seq, Ref: e.ref, e: e})
 	default:
-		// Its id or state changed (Thaw, SetPersistent, PUBREC): the record
-		// needs the frame, from the spill file or the record before.
+		// Its id or state changed (SetPersistent, PUBREC): the record needs
+		// the frame, from the spill file or the record before.
 		if rec := o.frameLocked(e, seq); rec != nil {
-			o.cfg.Store.Put(o.client, seq, appendRecord(nil, rec))
+			o.cfg.Store.Put(o.client, Stored{Seq: seq, Ref: e.ref, e: rec})
 		}
 	}
 }
@@ -334,4 +334,53 @@ func (o *Outbox) loadColdLocked() {
 		o.cfg.Stats.LoadErrors.Add(1)
 		o.finishLocked(int(seq - o.mu.base))
 	}
+}
+
+// Queued is a message to load into an outbox with Requeue.
+type Queued struct {
+	Pub      *frame.Publish // encoded at QoS 1 or 2 for the session's protocol version
+	Ref      uint64         // the caller's reference, as for Add
+	Created  int64          // unix seconds
+	Deadline int64          // unix seconds past which it is dropped unsent; 0: never
+	// Sent says the message may have reached the client before (from
+	// another node, before a crash): its first send here carries DUP.
+	Sent bool
+}
+
+// Requeue loads msgs, in their order, into an outbox that has held nothing
+// yet: a session rebuilt from a backend that keeps messages elsewhere (the
+// cluster replays them from JetStream). Past Max or the byte bounds the
+// rest are dropped and counted, as Add does. It returns how many it took.
+func (o *Outbox) Requeue(msgs []Queued) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := 0
+	for _, m := range msgs {
+		if m.Pub == nil || m.Pub.QoS == 0 {
+			continue
+		}
+		size := int64(len(m.Pub.B))
+		if o.mu.gone || o.mu.live >= o.cfg.Max || (o.cfg.MaxBytes > 0 && o.mu.bytes+size > o.cfg.MaxBytes) ||
+			(o.cfg.MaxTotalBytes > 0 && o.cfg.Stats.Bytes.Load()+size > o.cfg.MaxTotalBytes) {
+			o.cfg.Stats.Dropped.Add(1)
+			addInfo(o.cfg.Stats.InfoDropped, 1)
+			o.mu.missed++
+			continue
+		}
+		seq := o.mu.next
+		o.mu.next++
+		o.mu.q = append(o.mu.q, entry{pub: m.Pub, ref: m.Ref, created: m.Created, deadline: m.Deadline, size: int32(size), sent: m.Sent})
+		o.mu.live++
+		o.mu.bytes += size
+		o.mu.mem += size
+		o.cfg.Stats.Bytes.Add(size)
+		n++
+		o.cfg.Stats.Added.Add(1)
+		addInfo(o.cfg.Stats.InfoInflight, 1)
+		o.persistLocked(seq)
+		o.pumpLocked()
+		o.spillLocked(false) // as AddDurable: what cannot be sent now may go off the heap
+	}
+	o.pumpLocked()
+	return n
 }

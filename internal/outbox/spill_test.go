@@ -60,7 +60,7 @@ func TestSpillKeepsAStalledSessionsBacklogOutOfMemory(t *testing.T) {
 		if i == 5 {
 			conn.full = true // the client stops reading
 		}
-		if !o.Add(bigPublish(t, i, size), 1, 0) {
+		if !o.Add(bigPublish(t, i, size), 1, 0, 0) {
 			t.Fatalf("message %d refused", i)
 		}
 		o.mu.Lock()
@@ -131,7 +131,7 @@ func TestSpillFilesAreBounded(t *testing.T) {
 		o := New(strconv.Itoa(c), cfg)
 		boxes = append(boxes, o)
 		for i := range 10 {
-			o.Add(bigPublish(t, i, 64), 1, 0) // no connection: nothing is sent
+			o.Add(bigPublish(t, i, 64), 1, 0, 0) // no connection: nothing is sent
 		}
 	}
 	if n := sp.files.Load(); n != 2 {
@@ -176,7 +176,7 @@ func TestSpillLetsPersistentFramesGoCold(t *testing.T) {
 		if i == 5 {
 			conn.full = true // the client stops reading
 		}
-		added, pending := o.AddDurable(bigPublish(t, i, size), 1, 0, func(err error) {
+		added, pending := o.AddDurable(bigPublish(t, i, size), 1, 0, 0, func(err error) {
 			if err == nil {
 				acked++
 			}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/keyline-mq/keyline/internal/backlog"
 )
 
 // ErrClosed is returned (or passed to callbacks) for operations submitted
@@ -193,17 +195,11 @@ type GroupState struct {
 	Lost uint64
 }
 
-// Limits bound a group's unresolved messages. A zero field means no bound.
-type Limits struct {
-	// MaxMessages bounds the unresolved messages.
-	MaxMessages uint64
-	// MaxBytes bounds the bytes of the unresolved messages.
-	MaxBytes uint64
-	// DropOldest makes an append that reaches a limit resolve the oldest
-	// unresolved messages (counted as dropped) instead of failing with
-	// ErrBacklogFull.
-	DropOldest bool
-}
+// Limits bound a group's unresolved messages: the backlog rule every
+// backend applies (package internal/backlog). A zero field means no bound;
+// DropOldest resolves the oldest unresolved messages (counted as dropped)
+// instead of failing with ErrBacklogFull.
+type Limits = backlog.Limits
 
 // Result is the outcome of appending a message to one group.
 type Result struct {

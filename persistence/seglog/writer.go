@@ -372,14 +372,12 @@ func (l *Log) touchLocked(g *group) {
 // message fits.
 func (l *Log) admitLocked(g *group, size uint64) error {
 	lim := g.lim
-	if lim.MaxBytes > 0 && size > lim.MaxBytes {
+	if lim.TooLarge(size) {
 		g.refused++
 		return fmt.Errorf("%w: group %d: message of %d bytes exceeds the limit of %d bytes", ErrBacklogFull, g.id, size, lim.MaxBytes)
 	}
 	over := func() bool {
-		kept := uint64(len(g.batchSizes) - g.batchDrop)
-		return (lim.MaxMessages > 0 && g.msgs+kept+1 > lim.MaxMessages) ||
-			(lim.MaxBytes > 0 && g.bytes+g.batchKeptB+size > lim.MaxBytes)
+		return lim.Over(g.msgs+uint64(len(g.batchSizes)-g.batchDrop), g.bytes+g.batchKeptB, size)
 	}
 	if !over() {
 		return nil

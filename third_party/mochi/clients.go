@@ -405,6 +405,10 @@ func (cl *Client) Stop(err error) {
 			cl.State.cancelOpen()
 		}
 
+		if cl.State.TopicAliases.Inbound != nil {
+			cl.State.TopicAliases.Inbound.Reset() // aliases end with the connection; an offline session must not keep them
+		}
+
 		atomic.StoreInt64(&cl.State.disconnected, time.Now().Unix())
 	})
 }

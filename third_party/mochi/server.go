@@ -51,16 +51,21 @@ type Capabilities struct {
 	MaximumSessionExpiryInterval uint32          `yaml:"maximum_session_expiry_interval" json:"maximum_session_expiry_interval"` // maximum number of seconds to keep disconnected sessions
 	MaximumPacketSize            uint32          `yaml:"maximum_packet_size" json:"maximum_packet_size"`                         // maximum packet size, no limit if 0
 	maximumPacketID              uint32          // unexported, used for testing only
-	ReceiveMaximum               uint16          `yaml:"receive_maximum" json:"receive_maximum"`                   // maximum number of concurrent qos messages per client
-	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                 // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
-	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`           // maximum topic alias value
-	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`         // support of shared subscriptions
-	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"` // minimum supported mqtt version
-	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                   // version compatibilities the server provides
-	MaximumQos                   byte            `yaml:"maximum_qos" json:"maximum_qos"`                           // maximum qos value available to clients
-	RetainAvailable              byte            `yaml:"retain_available" json:"retain_available"`                 // support of retain messages
-	WildcardSubAvailable         byte            `yaml:"wildcard_sub_available" json:"wildcard_sub_available"`     // support of wildcard subscriptions
-	SubIDAvailable               byte            `yaml:"sub_id_available" json:"sub_id_available"`                 // support of subscription identifiers
+	ReceiveMaximum               uint16          `yaml:"receive_maximum" json:"receive_maximum"`                           // maximum number of concurrent qos messages per client
+	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                         // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
+	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`                   // maximum topic alias value
+	TopicAliasBytes              int             `yaml:"topic_alias_bytes" json:"topic_alias_bytes"`                       // bytes of topics one connection's inbound aliases may hold; 0: no limit
+	MaximumTopicLevels           int             `yaml:"maximum_topic_levels" json:"maximum_topic_levels"`                 // levels a client's topic or filter may have; 0: no limit
+	MaximumClientIDLength        int             `yaml:"maximum_client_id_length" json:"maximum_client_id_length"`         // bytes of a client id; 0: no limit
+	MaximumClientSubscriptions   int             `yaml:"maximum_client_subscriptions" json:"maximum_client_subscriptions"` // subscriptions one client may hold; 0: no limit
+	MaximumSubscriptions         int64           `yaml:"maximum_subscriptions" json:"maximum_subscriptions"`               // subscriptions all clients may hold together; 0: no limit
+	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`                 // support of shared subscriptions
+	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"`         // minimum supported mqtt version
+	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                           // version compatibilities the server provides
+	MaximumQos                   byte            `yaml:"maximum_qos" json:"maximum_qos"`                                   // maximum qos value available to clients
+	RetainAvailable              byte            `yaml:"retain_available" json:"retain_available"`                         // support of retain messages
+	WildcardSubAvailable         byte            `yaml:"wildcard_sub_available" json:"wildcard_sub_available"`             // support of wildcard subscriptions
+	SubIDAvailable               byte            `yaml:"sub_id_available" json:"sub_id_available"`                         // support of subscription identifiers
 }
 
 // NewDefaultServerCapabilities defines the default features and capabilities provided by the server.
@@ -75,6 +80,7 @@ func NewDefaultServerCapabilities() *Capabilities {
 		ReceiveMaximum:               1024,           // maximum number of concurrent qos messages per client
 		MaximumInflight:              1024 * 8,       // maximum number of qos > 0 messages can be stored
 		TopicAliasMaximum:            math.MaxUint16, // maximum topic alias value
+		TopicAliasBytes:              1 << 20,        // bytes of topics one connection's inbound aliases may hold
 		SharedSubAvailable:           1,              // shared subscriptions are available
 		MinimumProtocolVersion:       3,              // minimum supported mqtt version (3.0.0)
 		MaximumQos:                   2,              // maximum qos value available to clients
@@ -91,6 +97,7 @@ type Compatibilities struct {
 	AlwaysReturnResponseInfo   bool `yaml:"always_return_response_info" json:"always_return_response_info"`       // always return response info (useful for testing)
 	RestoreSysInfoOnRestart    bool `yaml:"restore_sys_info_on_restart" json:"restore_sys_info_on_restart"`       // restore system info from store as if server never stopped
 	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // don't allow inherited user properties on ack (paho - spec violation)
+	NoRetainedOnSubscribe      bool `yaml:"no_retained_on_subscribe" json:"no_retained_on_subscribe"`             // don't send retained messages on SUBSCRIBE: a hook delivers them (Keyline: PATCHES.md)
 }
 
 // Options contains configurable options for the server.
@@ -551,6 +558,10 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 		return packets.ErrQosNotSupported // [MQTT-3.2.2-12]
 	} else if cl.Properties.Will.Retain && s.Options.Capabilities.RetainAvailable == 0x00 {
 		return packets.ErrRetainNotSupported // [MQTT-3.2.2-13]
+	} else if s.tooDeep(cl.Properties.Will.TopicName) {
+		return packets.ErrTopicNameInvalid
+	} else if max := s.Options.Capabilities.MaximumClientIDLength; max > 0 && len(cl.ID) > max {
+		return packets.ErrClientIdentifierTooLong // keyline: an id the session store could not hold
 	}
 
 	return code
@@ -635,6 +646,8 @@ func (s *Server) SendConnack(cl *Client, reason packets.Code, present bool, prop
 		}
 		return cl.WritePacket(ack)
 	}
+
+	properties.TopicAliasMaximum = s.Options.Capabilities.TopicAliasMaximum // [MQTT-3.2.2-17]: absent means 0, and a client then sends none
 
 	if s.Options.Capabilities.MaximumQos < 2 {
 		properties.MaximumQos = s.Options.Capabilities.MaximumQos // [MQTT-3.2.2-9]
@@ -864,6 +877,20 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		return s.DisconnectClient(cl, packets.ErrReceiveMaximum) // ~[MQTT-3.3.4-7] ~[MQTT-3.3.4-8]
 	}
 
+	// The alias is resolved before the ACL check, which must see the topic
+	// (v2.7.9 checked an alias-only publish against the empty topic).
+	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
+		var code packets.Code
+		pk.TopicName, code = cl.State.TopicAliases.Inbound.Resolve(pk.Properties.TopicAlias, pk.TopicName, s.Options.Capabilities.TopicAliasBytes)
+		if code != packets.CodeSuccess {
+			return code
+		}
+	}
+
+	if !cl.Net.Inline && s.tooDeep(pk.TopicName) {
+		return s.refusePublish(cl, pk, packets.ErrTopicNameInvalid)
+	}
+
 	if !cl.Net.Inline && !s.hooks.OnACLCheck(cl, pk.TopicName, true) {
 		if pk.FixedHeader.Qos == 0 {
 			return nil
@@ -893,17 +920,22 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if !cl.Net.Inline {
 		if pki, ok := cl.State.Inflight.Get(pk.PacketID); ok {
 			if pki.FixedHeader.Type == packets.Pubrec { // [MQTT-4.3.3-10]
-				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.ErrPacketIdentifierInUse)
+				code := packets.ErrPacketIdentifierInUse
+				if pk.FixedHeader.Qos == 2 {
+					// keyline: a QoS 2 PUBLISH whose PUBREC was sent and whose
+					// PUBREL has not come is a retransmission (DUP set): it gets
+					// the same PUBREC again, success, and is not delivered twice.
+					// v2.7.9 answered 0x91 (packet identifier in use), which says
+					// the message was not accepted.
+					code = packets.CodeSuccess
+				}
+				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, code)
 				return cl.WritePacket(ack)
 			}
 			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
 				atomic.AddInt64(&s.Info.Inflight, -1)
 			}
 		}
-	}
-
-	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
-		pk.TopicName = cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, pk.TopicName)
 	}
 
 	if pk.FixedHeader.Qos > s.Options.Capabilities.MaximumQos {
@@ -966,6 +998,38 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	s.hooks.OnPublished(cl, pk)
 
 	return nil
+}
+
+// tooDeep reports whether a client's topic or filter has more levels than
+// Capabilities.MaximumTopicLevels allows (a shared subscription's are its
+// filter's, after $share/<group>/).
+func (s *Server) tooDeep(topic string) bool {
+	max := s.Options.Capabilities.MaximumTopicLevels
+	if max <= 0 || len(topic) < max {
+		return false // each level after the first takes a '/'
+	}
+	levels := TopicLevels(topic)
+	if IsSharedFilter(topic) {
+		levels -= 2
+	}
+	return levels > max
+}
+
+// refusePublish answers a PUBLISH the server will not take: dropped at QoS
+// 0, PUBACK/PUBREC with code for MQTT 5, and for MQTT 3.1.1, which cannot
+// refuse a publish, the connection is closed.
+func (s *Server) refusePublish(cl *Client, pk packets.Packet, code packets.Code) error {
+	if pk.FixedHeader.Qos == 0 {
+		return nil
+	}
+	if cl.Properties.ProtocolVersion != 5 {
+		return s.DisconnectClient(cl, code)
+	}
+	ackType := packets.Puback
+	if pk.FixedHeader.Qos == 2 {
+		ackType = packets.Pubrec
+	}
+	return cl.WritePacket(s.buildAck(pk.PacketID, ackType, 0, pk.Properties, code))
 }
 
 // retainMessage adds a message to a topic, and if a persistent store is provided,
@@ -1251,10 +1315,12 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		if code != packets.CodeSuccess {
 			reasonCodes[i] = code.Code // NB 3.9.3 Non-normative 0x91
 			continue
-		} else if !IsValidFilter(sub.Filter, false) {
+		} else if !IsValidFilter(sub.Filter, false) || s.tooDeep(sub.Filter) {
 			reasonCodes[i] = packets.ErrTopicFilterInvalid.Code
 		} else if sub.NoLocal && IsSharedFilter(sub.Filter) {
 			reasonCodes[i] = packets.ErrProtocolViolationInvalidSharedNoLocal.Code // [MQTT-3.8.3-4]
+		} else if s.overSubscriptionQuota(cl, sub.Filter) {
+			reasonCodes[i] = packets.ErrQuotaExceeded.Code
 		} else if !s.hooks.OnACLCheck(cl, sub.Filter, false) {
 			reasonCodes[i] = packets.ErrNotAuthorized.Code
 			if s.Options.Capabilities.Compatibilities.ObscureNotAuthorized {
@@ -1301,6 +1367,9 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		return err
 	}
 
+	if s.Options.Capabilities.Compatibilities.NoRetainedOnSubscribe {
+		return nil // a hook delivers them (Keyline patch)
+	}
 	for i, sub := range pk.Filters { // [MQTT-3.3.1-9]
 		if reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
@@ -1310,6 +1379,22 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 	}
 
 	return nil
+}
+
+// overSubscriptionQuota reports whether a new subscription to filter would
+// take cl past Capabilities.MaximumClientSubscriptions, or all clients past
+// MaximumSubscriptions (keyline: v2.7.9 had no bound; 100,000 filters of one
+// client held 121 MB). A filter cl holds already is replaced, not added.
+func (s *Server) overSubscriptionQuota(cl *Client, filter string) bool {
+	perClient, all := s.Options.Capabilities.MaximumClientSubscriptions, s.Options.Capabilities.MaximumSubscriptions
+	if perClient <= 0 && all <= 0 {
+		return false
+	}
+	if _, ok := cl.State.Subscriptions.Get(filter); ok {
+		return false
+	}
+	return (perClient > 0 && cl.State.Subscriptions.Len() >= perClient) ||
+		(all > 0 && atomic.LoadInt64(&s.Info.Subscriptions) >= all)
 }
 
 // processUnsubscribe processes an unsubscribe packet.
@@ -1426,7 +1511,12 @@ func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {
 
 	// We already have a code we are using to disconnect the client, so we are not
 	// interested if the write packet fails due to a closed connection (as we are closing it).
-	err := cl.WritePacket(out)
+	// MQTT 3.1.1 has no server-to-client DISCONNECT: the connection is just closed
+	// (keyline: v2.7.9 sent one, with an MQTT 5 reason code).
+	var err error
+	if cl.Properties.ProtocolVersion == 5 {
+		err = cl.WritePacket(out)
+	}
 	if !s.Options.Capabilities.Compatibilities.PassiveClientDisconnect {
 		cl.Stop(code)
 		if code.Code >= packets.ErrUnspecifiedError.Code {

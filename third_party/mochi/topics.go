@@ -39,28 +39,73 @@ func NewInboundTopicAliases(topicAliasMaximum uint16) *InboundTopicAliases {
 	}
 }
 
+var (
+	// ErrTopicAliasUnknown refuses a PUBLISH with no topic and an alias the
+	// connection has not given a topic.
+	ErrTopicAliasUnknown = packets.Code{Code: packets.ErrProtocolViolation.Code, Reason: "protocol violation: unknown topic alias"}
+	// ErrTopicAliasBytes refuses a PUBLISH whose topic would take the
+	// connection's aliases past Capabilities.TopicAliasBytes.
+	ErrTopicAliasBytes = packets.Code{Code: packets.ErrQuotaExceeded.Code, Reason: "quota exceeded: topic aliases hold too many bytes"}
+)
+
 // InboundTopicAliases contains a map of topic aliases received from the client.
 type InboundTopicAliases struct {
 	internal map[uint16]string
 	sync.RWMutex
 	maximum uint16
+	bytes   int // bytes of the topics in internal
 }
 
 // Set sets a new alias for a specific topic.
 func (a *InboundTopicAliases) Set(id uint16, topic string) string {
+	topic, _ = a.Resolve(id, topic, 0)
+	return topic
+}
+
+// Resolve applies the Topic Alias id of a PUBLISH whose topic is topic: an
+// empty topic takes the one recorded for id, any other is recorded for id
+// (a copy: topic is a view into the packet, payload included, which the
+// table would otherwise keep alive). It refuses an empty topic for an alias
+// it has no topic for (a protocol error, [MQTT-3.3.2-12] ~[MQTT-3.3.4]) and
+// a topic that would take the table past maxBytes bytes of topics (0: no
+// limit), so a connection's aliases hold at most maxBytes.
+func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (string, packets.Code) {
 	a.Lock()
 	defer a.Unlock()
 
 	if a.maximum == 0 {
-		return topic // ?
+		return topic, packets.CodeSuccess // ?
 	}
 
-	if existing, ok := a.internal[id]; ok && topic == "" {
-		return existing
+	existing, ok := a.internal[id]
+	if topic == "" {
+		if !ok {
+			return "", ErrTopicAliasUnknown
+		}
+		return existing, packets.CodeSuccess
 	}
 
+	if ok && existing == topic {
+		return existing, packets.CodeSuccess
+	}
+
+	if maxBytes > 0 && a.bytes-len(existing)+len(topic) > maxBytes {
+		return topic, ErrTopicAliasBytes
+	}
+
+	topic = strings.Clone(topic)
+	a.bytes += len(topic) - len(existing)
 	a.internal[id] = topic
-	return topic
+	return topic, packets.CodeSuccess
+}
+
+// Reset forgets every alias: topic aliases last as long as the network
+// connection [MQTT-3.3.2-7], while the client (an offline session) may stay.
+func (a *InboundTopicAliases) Reset() {
+	a.Lock()
+	defer a.Unlock()
+	a.internal = map[uint16]string{}
+	a.bytes = 0
 }
 
 // OutboundTopicAliases contains a map of topic aliases sent from the broker to the client.
@@ -479,10 +524,10 @@ func (x *TopicsIndex) RetainMessage(pk packets.Packet) int64 {
 func (x *TopicsIndex) set(topic string, d int) *particle {
 	var key string
 	var hasNext = true
+	rest := skipParticles(topic, d)
 	n := x.root
 	for hasNext {
-		key, hasNext = isolateParticle(topic, d)
-		d++
+		key, rest, hasNext = strings.Cut(rest, "/")
 
 		p := n.particles.get(key)
 		if p == nil {
@@ -499,11 +544,11 @@ func (x *TopicsIndex) set(topic string, d int) *particle {
 func (x *TopicsIndex) seek(filter string, d int) *particle {
 	var key string
 	var hasNext = true
+	rest := skipParticles(filter, d)
 	n := x.root
 	for hasNext {
-		key, hasNext = isolateParticle(filter, d)
+		key, rest, hasNext = strings.Cut(rest, "/")
 		n = n.particles.get(key)
-		d++
 		if n == nil {
 			return nil
 		}
@@ -543,10 +588,21 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 		return pks
 	}
 
-	key, hasNext := isolateParticle(filter, d)
-	if key == "+" || key == "#" || d == -1 {
+	return x.scanRetained(skipParticles(filter, d), d == 0, n, pks)
+}
+
+// scanRetained is scanMessages from particle n, where rest is what is left
+// of the filter (top: n is the root). It takes each level off rest once: the
+// walk is linear in the filter's length (v2.7.9 rescanned the filter from
+// its start for every level, quadratic in its depth).
+func (x *TopicsIndex) scanRetained(rest string, top bool, n *particle, pks []packets.Packet) []packets.Packet {
+	key, next, hasNext := strings.Cut(rest, "/")
+	if key == "+" || key == "#" {
+		if !hasNext && key == "#" {
+			next = "#" // # matches every level below too
+		}
 		for _, adjacent := range n.particles.getAll() {
-			if d == 0 && adjacent.key == SysPrefix {
+			if top && adjacent.key == SysPrefix {
 				continue
 			}
 
@@ -558,8 +614,8 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 				}
 			}
 
-			if hasNext || (d >= 0 && key == "#") {
-				pks = x.scanMessages(filter, d+1, adjacent, pks)
+			if hasNext || key == "#" {
+				pks = x.scanRetained(next, false, adjacent, pks)
 			}
 		}
 		return pks
@@ -567,7 +623,7 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 
 	if particle := n.particles.get(key); particle != nil {
 		if hasNext {
-			return x.scanMessages(filter, d+1, particle, pks)
+			return x.scanRetained(next, false, particle, pks)
 		}
 
 		if pk, ok := x.Retained.Get(particle.retainPath); ok {
@@ -599,11 +655,18 @@ func (x *TopicsIndex) scanSubscribers(topic string, d int, n *particle, subs *Su
 		return subs
 	}
 
-	key, hasNext := isolateParticle(topic, d)
-	for _, partKey := range []string{key, "+"} {
+	return x.scanTopic(topic, skipParticles(topic, d), n, subs)
+}
+
+// scanTopic is scanSubscribers from particle n, where rest is what is left
+// of topic: each level is taken off rest once, so the walk is linear in the
+// topic's length (v2.7.9 rescanned the topic from its start for every level).
+func (x *TopicsIndex) scanTopic(topic, rest string, n *particle, subs *Subscribers) *Subscribers {
+	key, next, hasNext := strings.Cut(rest, "/")
+	for _, partKey := range [2]string{key, "+"} {
 		if particle := n.particles.get(partKey); particle != nil { // [MQTT-3.3.2-3]
 			if hasNext {
-				x.scanSubscribers(topic, d+1, particle, subs)
+				x.scanTopic(topic, next, particle, subs)
 			} else {
 				x.gatherSubscriptions(topic, particle, subs)
 				x.gatherSharedSubscriptions(particle, subs)
@@ -674,6 +737,17 @@ func (x *TopicsIndex) gatherInlineSubscriptions(particle *particle, subs *Subscr
 		subs.InlineSubscriptions[id] = inline
 	}
 }
+
+// skipParticles returns what follows the first d levels of topic.
+func skipParticles(topic string, d int) string {
+	for ; d > 0; d-- {
+		_, topic, _ = strings.Cut(topic, "/")
+	}
+	return topic
+}
+
+// TopicLevels returns the number of levels of a topic or filter.
+func TopicLevels(topic string) int { return strings.Count(topic, "/") + 1 }
 
 // isolateParticle extracts a particle between d / and d+1 / without allocations.
 func isolateParticle(filter string, d int) (particle string, hasNext bool) {

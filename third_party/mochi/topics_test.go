@@ -7,6 +7,7 @@ package mqtt
 import (
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
@@ -806,6 +807,54 @@ func TestInboundAliasesSetMaxZero(t *testing.T) {
 	a := NewInboundTopicAliases(0)
 	require.Equal(t, topic, a.Set(id, topic))
 	require.NotContains(t, a.internal, id)
+}
+
+// keyline: an alias keeps a copy of its topic, never a view into the packet.
+func TestInboundAliasesResolveCopies(t *testing.T) {
+	packet := []byte("a/b/c and a large payload after it")
+	topic := unsafe.String(&packet[0], 5) // what the decoder hands over
+	a := NewInboundTopicAliases(5)
+	got, code := a.Resolve(1, topic, 0)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, "a/b/c", got)
+	view := uintptr(unsafe.Pointer(unsafe.StringData(topic)))
+	require.NotEqual(t, view, uintptr(unsafe.Pointer(unsafe.StringData(a.internal[1]))))
+	require.NotEqual(t, view, uintptr(unsafe.Pointer(unsafe.StringData(got))))
+}
+
+// keyline: the table is bounded in bytes; an alias for no topic is refused.
+func TestInboundAliasesResolveBounds(t *testing.T) {
+	a := NewInboundTopicAliases(5)
+	_, code := a.Resolve(1, "", 0)
+	require.Equal(t, ErrTopicAliasUnknown, code)
+
+	_, code = a.Resolve(1, "aaaa", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(2, "bbbb", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(3, "c", 8)
+	require.Equal(t, ErrTopicAliasBytes, code)
+	require.NotContains(t, a.internal, uint16(3))
+	_, code = a.Resolve(2, "bb", 8) // replacing frees what it held
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(3, "cc", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, 8, a.bytes)
+	got, code := a.Resolve(3, "", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, "cc", got)
+
+	a.Reset()
+	require.Empty(t, a.internal)
+	require.Equal(t, 0, a.bytes)
+}
+
+// keyline: a client's inbound aliases end with its connection.
+func TestClientStopResetsInboundAliases(t *testing.T) {
+	cl, _, _ := newTestClient()
+	cl.State.TopicAliases.Inbound.Set(1, "a/b/c")
+	cl.Stop(nil)
+	require.Empty(t, cl.State.TopicAliases.Inbound.internal)
 }
 
 func TestNewOutboundAliases(t *testing.T) {
