@@ -217,6 +217,7 @@ func TestAdminGroupsListDetailDelete(t *testing.T) {
 			`keyline_group_qos0_routed_total{group="workers/orders/#"} 1`,
 			`keyline_group_dead_letters{group="workers/orders/#"} 0`,
 			`keyline_keyshared_append_errors_total 0`,
+			`keyline_group_log_appends_total 10`, // the QoS 1 ones
 		})) == 0
 	})
 

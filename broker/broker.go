@@ -52,8 +52,8 @@ type Broker struct {
 
 	connStats *connq.Stats    // totals of every connection's outbound queue
 	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
-	tls       *tlsServer   // the tls and wss listeners' certificates (nil without them; tlsconf.go)
-	reload    reloads      // live reload (reload.go)
+	tls       *tlsServer      // the tls and wss listeners' certificates (nil without them; tlsconf.go)
+	reload    reloads         // live reload (reload.go)
 	rates     *hooks.RateLimits
 	auth      *hooks.Auth
 	storage   *hooks.Storage // single node only
@@ -124,7 +124,8 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}
 
-	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize), Logger: logger})
+	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize),
+		CommitInterval: commitInterval(cfg.CommitInterval), CommitMinAppends: cfg.CommitMinAppends, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
 	}
@@ -471,4 +472,13 @@ func (b *Broker) NotReady() error {
 		return errors.New("cluster: not connected to NATS with JetStream available")
 	}
 	return nil
+}
+
+// commitInterval maps the commit-interval setting (0: no waiting) to the
+// message log's option (0 there selects its default; negative: no waiting).
+func commitInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
 }

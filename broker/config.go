@@ -39,6 +39,12 @@ type Config struct {
 	Fsync   bool   `yaml:"fsync"`    // fsync every commit (off: survives a process crash, not a power loss)
 	// SegmentSize is the size of each file of the group message log.
 	SegmentSize ByteSize `yaml:"segment-size"`
+	// CommitInterval is the longest a QoS 1/2 publish to a Key-Shared group
+	// waits for others to share its commit (write and fdatasync) of the
+	// group message log: commits go early once they hold the publishes their
+	// publishers have in flight, or CommitMinAppends (negative: no waiting).
+	CommitInterval   time.Duration `yaml:"commit-interval"`
+	CommitMinAppends int           `yaml:"commit-min-appends"`
 
 	// Logs.
 	LogLevel  LogLevel  `yaml:"log-level"`  // debug, info, warn, error
@@ -52,7 +58,11 @@ type Config struct {
 	// bytes, per session and for all sessions together (0: no bound).
 	MaxSessionQueueBytes ByteSize `yaml:"max-session-queue-bytes"`
 	MaxQueuedBytes       ByteSize `yaml:"max-queued-bytes"`
-	ReceiveMaximum       uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
+	// SpillAfter is how many bytes of frames of QoS 1/2 messages a session
+	// keeps in memory; the frames of those it holds beyond wait in
+	// data-dir/spill until its client reads them (0: all in memory).
+	SpillAfter     ByteSize `yaml:"spill-after"`
+	ReceiveMaximum uint16   `yaml:"receive-maximum"` // QoS 1/2 publishes a client may have unacknowledged towards the broker
 	// MaxSessionExpiry caps how long a disconnected persistent session is
 	// kept, and is how long an MQTT 3.1.1 session (clean session 0) is kept;
 	// 0: no cap, and 3.1.1 sessions never expire.
@@ -244,19 +254,22 @@ func DefaultMaxClients() int64 {
 // DefaultConfig returns the configuration `keyline` runs with when given nothing.
 func DefaultConfig() Config {
 	return Config{
-		TCP:           ":1883",
-		HTTP:          "127.0.0.1:9883",
-		DataDir:       "./data",
-		Fsync:         true,
-		SegmentSize:   persistence.DefaultSegmentSize,
-		LogLevel:      LogInfo,
-		LogFormat:     LogText,
-		MaxPacketSize: 1 << 20,
-		MaxClients:    DefaultMaxClients(),
-		MaxInflight:   8192,
+		TCP:              ":1883",
+		HTTP:             "127.0.0.1:9883",
+		DataDir:          "./data",
+		Fsync:            true,
+		SegmentSize:      persistence.DefaultSegmentSize,
+		CommitInterval:   persistence.DefaultCommitInterval,
+		CommitMinAppends: 1,
+		LogLevel:         LogInfo,
+		LogFormat:        LogText,
+		MaxPacketSize:    1 << 20,
+		MaxClients:       DefaultMaxClients(),
+		MaxInflight:      8192,
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.
 		MaxSessionQueueBytes:      64 << 20,
+		SpillAfter:                1 << 20,
 		MaxQueuedBytes:            1 << 30,
 		ReceiveMaximum:            1024,
 		TopicAliasMaximum:         DefaultTopicAliasMaximum,
@@ -346,8 +359,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: data-dir is empty", ErrInvalidConfig)
 	case c.SegmentSize < 64<<10 || c.SegmentSize > 1<<30:
 		return fmt.Errorf("%w: segment-size %v is not between 64KiB and 1GiB", ErrInvalidConfig, c.SegmentSize)
+	case c.CommitInterval < 0 || c.CommitInterval > time.Second:
+		return fmt.Errorf("%w: commit-interval %v is not between 0 and 1s (a publish waits up to that long for its acknowledgement)", ErrInvalidConfig, c.CommitInterval)
+	case c.CommitMinAppends < 1 || c.CommitMinAppends > 8192:
+		return fmt.Errorf("%w: commit-min-appends %d is not between 1 and 8192", ErrInvalidConfig, c.CommitMinAppends)
 	case c.MaxInflight == 0:
 		return fmt.Errorf("%w: max-inflight must be at least 1", ErrInvalidConfig)
+	case c.SpillAfter < 0:
+		return fmt.Errorf("%w: spill-after %v is negative", ErrInvalidConfig, c.SpillAfter)
 	case c.MaxSessionQueueBytes < 0 || c.MaxQueuedBytes < 0:
 		return fmt.Errorf("%w: max-session-queue-bytes and max-queued-bytes must not be negative", ErrInvalidConfig)
 	case c.ReceiveMaximum == 0:

@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -10,7 +11,9 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
 
 // hookRow is one hook of the broker's chain and why it sits where it does.
@@ -93,6 +96,13 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	} else {
 		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
+	var spill *outbox.Spill
+	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
+		var err error
+		if spill, err = outbox.NewSpill(filepath.Join(b.cfg.DataDir, persistence.SpillDir), int64(b.cfg.SpillAfter)); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	}
 	b.fanout = hooks.NewFanout(b.server, hooks.FanoutConfig{
 		CanRead: canRead,
 		Limits: func(cl *mqtt.Client) connq.Limits {
@@ -102,6 +112,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		Store:           b.outboxStore(),
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
+		Spill:           spill,
 		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
 		Refs:            b.messageRefs(),
 	})

@@ -105,6 +105,9 @@ func (v opsView) Figures() ops.Figures {
 		f.FanoutTooLarge, f.FanoutTracked = fo.Stats.TooLarge.Load(), fo.Stats.Tracked.Load()
 		f.OutboxResent, f.OutboxExpired, f.OutboxStoreRefused = fo.OutboxStats.Resent.Load(), fo.OutboxStats.Expired.Load(), fo.Stats.StoreRefused.Load()
 		f.OutboxQueuedBytes, f.OutboxColdBytes = fo.OutboxStats.Bytes.Load(), fo.OutboxStats.ColdBytes.Load()
+		if sp := fo.Spill(); sp != nil {
+			f.OutboxSpilledBytes, f.OutboxSpilled = sp.Bytes.Load(), sp.Spilled.Load()
+		}
 	}
 	if a := b.auth; a != nil {
 		f.ReservedRefused, f.TakeoversRefused = a.ReservedRefused.Load(), a.Refused.Load()
@@ -114,6 +117,10 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnConflated, f.ConnDropSignals = cs.Conflated.Load(), cs.DropSignals.Load()
 		f.ConnSlowDisconnects, f.ConnProtocolErrors = cs.SlowDisconnects.Load(), cs.ProtocolErrors.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
+	}
+	if b.cluster == nil {
+		st := b.db.LogStats()
+		f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
 	}
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()

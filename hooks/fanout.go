@@ -81,6 +81,11 @@ type FanoutConfig struct {
 	// either a new message is dropped for that session, counted and
 	// signalled, as past max-inflight.
 	MaxSessionBytes, MaxTotalBytes int64
+	// Spill (nil: all in memory) keeps each outbox's frames in memory up to
+	// its threshold; past it a persistent session's go cold (its Store
+	// holds them) and the others' to the spill's files, until their client
+	// reads them.
+	Spill *outbox.Spill
 	// SharedElsewhere says another hook delivers $share subscriptions
 	// (Key-Shared), so they do not keep a publish on mochi's path.
 	SharedElsewhere bool
@@ -103,9 +108,13 @@ func NewFanout(server *mqtt.Server, cfg FanoutConfig) *Fanout {
 		MaxTotalBytes: cfg.MaxTotalBytes,
 		Stats:         &h.OutboxStats,
 		Store:         cfg.Store,
+		Spill:         cfg.Spill,
 	})
 	return h
 }
+
+// Spill returns the outboxes' spill, nil when there is none.
+func (h *Fanout) Spill() *outbox.Spill { return h.sessions.cfg.Spill }
 
 // ID returns the hook's id.
 func (h *Fanout) ID() string { return "keyline-fanout" }

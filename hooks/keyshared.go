@@ -11,6 +11,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -77,6 +78,12 @@ type KeyShared struct {
 	members  *memberships
 	inflight *inflightTable
 	dlq      *dlqPublisher
+	// acks, when the backend tells the end of each commit's callbacks
+	// (keyshared.Backend.OnCommitted), holds the publishers'
+	// acknowledgements a commit released until its callbacks have all run:
+	// each publisher's then go with one write, made there when its
+	// connection's writer is idle.
+	acks *connq.Flusher
 	// injectors are the bridges' inline clients (ks_internal.go).
 	injectors injectors
 
@@ -118,6 +125,9 @@ var keySharedEvents = eventSet(
 // Init opens every group the backend holds, so publishes keep landing in
 // groups whose members are away.
 func (h *KeyShared) Init(any) error {
+	if acks := new(connq.Flusher); h.backend.OnCommitted(acks.Flush) {
+		h.acks = acks
+	}
 	infos, err := h.backend.Groups()
 	if err != nil {
 		return fmt.Errorf("keyshared hook: list groups: %w", err)
@@ -169,7 +179,7 @@ func (h *KeyShared) openGroup(n share.Name, create bool) (*ksGroup, error) {
 		if dcfg.Logger == nil {
 			dcfg.Logger = h.Log
 		}
-		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g})
+		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g, fl: new(connq.Flusher)})
 		if err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}

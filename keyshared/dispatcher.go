@@ -308,8 +308,13 @@ func (d *Dispatcher) run() {
 		}
 	}()
 	c := d.core
+	flush := func() {}
+	if f, ok := c.out.(Flusher); ok {
+		flush = f.Flush
+	}
 	c.poll(d.clock.Now())
 	c.flushResolved()
+	flush()
 	d.board.publish(c)
 	for {
 		switch need := c.needsTick(); {
@@ -330,6 +335,7 @@ func (d *Dispatcher) run() {
 			now = d.clock.Now()
 			d.drain(now)
 			c.flushResolved()
+			flush()
 			d.board.publish(c)
 			return
 		case cmd := <-d.cmds:
@@ -352,6 +358,7 @@ func (d *Dispatcher) run() {
 			c.tick(now)
 		}
 		c.flushResolved()
+		flush()
 		d.board.publish(c)
 		if d.afterIter != nil {
 			d.afterIter(c)

@@ -90,13 +90,21 @@ type Figures struct {
 	FanoutTooLarge, FanoutTracked                   uint64
 	OutboxResent, OutboxExpired, OutboxStoreRefused uint64
 	OutboxQueuedBytes, OutboxColdBytes              int64
-	ReservedRefused, TakeoversRefused               uint64
-	ConnDroppedMessages, ConnDroppedBytes           uint64
-	ConnConflated, ConnDropSignals                  uint64
-	ConnSlowDisconnects, ConnProtocolErrors         uint64
-	ConnWrites, ConnFrames                          uint64
-	GroupAppendErrors, GroupKeysTooLong             uint64
-	GroupSubscriptionsRefused, GroupResultsDropped  uint64
+	// OutboxSpilledBytes are the queued bytes waiting in data-dir/spill,
+	// OutboxSpilled the messages that waited there since start.
+	OutboxSpilledBytes                             int64
+	OutboxSpilled                                  uint64
+	ReservedRefused, TakeoversRefused              uint64
+	ConnDroppedMessages, ConnDroppedBytes          uint64
+	ConnConflated, ConnDropSignals                 uint64
+	ConnSlowDisconnects, ConnProtocolErrors        uint64
+	ConnWrites, ConnFrames                         uint64
+	GroupAppendErrors, GroupKeysTooLong            uint64
+	GroupSubscriptionsRefused, GroupResultsDropped uint64
+	// LogCommits, LogSyncs, LogAppends and LogCommitWaits are the Key-Shared
+	// groups' segment log's commits, fdatasyncs, appended messages and
+	// commits held back for more appends (commit-interval); 0 in cluster mode.
+	LogCommits, LogSyncs, LogAppends, LogCommitWaits uint64
 	// DataFile is the path of the data file (its size is shown).
 	DataFile string
 }

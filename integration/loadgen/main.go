@@ -11,6 +11,7 @@
 //	loadgen ping -addr 127.0.0.1:1883 -timeout 10s   (wait until a broker answers CONNECT)
 //	loadgen freeport                                 (print a free loopback TCP port)
 //	loadgen nullbroker -addr 127.0.0.1:1884          (calibration target: QoS 0 exact-topic forwarding, no MQTT semantics)
+//	loadgen probe -dir /path/on/the/disk             (cost of a syscall, latency of write + fdatasync, the fsync bound)
 //
 // Publishers, subscribers and consumers speak hand-encoded MQTT over one
 // bufio reader and one write buffer per connection; publishers stamp the
@@ -88,6 +89,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return cmdPing(args[1:], stdout, stderr)
 		case "nullbroker":
 			return cmdNullBroker(args[1:], stdout, stderr)
+		case "probe":
+			return cmdProbe(args[1:], stdout, stderr)
 		case "freeport":
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {

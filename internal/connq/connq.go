@@ -157,6 +157,7 @@ type Stats struct {
 	SlowDisconnects atomic.Uint64 // connections cut for overflowing
 	ProtocolErrors  atomic.Uint64 // connections closed by their Inspector (inspect.go)
 	Writes          atomic.Uint64 // writev (or coalesced Write) calls
+	DirectWrites    atomic.Uint64 // of which made by a Flusher's caller, not a writer goroutine
 	Frames          atomic.Uint64 // frames written
 	DropSignals     atomic.Uint64 // drop signals sent
 
@@ -329,6 +330,12 @@ func (c *Conn) Send(b []byte) error {
 func (c *Conn) queue(e entry) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.queueLocked(e, true)
+}
+
+// queueLocked is queue; schedule says whether to start the writer (a
+// Flusher starts it later).
+func (c *Conn) queueLocked(e entry, schedule bool) error {
 	if err := c.closedLocked(); err != nil {
 		return err
 	}
@@ -344,6 +351,11 @@ func (c *Conn) queue(e entry) error {
 	}
 	if !c.mu.connacked && e.kind == kindMochi && len(e.b) > 0 && e.b[0]>>4 == 2 {
 		c.connackLocked(e)
+		return nil
+	}
+	if !schedule {
+		c.mu.q = append(c.mu.q, e)
+		c.mu.bytes += len(e.b)
 		return nil
 	}
 	c.pushLocked(e)

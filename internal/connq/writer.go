@@ -124,7 +124,15 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 
 // run is the writer: it drains the queue, one writev per batch, and exits
 // when the queue is empty (or finishes the connection once it is closed).
-func (c *Conn) run() {
+func (c *Conn) run() { c.runFrom(nil, nil) }
+
+// runFrom is run, first sending rest, what a direct write (flush.go) left of
+// batch bt.
+func (c *Conn) runFrom(bt *batch, rest net.Buffers) {
+	if bt != nil {
+		_, err := rest.WriteTo(c.tcp)
+		c.finishBatch(bt, err)
+	}
 	for {
 		bt := batchPool.Get().(*batch)
 		res, wake := c.take(bt)
@@ -141,20 +149,38 @@ func (c *Conn) run() {
 		if wake != nil {
 			wake() // the outbox queues more while this batch is written
 		}
-		err := c.write(bt)
-		c.account(bt)
-		bt.release()
-		if err != nil {
-			c.mu.Lock()
-			c.failLocked(err) // the next take finishes the connection
-			c.mu.Unlock()
-		}
+		c.finishBatch(bt, c.write(bt))
+	}
+}
+
+// finishBatch counts a written batch and lets it go; a write error cuts the
+// connection (the next take finishes it).
+func (c *Conn) finishBatch(bt *batch, err error) {
+	c.account(bt)
+	bt.release()
+	if err != nil {
+		c.mu.Lock()
+		c.failLocked(err)
+		c.mu.Unlock()
 	}
 }
 
 // write edits the batch's publishes and sends the batch: one writev on TCP,
 // one coalesced Write otherwise.
 func (c *Conn) write(bt *batch) error {
+	if c.tcp == nil {
+		c.build(bt)
+		_, err := c.Conn.Write(bt.scratch)
+		return err
+	}
+	bufs := c.build(bt) // WriteTo consumes its receiver: bt.bufs stays whole for release
+	_, err := bufs.WriteTo(c.tcp)
+	return err
+}
+
+// build edits the batch's publishes and lays the batch out: as buffers for a
+// writev on TCP (returned), coalesced into bt.scratch otherwise.
+func (c *Conn) build(bt *batch) net.Buffers {
 	coalesce := c.tcp == nil
 	now := int64(0)
 	signalled := false
@@ -211,8 +237,7 @@ func (c *Conn) write(bt *batch) error {
 		c.mu.Unlock()
 	}
 	if coalesce {
-		_, err := c.Conn.Write(bt.scratch)
-		return err
+		return nil
 	}
 	// Segments reference the scratch buffer by offset: it may have grown
 	// (and moved) while they were appended. Adjacent edited frames make one piece.
@@ -231,9 +256,7 @@ func (c *Conn) write(bt *batch) error {
 			piece = -1
 		}
 	}
-	bufs := bt.bufs // WriteTo consumes its receiver: keep bt.bufs whole for release
-	_, err := bufs.WriteTo(c.tcp)
-	return err
+	return bt.bufs
 }
 
 // add appends an unedited frame: by reference, or copied when coalescing.

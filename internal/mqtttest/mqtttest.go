@@ -134,10 +134,13 @@ func TryConnectV5(conn net.Conn, cp *paho.Connect) (*V5, error) {
 	c.Client = paho.NewClient(paho.ClientConfig{
 		ClientID: cp.ClientID,
 		Conn:     conn,
-		// paho gives up on an acknowledgement after 10 s by default; a
-		// cluster node holds a PUBACK through a JetStream leader election,
-		// up to 15 s (cluster.DefaultPublishTimeout), before it answers.
-		PacketTimeout: 30 * time.Second,
+		// The caller's context bounds each request. paho's default (10 s)
+		// cut longer ones short whatever the context said: a cluster
+		// publish may take up to cluster.DefaultPublishTimeout (15 s) while
+		// JetStream elects a new stream leader, and TestClusterNATSServerKilled
+		// failed once under load with "context deadline exceeded" after 10 s
+		// of its 30 s.
+		PacketTimeout: time.Minute,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(r paho.PublishReceived) (bool, error) {
 			c.Msgs <- r.Packet
 			return true, nil

@@ -113,7 +113,25 @@ type rec struct {
 		FinalValues    int     `json:"final_values"`
 		FinalDelayMS   float64 `json:"final_delay_ms"`
 	} `json:"conflate"`
-	Sessions *struct {
+	Stall *struct {
+		Readers        int     `json:"readers"`
+		Published      uint64  `json:"published"`
+		Received       uint64  `json:"received"`
+		Missing        uint64  `json:"missing"`
+		FirstLossAfter uint64  `json:"first_loss_after"`
+		DrainS         float64 `json:"drain_s"`
+	} `json:"stalled_readers"`
+	// loadgen probe lines (scenario "probe")
+	SyscallNS float64 `json:"syscall_ns"`
+	Fdatasync *struct {
+		P50 float64 `json:"p50"`
+		P90 float64 `json:"p90"`
+		P99 float64 `json:"p99"`
+	} `json:"fdatasync_us"`
+	WriteBytes int     `json:"write_bytes"`
+	Inflight   int     `json:"inflight"`
+	FsyncBound float64 `json:"fsync_bound_per_s"`
+	Sessions   *struct {
 		Requested       int     `json:"requested"`
 		Stored          int     `json:"stored"`
 		CreateS         float64 `json:"create_s"`
@@ -151,6 +169,7 @@ type meta struct {
 	kv        map[string]string
 	cases     [][2]string       // name, args
 	caseFlags map[string]string // name -> keyline flags of that case
+	caseMosq  map[string]string // name -> mosquitto settings of that case (';'-separated)
 	brokerCmd [][2]string
 	brokers   []string
 }
@@ -192,6 +211,12 @@ func oneLine(r *rec) string {
 		return "FAILED " + strings.Join(r.Errors, "; ")
 	}
 	switch {
+	case r.Scenario == "probe":
+		if r.Fdatasync == nil {
+			return "probe without fdatasync figures"
+		}
+		return fmt.Sprintf("syscall %.0f ns, write %d B + fdatasync p50 %s p99 %s, fsync bound for %d in flight %s msg/s",
+			r.SyscallNS, r.WriteBytes, us(r.Fdatasync.P50), us(r.Fdatasync.P99), r.Inflight, num(r.FsyncBound))
 	case r.Connections != nil:
 		c := r.Connections
 		return fmt.Sprintf("%d conns, %.0f/s, %.0f µs CPU/conn, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.UsPerConn, c.RSSPerConnKB, c.Alive)
@@ -210,6 +235,9 @@ func oneLine(r *rec) string {
 		if r.RSS != nil && r.Stalled > 0 {
 			s += fmt.Sprintf(", RSS max %.1f MiB (+%.1f)", float64(r.RSS.MaxKB)/1024, rssGrowth(r)/1024)
 		}
+		if st := r.Stall; st != nil {
+			s += fmt.Sprintf(", stalled reader held %d of %d (first loss after %d)", st.Received, st.Published, st.FirstLossAfter)
+		}
 		if c := r.Conflate; c != nil {
 			s += fmt.Sprintf(", last values of %d/%d topics, after %s", c.FinalValues, c.Topics, ms(finalDelay(r)))
 		}
@@ -218,7 +246,7 @@ func oneLine(r *rec) string {
 }
 
 func readMeta(path string) (*meta, error) {
-	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}}
+	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}, caseMosq: map[string]string{}}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -232,6 +260,8 @@ func readMeta(path string) (*meta, error) {
 			m.cases = append(m.cases, [2]string{parts[1], parts[2]})
 		case len(parts) == 3 && parts[0] == "case_flags":
 			m.caseFlags[parts[1]] = parts[2]
+		case len(parts) == 3 && parts[0] == "case_mosquitto":
+			m.caseMosq[parts[1]] = parts[2]
 		case len(parts) == 3 && parts[0] == "broker_cmd":
 			m.brokerCmd = append(m.brokerCmd, [2]string{parts[1], parts[2]})
 		case len(parts) >= 2:
@@ -600,6 +630,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 		{"fd_limit", "open files limit"}, {"go", "Go"}, {"mosquitto", "mosquitto"}, {"mochi", "mochi-mqtt/server"}, {"keyline", "Keyline"}, {"elapsed_s", "run time (s)"}} {
 		p("| %s | %s |\n", k[1], kv[k[0]])
 	}
+	writeProbe(w, t)
 	p("\nThe machine is shared with other work, which takes CPU during runs: the `other` column in the CPU tables is the\n")
 	p("machine's busy time minus the load generator and the broker (from `/proc/stat`), so noisy runs can be recognised.\n\n")
 
@@ -692,6 +723,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	})
 	p("\n")
 	writeOrderFindings(w, t)
+	writeDurable(w, m, t)
 
 	p("## Slow subscriber\n\n")
 	p("One subscriber stops reading its socket (its receive buffer is 4 KiB, so the backlog sits in the broker); the\n")
@@ -727,6 +759,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	}
 	p("\nRSS growth is RSS max minus RSS start: what the run added, the stalled reader's backlog included (no ratio\n")
 	p("where mosquitto grew by less than 1 MiB).\n\n")
+	writeStalled(w, m, t)
 	writeConflate(w, t)
 
 	p("## Idle connections\n\n")
@@ -836,15 +869,19 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	// -------- method and commands
 	p("## Method\n\n")
 	p("- Each broker listens on a free 127.0.0.1 port and is started fresh for every (case, broker) run and stopped after\n")
-	p("  it; the order inside a round is case by case, brokers in turn (%s), and rounds repeat that order.\n", strings.Join(m.brokers, ", "))
+	p("  it; each case runs its rounds back to back, the brokers in turn inside a round (%s), so that the runs a\n", strings.Join(m.brokers, ", "))
+	p("  ratio compares are minutes apart at most. `loadgen probe` measures the cost of a system call and the latency\n")
+	p("  of a 2 KiB write + fdatasync on the brokers' disk at the start, and beside every round of a case with fsync on.\n")
 	p("- `integration/loadgen` speaks MQTT with hand-encoded frames: one `bufio.Reader` per connection decoding in place,\n")
 	p("  publishers appending frames to one buffer and writing it with one syscall, subscribers batching their acks per read.\n")
 	p("  Payloads carry a run id, publisher id, send timestamp (stamped just before the write), per-publisher and per-key\n")
 	p("  sequence numbers; loss, reordering, duplicates and latency come from them.\n")
 	p("- Rates count the measured window only (after a warm-up); deliveries are counted by receive time, latency and\n")
 	p("  delivered/expected by send time; after publishing stops the tool waits (drain) for outstanding deliveries.\n")
-	p("- Keyline runs with `--fsync=false` and a fresh data directory; mosquitto with persistence off; plain mochi is\n")
-	p("  `integration/bench/mochiplain` (mochi with only `auth.AllowHook` and a TCP listener, default options).\n\n")
+	p("- Keyline runs with `--fsync=false` (unless a case says `--fsync=true`) and a fresh data directory; mosquitto with\n")
+	p("  persistence off and the configuration under [Commands](#commands) (queues that do not drop what the load can put in\n")
+	p("  them); plain mochi is `integration/bench/mochiplain` (mochi with only `auth.AllowHook` and a TCP listener, default\n")
+	p("  options).\n\n")
 
 	p("## Reading these numbers\n\n")
 	p("- Loopback on one 2-core machine: the load generator and the broker share the cores (and with them whatever else\n")
@@ -865,7 +902,16 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	for _, bc := range m.brokerCmd {
 		p("%-10s %s\n", bc[0], bc[1])
 	}
-	p("mosquitto config: %s\n```\n\n", kv["mosquitto_conf"])
+	p("```\n\nmosquitto's configuration file (every case):\n\n```\n%s\n```\n\n", strings.ReplaceAll(kv["mosquitto_conf"], ";", "\n"))
+	if len(m.caseMosq) > 0 {
+		p("mosquitto runs these cases with other settings (replacing those of the same name):\n\n```\n")
+		for _, c := range m.cases {
+			if f := m.caseMosq[c[0]]; f != "" {
+				p("%-18s %s\n", c[0], strings.ReplaceAll(f, ";", " / "))
+			}
+		}
+		p("```\n\n")
+	}
 	p("Load, per case (every run adds `-addr 127.0.0.1:PORT -broker-pid PID -label BROKER -tag CASE -round N %s`):\n\n```\n", kv["common"])
 	for _, c := range m.cases {
 		p("%-18s loadgen %s\n", c[0], c[1])
