@@ -64,6 +64,14 @@ var cliCommands = []cliCommand{
 			v, raw, err := adminapi.Call(ctx, c, adminapi.DeadLetters(group, f.after, f.limit))
 			return func(w io.Writer) { printDeadLetters(w, &v) }, raw, err
 		}},
+	{name: "dlq show", usage: "GROUP --id ID", help: "one dead letter in full (dlq list shows previews)", group: true, flags: []string{"id"},
+		run: func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (func(io.Writer), []byte, error) {
+			if !f.idGiven {
+				return nil, nil, usageError{errors.New("dlq show needs --id ID")}
+			}
+			v, raw, err := adminapi.Call(ctx, c, adminapi.DeadLetter(group, f.id))
+			return func(w io.Writer) { printDeadLetter(w, &v) }, raw, err
+		}},
 	{name: "dlq replay", usage: "GROUP [--id ID | --all]", help: "put one dead letter (default: all) back on the group's log", group: true, flags: []string{"id", "all"},
 		run: func(ctx context.Context, c *adminapi.Conn, f *cliFlags, group string) (func(io.Writer), []byte, error) {
 			if f.idGiven && f.all {
@@ -126,7 +134,7 @@ func newCLIFlags(f *cliFlags) *pflag.FlagSet {
 	fs.StringVar(&f.server, "server", "http://127.0.0.1:9883", "the broker's --http address")
 	fs.StringVar(&f.token, "token", "", "bearer token of the admin API (default $KEYLINE_HTTP_TOKEN)")
 	fs.BoolVar(&f.json, "json", false, "print the server's JSON instead of a table")
-	fs.Uint64Var(&f.id, "id", 0, "dlq replay/purge: the dead letter's id")
+	fs.Uint64Var(&f.id, "id", 0, "dlq show/replay/purge: the dead letter's id")
 	fs.BoolVar(&f.all, "all", false, "dlq replay/purge: every dead letter of the group")
 	fs.Uint64Var(&f.after, "after", 0, "dlq list: list dead letters with ids after this one")
 	fs.IntVar(&f.limit, "limit", adminapi.DefaultDLQLimit, fmt.Sprintf("dlq list: at most this many (1-%d)", adminapi.MaxDLQLimit))
@@ -414,6 +422,26 @@ func printDeadLetters(w io.Writer, p *adminapi.DeadLetterPage) {
 		fmt.Fprintf(w, "; more with --after %d", p.NextAfter)
 	}
 	fmt.Fprintln(w)
+}
+
+func printDeadLetter(w io.Writer, d *adminapi.DeadLetterView) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "id\t%d\n", d.ID)
+	fmt.Fprintf(tw, "key\t%s\n", term(d.Key))
+	fmt.Fprintf(tw, "topic\t%s\n", term(d.Topic))
+	fmt.Fprintf(tw, "attempts\t%d\n", d.Attempts)
+	fmt.Fprintf(tw, "reason\t0x%02x %s\n", d.ReasonCode, d.Reason)
+	fmt.Fprintf(tw, "dead at\t%s\n", d.DeadAt.Local().Format(time.RFC3339))
+	for _, u := range d.UserProperties {
+		fmt.Fprintf(tw, "user property\t%s=%s\n", term(u.Key), term(u.Value))
+	}
+	fmt.Fprintf(tw, "payload\t%d bytes, %s\n", d.PayloadSize, d.PayloadEncoding)
+	_ = tw.Flush()
+	if d.PayloadEncoding == "utf-8" {
+		fmt.Fprintln(w, term(d.Payload))
+	} else {
+		fmt.Fprintln(w, d.Payload)
+	}
 }
 
 func payloadPreview(d *adminapi.DeadLetterView) string {

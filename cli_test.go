@@ -158,6 +158,12 @@ func TestCLIGroupsAndDeadLetters(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "k2") || strings.Contains(out, "k1") {
 		t.Fatalf("dlq list --after 1 = %d %q", code, out)
 	}
+	code, out, stderr = keyline(t, "dlq", "show", group, "--id", "2", "--server", server)
+	if code != 0 || !strings.Contains(out, "k2") || !strings.Contains(out, "\nworld\n") {
+		t.Fatalf("dlq show --id 2 = %d %q %q", code, out, stderr)
+	}
+	code, _, stderr = keyline(t, "dlq", "show", group, "--server", server)
+	wantFail(t, code, stderr, 2, "needs --id")
 
 	code, out, stderr = keyline(t, "dlq", "replay", group, "--id", "1", "--server", server)
 	if code != 0 || !strings.Contains(out, "replayed 1 dead letter of "+group) {
@@ -218,7 +224,7 @@ func TestCLIErrors(t *testing.T) {
 		{[]string{"groups", "show"}, "needs a GROUP"},
 		{[]string{"groups", "show", "a/b", "c/d"}, `unexpected argument "c/d"`},
 		{[]string{"groups", "list", "--id", "3"}, "--id does not apply"},
-		{[]string{"dlq"}, "dlq needs list, replay or purge"},
+		{[]string{"dlq"}, "dlq needs list, show, replay or purge"},
 		{[]string{"dlq", "list"}, "needs a GROUP"},
 		{[]string{"dlq", "list", "a/b", "--limit", "x"}, `invalid argument "x" for "--limit"`},
 		{[]string{"dlq", "list", "a/b", "--limit", "0"}, "--limit 0"},

@@ -60,8 +60,10 @@
 //     message twice (QoS 2 included).
 //   - The group log keeps no retain flag: outbound messages arrive at the
 //     remote without it.
-//   - Unordered rules keep the log order on one connection; a retry after a
-//     nack goes out after messages read later.
+//   - Unordered rules keep the log order on one connection and from one
+//     connection to the next (what was in flight goes out again before what
+//     waited for room); a retry after a nack goes out after messages read
+//     later.
 //   - MQTT 3.1.1 has no user properties and no No Local: a 3.1.1 remote that
 //     does not honour try_private (mosquitto and keyline do) sends the
 //     bridge's own messages back

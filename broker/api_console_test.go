@@ -1,8 +1,6 @@
 package broker
 
 import (
-	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -147,43 +145,12 @@ func TestClientDetailAndDisconnect(t *testing.T) {
 }
 
 // sseEvent is one server-sent event.
-type sseEvent struct{ name, data string }
+type sseEvent = mqtttest.SSE
 
 // openStream opens a topic stream and returns its events; it ends with the test.
 func openStream(t *testing.T, base, filter string) (<-chan sseEvent, *http.Response) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, "GET", base+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	events := make(chan sseEvent, 1000)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer close(events)
-		sc := bufio.NewScanner(resp.Body)
-		var ev sseEvent
-		for sc.Scan() {
-			line := sc.Text()
-			switch {
-			case strings.HasPrefix(line, "event: "):
-				ev.name = strings.TrimPrefix(line, "event: ")
-			case strings.HasPrefix(line, "data: "):
-				ev.data = strings.TrimPrefix(line, "data: ")
-			case line == "" && ev.name != "":
-				events <- ev
-				ev = sseEvent{}
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		resp.Body.Close()
-		<-done
-	})
+	resp, events := mqtttest.OpenSSE(t, http.DefaultClient, base+adminapi.PathTopicStream+"?"+url.Values{"filter": {filter}}.Encode(), 1000)
 	return events, resp
 }
 
@@ -196,12 +163,12 @@ func nextMessage(t *testing.T, events <-chan sseEvent) adminapi.TopicEvent {
 			if !ok {
 				t.Fatal("the stream ended")
 			}
-			if ev.name != "message" {
+			if ev.Name != "message" {
 				continue
 			}
 			var m adminapi.TopicEvent
-			if err := json.Unmarshal([]byte(ev.data), &m); err != nil {
-				t.Fatalf("event data %q: %v", ev.data, err)
+			if err := json.Unmarshal([]byte(ev.Data), &m); err != nil {
+				t.Fatalf("event data %q: %v", ev.Data, err)
 			}
 			return m
 		case <-timeout:
@@ -246,9 +213,19 @@ func TestTopicStream(t *testing.T) {
 	for range ops.MaxTopicViewers - 1 {
 		openStream(t, base, "s/#")
 	}
-	if code, body := httpGet(t, base+adminapi.PathTopicStream+"?filter=s"); code != http.StatusTooManyRequests || !strings.Contains(body, "topic streams are open") {
-		t.Errorf("one stream too many: %d %s", code, body)
+	// One stream more takes the place of the oldest, which is told so.
+	if _, resp := openStream(t, base, "s"); resp.StatusCode != 200 {
+		t.Errorf("one stream more: %d", resp.StatusCode)
 	}
+	for ev := range events {
+		if ev.Name == "closed" {
+			if !strings.Contains(ev.Data, "took this one's place") {
+				t.Errorf("closed event %q", ev.Data)
+			}
+			return
+		}
+	}
+	t.Error("the oldest stream ended without a closed event")
 }
 
 // TestStreamEscapesMarkup: SSE data is JSON with <, > and & escaped, so a
@@ -259,9 +236,9 @@ func TestStreamEscapesMarkup(t *testing.T) {
 	events, _ := openStream(t, base, "x")
 	b.ops.Published("x", 0, false, []byte("<img src=x onerror=alert(1)>&"))
 	for ev := range events {
-		if ev.name == "message" {
-			if strings.ContainsAny(ev.data, "<>&") || !strings.Contains(ev.data, `\u003cimg`) {
-				t.Errorf("event data %q", ev.data)
+		if ev.Name == "message" {
+			if strings.ContainsAny(ev.Data, "<>&") || !strings.Contains(ev.Data, `\u003cimg`) {
+				t.Errorf("event data %q", ev.Data)
 			}
 			return
 		}
@@ -306,12 +283,12 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 	if resp := do("POST", "/actions/purge?group=a/b&all=1"); resp.StatusCode != 401 {
 		t.Errorf("POST an action without a token = %d, want 401", resp.StatusCode)
 	}
-	cookie := adminapi.SessionCookie + "=" + adminapi.SessionValue("s3cret")
+	cookie := loginCookie(t, base, "s3cret")
 	for _, p := range []string{"/", "/groups", adminapi.PathOverview, "/api/v1/groups"} {
 		if resp := do("GET", p, "Cookie", cookie); resp.StatusCode != 200 {
 			t.Errorf("GET %s with the session cookie = %d, want 200", p, resp.StatusCode)
 		}
-		if resp := do("GET", p, "Cookie", adminapi.SessionCookie+"="+adminapi.SessionValue("guess")); resp.StatusCode == 200 {
+		if resp := do("GET", p, "Cookie", adminapi.SessionCookie+"=guess"); resp.StatusCode == 200 {
 			t.Errorf("GET %s with a wrong cookie = 200", p)
 		}
 	}
@@ -324,4 +301,23 @@ func TestConsoleNeedsTheTokenOrItsCookie(t *testing.T) {
 	if resp := do("POST", "/login", "Origin", "https://evil.example", "Sec-Fetch-Site", "cross-site"); resp.StatusCode != 403 {
 		t.Errorf("cross-origin login = %d, want 403", resp.StatusCode)
 	}
+}
+
+// loginCookie logs in to the console at base with token and returns the
+// session cookie, as a Cookie header's value.
+func loginCookie(t *testing.T, base, token string) string {
+	t.Helper()
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.PostForm(base+"/login", url.Values{"token": {token}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, c := range resp.Cookies() {
+		if c.Name == adminapi.SessionCookie && c.Value != "" {
+			return c.Name + "=" + c.Value
+		}
+	}
+	t.Fatalf("login: %s, no session cookie", resp.Status)
+	return ""
 }

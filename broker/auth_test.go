@@ -1,11 +1,14 @@
 package broker
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/eclipse/paho.golang/paho"
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
@@ -90,4 +93,42 @@ func TestAuthAndACL(t *testing.T) {
 			t.Errorf("SUBACK = %#x, want 0x80", got)
 		}
 	})
+}
+
+// TestReadmeDenyLastExample: the README's deny-last ACL example does what it
+// says: each user gets its own topics, in its own direction, and nothing else
+// (the example once had no deny rule, so every other topic was allowed).
+func TestReadmeDenyLastExample(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "A deny-last rule set:\n\n```yaml\n")
+	example, _, ok2 := strings.Cut(after, "```")
+	if !ok || !ok2 {
+		t.Fatal("the README has no deny-last example")
+	}
+	cfg := DefaultConfig()
+	if err := DecodeConfig([]byte(example), &cfg); err != nil {
+		t.Fatalf("the example does not load: %v", err)
+	}
+	a := hooks.NewAuth(nil, hooks.NewACL(hooks.NewAuthPolicy(cfg.Auth, nil, true)), hooks.AuthConfig{})
+	for _, tc := range []struct {
+		user, topic string
+		read, want  bool
+	}{
+		{"device", "sensors/t1", false, true},
+		{"device", "sensors/t1", true, false}, // publish only
+		{"device", "config/site", false, false},
+		{"device", "orders/1", false, false},
+		{"worker", "sensors/t1", true, true},
+		{"worker", "sensors/t1", false, false}, // subscribe only
+		{"worker", "admin/x", true, false},
+		{"worker", "billing/x", true, false},
+		{"worker", "$SYS/broker/uptime", true, false},
+	} {
+		if got := a.UserMay(tc.user, tc.topic, !tc.read); got != tc.want {
+			t.Errorf("%s %s %s: %v, want %v", tc.user, map[bool]string{true: "reading", false: "publishing to"}[tc.read], tc.topic, got, tc.want)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/keyline-mq/keyline/bridge"
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/poll"
 )
@@ -165,9 +166,10 @@ func TestBridgeRemoteRefusals(t *testing.T) {
 	if st.QueuedMessages != 1 {
 		t.Fatalf("status %+v: want jobs/2 queued, retrying", st)
 	}
-	_, dlq := httpGet(t, "http://"+edge.Addr("http")+"/api/v1/dlq?group="+url.QueryEscape("$keyline.bridge.up/denied/#"))
-	if !strings.Contains(dlq, `"topic": "denied/1"`) || !strings.Contains(dlq, `"reason_code": 135`) {
-		t.Fatalf("dead letters of the denied rule: %s", dlq)
+	var dlq adminapi.DeadLetterPage
+	apiJSON(t, "GET", "http://"+edge.Addr("http")+adminapi.PathDLQ+"?group="+url.QueryEscape("$keyline.bridge.up/denied/#"), "", 200, &dlq)
+	if len(dlq.DeadLetters) != 1 || dlq.DeadLetters[0].Topic != "denied/1" || dlq.DeadLetters[0].ReasonCode != 0x87 {
+		t.Fatalf("dead letters of the denied rule: %+v", dlq)
 	}
 	// A member takes jobs/1 from the remote's group; then the retried
 	// jobs/2 fits and comes too.

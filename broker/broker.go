@@ -21,7 +21,6 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
-	"golang.org/x/net/netutil"
 
 	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/broker/ops"
@@ -29,6 +28,7 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/conform"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/netpoll"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -48,8 +48,14 @@ type Broker struct {
 
 	httpLn  net.Listener
 	httpSrv *http.Server
+	// httpConns bounds the HTTP connections (nil without --http).
+	httpConns *httpConns
 
-	connStats *connq.Stats // totals of every connection's outbound queue
+	connStats *connq.Stats    // totals of every connection's outbound queue
+	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
+	tls       *tlsServer      // the tls and wss listeners' certificates (nil without them; tlsconf.go)
+	reload    reloads         // live reload (reload.go)
+	rates     *hooks.RateLimits
 	auth      *hooks.Auth
 	storage   *hooks.Storage // single node only
 	fanout    *hooks.Fanout
@@ -91,19 +97,18 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}()
 
+	if b.tls, err = newTLSServer(&cfg, logger); err != nil {
+		return nil, err
+	}
 	var tlsConf *tls.Config
-	if cfg.TLS != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-		if err != nil {
-			return nil, fmt.Errorf("broker: tls-cert %s / tls-key %s: %w", cfg.TLSCert, cfg.TLSKey, err)
-		}
-		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if b.tls != nil {
+		tlsConf = b.tls.listenerConfig()
 	}
 
 	for _, l := range []struct {
 		id, proto, addr string
 		tls             *tls.Config
-	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}} {
+	}{{"tcp", "tcp", cfg.TCP, nil}, {"tls", "tls", cfg.TLS, tlsConf}, {"ws", "ws", cfg.WS, nil}, {"wss", "wss", cfg.WSS, tlsConf}} {
 		if l.addr == "" {
 			continue
 		}
@@ -120,7 +125,8 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		}
 	}
 
-	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize), Logger: logger})
+	b.db, err = persistence.Open(cfg.DataDir, persistence.Options{NoSync: !cfg.Fsync, SegmentSize: int64(cfg.SegmentSize),
+		CommitInterval: commitInterval(cfg.CommitInterval), CommitMinAppends: cfg.CommitMinAppends, Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("broker: data-dir %s: %w", cfg.DataDir, err)
 	}
@@ -132,9 +138,25 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	b.server = mqtt.New(&mqtt.Options{
 		Capabilities: b.capabilities(),
 		Logger:       logger,
-		// mochi's default per-connection buffers (2 KiB each) stay: devices are
-		// many and mostly idle, and writes coalesce in the connection queue.
+		// Every connection writes through its queue (internal/connq), which
+		// never blocks: mochi needs no outbound channel and write goroutine
+		// per client; and a disconnected session is kept as a compact record
+		// (third_party/mochi/PATCHES.md).
+		DirectWrites: true,
+		// TLS and WebSocket connections keep mochi's blocking reader; it reads
+		// from the TLS or WebSocket layer, which buffers the socket itself, so
+		// a small buffer costs no system calls (2 KiB by default).
+		ClientNetReadBufferSize: 512,
+		// Not in cluster mode: the cluster hook knows a session by the
+		// *mqtt.Client it was connected with, and the record replaces it.
+		CompactSessions: !cfg.Cluster.Enabled(),
 	})
+	// Plain TCP connections are read from readiness events, with no
+	// goroutine per connection (Linux; elsewhere, and for TLS and
+	// WebSocket, a goroutine per connection reads: eventconn.go).
+	if b.poller, err = netpoll.New(netpoll.Config{}); err != nil && !errors.Is(err, netpoll.ErrUnsupported) {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	info := b.server.Info
 	b.connStats = &connq.Stats{
 		InfoMessagesSent: &info.MessagesSent, InfoPacketsSent: &info.PacketsSent,
@@ -148,12 +170,15 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
+		if ln.proto == "tcp" {
+			ln.poller, ln.server = b.poller, b.server
+		}
 		ln.queue = func(c net.Conn) *connq.Conn {
 			q := connq.New(c, limits, b.connStats, logger)
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q
 		}
-		ln.closeClients = b.disconnectListenerClients
+		ln.closeClients = b.sendAwayListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -162,8 +187,11 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 		// Bounded: a client that opens many connections, or sends headers or
 		// a body slowly, holds at most http-max-conns goroutines for at most
 		// http-read-timeout each. No write timeout: live views stream.
-		b.httpLn = netutil.LimitListener(b.httpLn, cfg.HTTPMaxConns)
+		b.httpConns = newHTTPConns(cfg.HTTPMaxConns, cfg.HTTPMaxConnsPerAddress)
+		b.httpLn = b.httpConns.listener(b.httpLn)
 		b.httpSrv = &http.Server{
+			ConnState:         b.httpConns.state,
+			ConnContext:       withConn,
 			Handler:           b.ops.Handler(),
 			ReadHeaderTimeout: min(cfg.HTTPReadTimeout, 10*time.Second),
 			ReadTimeout:       cfg.HTTPReadTimeout,
@@ -173,9 +201,6 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	}
 	return b, nil
 }
-
-// clientWritesPending is mochi's per-client channel of routed publishes (see capabilities).
-const clientWritesPending = 1024
 
 func (b *Broker) capabilities() *mqtt.Capabilities {
 	c := mqtt.NewDefaultServerCapabilities()
@@ -190,20 +215,15 @@ func (b *Broker) capabilities() *mqtt.Capabilities {
 		c.MaximumSessionExpiryInterval = uint32(b.cfg.MaxSessionExpiry / time.Second)
 	}
 	c.MaximumMessageExpiryInterval = int64(b.cfg.MaxMessageExpiry / time.Second)
-	// mochi otherwise copies a PUBLISH's properties into its PUBACK/PUBREC and
-	// then writes the granted QoS (0x01, 0x02) as the ack's reason code, which
-	// is not a valid PUBACK reason: acks carry no properties and mean success.
-	c.Compatibilities.NoInheritedPropertiesOnAck = true
+	c.TopicAliasMaximum = b.cfg.TopicAliasMaximum
+	c.TopicAliasBytes = int(b.cfg.TopicAliasBytes)
+	c.MaximumTopicLevels = b.cfg.MaxTopicLevels
+	c.MaximumClientIDLength = int(b.cfg.MaxClientID)
+	c.MaximumClientSubscriptions = b.cfg.MaxSubscriptionsPerClient
+	c.MaximumSubscriptions = b.cfg.MaxSubscriptions
 	// The fan-out hook sends retained messages on SUBSCRIBE, through the
 	// session's outbox like every other delivery (hooks/fanout_retained.go).
 	c.Compatibilities.NoRetainedOnSubscribe = true
-	// mochi gives every client a channel of this many packet pointers for
-	// the publishes it routes (8192 by default: 64 KiB per connection and per
-	// offline session, the largest item of an idle client). Its writer drains
-	// the channel into the connection queue (internal/connq), which holds
-	// the bytes and applies the slow-consumer policy, so the channel only has
-	// to absorb a burst between two runs of that goroutine.
-	c.MaximumClientWritesPending = clientWritesPending
 	return c
 }
 
@@ -239,11 +259,16 @@ func (b *Broker) Start() error {
 				}
 			}()
 		}
-		if ttl := b.cfg.GroupIdleTTL; ttl > 0 {
+		b.bg.Add(1)
+		go func() {
+			defer b.bg.Done()
+			b.releaseMemory()
+		}()
+		if idle, holding := b.cfg.GroupIdleTTL, b.cfg.GroupBacklogTTL; idle > 0 || holding > 0 {
 			b.bg.Add(1)
 			go func() {
 				defer b.bg.Done()
-				b.sweepIdleGroups(ttl)
+				b.sweepIdleGroups(idle, holding)
 			}()
 		}
 		b.ready.Store(true)
@@ -310,11 +335,11 @@ func (b *Broker) shutdown() error {
 	return err
 }
 
-// disconnectListenerClients disconnects the clients of listener id taking
-// the clients' lock once (Clients.GetAll; see listener.closeClients).
-func (b *Broker) disconnectListenerClients(id string) {
-	for _, cl := range b.server.Clients.GetAll() {
-		if cl.Net.Listener == id && !cl.Closed() {
+// sendAwayListenerClients disconnects the clients of listener id as the
+// broker stops (listener.closeClients), each through sendAway.
+func (b *Broker) sendAwayListenerClients(id string) {
+	for _, cl := range b.server.Clients.GetByListener(id) {
+		if !cl.Closed() {
 			b.sendAway(cl)
 		}
 	}
@@ -339,9 +364,17 @@ func (b *Broker) sendAway(cl *mqtt.Client) {
 	cl.Stop(packets.ErrUseAnotherServer)
 }
 
-// sweepIdleGroups deletes groups without members for ttl until Shutdown.
-func (b *Broker) sweepIdleGroups(ttl time.Duration) {
-	t := time.NewTicker(sweepInterval(ttl))
+// sweepIdleGroups deletes groups without members: after idle (0: never)
+// those that hold nothing, after holding (0: never) those that hold only
+// messages, with them.
+func (b *Broker) sweepIdleGroups(idle, holding time.Duration) {
+	every := time.Minute
+	for _, ttl := range []time.Duration{idle, holding} {
+		if ttl > 0 {
+			every = min(every, sweepInterval(ttl))
+		}
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -349,16 +382,43 @@ func (b *Broker) sweepIdleGroups(ttl time.Duration) {
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			swept, err := b.keyShared.SweepIdle(ctx, now, ttl)
+			for _, s := range []struct {
+				ttl   time.Duration
+				sweep func(context.Context, time.Time, time.Duration) ([]string, error)
+				level slog.Level
+				what  string
+			}{
+				{idle, b.keyShared.SweepIdle, slog.LevelInfo, "deleted idle group"},
+				{holding, b.keyShared.SweepHolding, slog.LevelWarn, "deleted a group without members, with its backlog"},
+			} {
+				if s.ttl <= 0 {
+					continue
+				}
+				swept, err := s.sweep(ctx, now, s.ttl)
+				if err != nil {
+					b.log.Warn("sweeping groups without members", "error", err)
+				}
+				for _, name := range swept {
+					b.log.Log(ctx, s.level, s.what, "group", name, "ttl", s.ttl)
+				}
+			}
 			cancel()
-			if err != nil {
-				b.log.Warn("sweeping idle groups", "error", err)
-			}
-			for _, name := range swept {
-				b.log.Info("deleted idle group", "group", name, "idle_ttl", ttl)
-			}
 		}
 	}
+}
+
+// groupOwner is whom a client's new groups count against
+// (max-groups-per-user): its user when auth is configured, else the host
+// part of its address.
+func (b *Broker) groupOwner(cl *mqtt.Client) string {
+	if b.cfg.Auth != nil && len(cl.Properties.Username) > 0 {
+		return "user " + string(cl.Properties.Username)
+	}
+	host, _, err := net.SplitHostPort(cl.Net.Remote)
+	if err != nil {
+		host = cl.Net.Remote
+	}
+	return "address " + host
 }
 
 // closeResources closes what New opened, in reverse order.
@@ -383,6 +443,9 @@ func (b *Broker) closeResources() error {
 	if b.node != nil {
 		b.node.Close() // after the server: its hooks write session records on the way out
 	}
+	if b.poller != nil {
+		errs = append(errs, b.poller.Close()) // after the server: its connections have ended
+	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())
 	}
@@ -402,8 +465,8 @@ func ignoreClosed(err error) error {
 // Server returns the underlying mochi server, for tests and embedding.
 func (b *Broker) Server() *mqtt.Server { return b.server }
 
-// Addr returns the bound address of a listener: "tcp", "tls", "ws" or
-// "http"; "" when that listener is disabled.
+// Addr returns the bound address of a listener: "tcp", "tls", "ws", "wss"
+// or "http"; "" when that listener is disabled.
 func (b *Broker) Addr(name string) string {
 	if name == "http" {
 		if b.httpLn == nil {
@@ -421,4 +484,31 @@ func (b *Broker) Addr(name string) string {
 
 // Ready reports whether the broker is serving MQTT and not shutting down
 // (and, in cluster mode, is connected to NATS with JetStream available).
-func (b *Broker) Ready() bool { return b.ready.Load() && b.clusterReady() }
+// A listener that stopped accepting (an accept error that is not temporary)
+// makes it not ready.
+func (b *Broker) Ready() bool { return b.NotReady() == nil }
+
+// NotReady says why the broker is not ready, or returns nil when it is.
+func (b *Broker) NotReady() error {
+	if !b.ready.Load() {
+		return errors.New("not serving (starting or shutting down)")
+	}
+	for _, ln := range b.mqttLns {
+		if err := ln.Stopped(); err != nil {
+			return err
+		}
+	}
+	if !b.clusterReady() {
+		return errors.New("cluster: not connected to NATS with JetStream available")
+	}
+	return nil
+}
+
+// commitInterval maps the commit-interval setting (0: no waiting) to the
+// message log's option (0 there selects its default; negative: no waiting).
+func commitInterval(d time.Duration) time.Duration {
+	if d <= 0 {
+		return -1
+	}
+	return d
+}

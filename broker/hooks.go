@@ -3,6 +3,7 @@ package broker
 import (
 	"fmt"
 	"net"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -10,7 +11,9 @@ import (
 
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/persistence"
 )
 
 // hookRow is one hook of the broker's chain and why it sits where it does.
@@ -29,14 +32,15 @@ type hookRow struct {
 func (b *Broker) hookTable(protocol *hooks.Protocol) []hookRow {
 	single, clustered := !b.clusterMode(), b.clusterMode()
 	return []hookRow{
-		{b.auth, true, "first: authentication, the ACL and client id ownership decide before any hook acts on a client"},
+		{b.rates, true, "first: its OnConnect refuses a CONNECT past the connect rates before any other hook spends work on it (the cluster's takeover, the fan-out's session) and before Auth hashes its password"},
+		{b.auth, true, "right after the rate limits: authentication, the ACL and client id ownership decide before any other hook acts on a client"},
 		{new(hooks.BridgeMark), true, "before the hooks that take a SUBSCRIBE: a bridge's filters get No Local before they are stored (mosquitto's try_private)"},
 		{b.storage, single, "before Key-Shared: a subscription that cannot be stored is refused before Key-Shared makes the client a member"},
 		{b.keySharedHook(), true, "before the cluster and the fan-out: it takes the $share part of every publish before the fan-out's OnPublish ends the chain"},
 		{b.cluster, clustered, "before the fan-out: forwarding to other nodes must not depend on mochi's routing, which the fan-out's OnPublish ends"},
 		{protocol, true, "anywhere: its OnConnect (max keep alive) depends on no other hook; its CONNACK and ack corrections run in the packet-encode hook"},
 		{b.fanout, true, "after every hook that must see a publish: its OnPublish answers CodeSuccessIgnore for the deliveries it makes itself"},
-		{&hooks.PacketReader{Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, true, "the only OnPacketRead hook (mochi copies a packet per hook): Auth renames $SYS publishes for the ACL check, Key-Shared takes its members' acks before the fan-out takes its outboxes'"},
+		{&hooks.PacketReader{Rates: b.rates, Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, true, "the only OnPacketRead hook (mochi copies a packet per hook): the rate limits hold back a publisher first, Auth renames $SYS publishes for the ACL check, Key-Shared takes its members' acks before the fan-out takes its outboxes'"},
 		{&hooks.PacketEncoder{Auth: b.auth, Storage: b.storage, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
 		{&hooks.Observe{Watching: b.ops.Watching, Published: b.ops.Published}, true, "last: it sees publishes once they are routed (the console's topic streams)"},
 	}
@@ -66,7 +70,15 @@ func (b *Broker) addHooks() error {
 // Key-Shared's group logs hold), Auth last (a session it discards goes from
 // the others).
 func (b *Broker) buildHooks() (*hooks.Protocol, error) {
-	rules := hooks.NewACL(b.cfg.Auth)
+	// The auth policy (ledger, password file, JWT keys) first: its ACL is
+	// the fan-out's and Key-Shared's read check, and a reload swaps it
+	// under all of them (reload.go).
+	policy, err := authPolicy(&b.cfg, b.log)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	rules := hooks.NewACL(policy)
+	b.rates = hooks.NewRateLimits(b.cfg.RateLimits.settings())
 	var canRead func(*mqtt.Client, string) bool
 	if rules.Configured() {
 		canRead = rules.CanRead
@@ -84,6 +96,13 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	} else {
 		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
+	var spill *outbox.Spill
+	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
+		var err error
+		if spill, err = outbox.NewSpill(filepath.Join(b.cfg.DataDir, persistence.SpillDir), int64(b.cfg.SpillAfter)); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+	}
 	b.fanout = hooks.NewFanout(b.server, hooks.FanoutConfig{
 		CanRead: canRead,
 		Limits: func(cl *mqtt.Client) connq.Limits {
@@ -93,6 +112,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		Store:           b.outboxStore(),
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
+		Spill:           spill,
 		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
 		Refs:            b.messageRefs(),
 	})
@@ -107,15 +127,20 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,
+		MaxGroupsPerOwner:  b.cfg.MaxGroupsPerUser,
+		GroupOwner:         b.groupOwner,
 		AllocPacketID:      b.fanout.AllocPacketID, // the fan-out's session outboxes share each client's packet ids
 	})
 	b.clusterKS.Store(b.keyShared)
 	if !b.clusterMode() {
 		b.storage = hooks.NewStorage(b.server, b.sessions, b.keyShared.Owns) // the group log is the durable copy of those
 	}
+	b.reload.identity.Store(uint32(b.cfg.TLSIdentity))
+	b.reload.last = b.cfg
 	b.auth = hooks.NewAuth(b.server, rules, hooks.AuthConfig{
 		FreshSessions: b.cfg.SessionOwnership == OwnershipFresh,
 		OnDiscard:     b.discardSession,
+		Identity:      b.certIdentity,
 	})
 	return &hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil
 }

@@ -14,35 +14,6 @@ import (
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
-// TestListenersSweepTheirOwnClients: closing a listener never runs mochi's
-// sweep of its clients, which takes the clients' read lock twice: a client
-// leaving between the two deadlocks the shutdown (mochi-mqtt/server#488).
-// The window is too small to hit from outside in a test, so this checks
-// that the broker's single-lock sweep is the one used.
-func TestListenersSweepTheirOwnClients(t *testing.T) {
-	b := startBroker(t, testConfig(t))
-	for _, ln := range b.mqttLns {
-		if ln.closeClients == nil {
-			t.Fatalf("listener %s closes its clients with mochi's sweep", ln.id)
-		}
-	}
-	l := &listener{id: "probe", ln: mustListen(t)}
-	swept := ""
-	l.closeClients = func(id string) { swept = id }
-	l.Close(func(string) { t.Error("mochi's sweep ran") })
-	if swept != "probe" {
-		t.Fatalf("swept %q", swept)
-	}
-}
-
-func mustListen(t *testing.T) net.Listener {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ln
-}
-
 // TestShutdownWhileClientsLeave: clients disconnecting while the broker
 // shuts down are swept or gone, and the shutdown ends.
 func TestShutdownWhileClientsLeave(t *testing.T) {

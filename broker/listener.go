@@ -1,19 +1,25 @@
 package broker
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/listeners"
 
 	"github.com/keyline-mq/keyline/internal/connq"
+	"github.com/keyline-mq/keyline/internal/netpoll"
 )
 
 // listener is an MQTT listener that binds its address when it is created, so
@@ -21,39 +27,70 @@ import (
 // It implements mochi's listeners.Listener.
 type listener struct {
 	id    string
-	proto string // "tcp", "tls" or "ws"
+	proto string // "tcp", "tls", "ws" or "wss"
 	ln    net.Listener
 	web   *http.Server // set for WebSocket listeners
 	log   *slog.Logger
+	// closing is closed by Close: it ends an accept backoff.
+	closing chan struct{}
+	// poller, when set (Linux), serves plain TCP connections from readiness
+	// events instead of a goroutine each (eventconn.go); server is the mochi
+	// server they are fed to. Set before Serve.
+	poller *netpoll.Poller
+	server *mqtt.Server
 
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
 	queue func(c net.Conn) *connq.Conn
-	// closeClients disconnects the listener's clients on Close, in place of
-	// mochi's sweep (closeListenerClients), whose Clients.GetByListener takes
-	// the clients' read lock twice: a client leaving in between queues its
-	// write lock there and shutdown hangs for good (mochi-mqtt/server#488,
-	// open in v2.7.9). Set before Serve.
+	// closeClients, when set, disconnects the listener's clients on Close
+	// in place of mochi's sweep: the broker's sends them away with its
+	// server reference (Broker.sendAway). Set before Serve.
 	closeClients listeners.CloseFn
 	mu           struct {
 		sync.Mutex
 		closed bool
-		open   map[net.Conn]struct{} // connections being served, closed on Close
+		open   map[net.Conn]func() // connections being served, and how Close closes each
 	}
 	conns sync.WaitGroup // connection handlers this listener started; Add only under mu while open
+	// stopped is set when the listener stopped accepting for good without
+	// being closed (an accept error that is not temporary): the broker is
+	// then not ready (/readyz 503).
+	stopped atomic.Pointer[error]
 }
 
-// track registers a connection about to be served; false once the listener is closed.
-func (l *listener) track(c net.Conn) bool {
+// Stopped returns why the listener stopped accepting connections without
+// being closed, or nil while it accepts (or was closed).
+func (l *listener) Stopped() error {
+	if p := l.stopped.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (l *listener) stop(err error) {
+	err = fmt.Errorf("%s listener on %s stopped accepting: %w", l.id, l.Address(), err)
+	l.stopped.Store(&err)
+	l.log.Error("listener stopped accepting connections; the broker is no longer ready", "error", err)
+}
+
+// track registers a connection about to be served, with the function that
+// closes it when the listener closes (nil: close it at once); false once
+// the listener is closed.
+func (l *listener) track(c net.Conn, closer func()) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.mu.closed {
 		return false
 	}
 	if l.mu.open == nil {
-		l.mu.open = map[net.Conn]struct{}{}
+		l.mu.open = map[net.Conn]func(){}
 	}
-	l.mu.open[c] = struct{}{}
+	if closer == nil {
+		// Its handler closes it through its queue (bounded), once the
+		// read it waits in ends.
+		closer = func() { _ = c.SetReadDeadline(time.Now()) }
+	}
+	l.mu.open[c] = closer
 	l.conns.Add(1)
 	return true
 }
@@ -72,20 +109,34 @@ func (l *listener) isClosed() bool {
 }
 
 func listen(id, proto, addr string, tlsConf *tls.Config, allowedOrigins []string) (*listener, error) {
-	ln, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	if proto == "tcp" {
+		// No TCP keep-alive by default: MQTT's keep-alive finds dead clients,
+		// and Go's default costs three setsockopt calls per accepted
+		// connection. A client that asks for no MQTT keep-alive gets TCP's
+		// (eventConn.deadline).
+		lc.KeepAlive = -1
+	}
+	ln, err := lc.Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	if tlsConf != nil {
 		ln = tls.NewListener(ln, tlsConf)
 	}
-	l := &listener{id: id, proto: proto, ln: ln}
-	if proto == "ws" {
+	l := &listener{id: id, proto: proto, ln: ln, closing: make(chan struct{})}
+	if proto == "ws" || proto == "wss" {
 		up := &websocket.Upgrader{
 			Subprotocols: []string{"mqtt"},
 			// A web page may not open MQTT connections from the operator's
 			// browser to a broker on another host (cross-site WebSocket).
 			CheckOrigin: func(r *http.Request) bool { return originAllowed(r, allowedOrigins) },
+			// An idle WebSocket connection keeps its read buffer (gorilla's
+			// default 4 KiB, the most a frame header read takes at once) but
+			// borrows a write buffer only while it writes.
+			ReadBufferSize:  1 << 10,
+			WriteBufferSize: 4 << 10,
+			WriteBufferPool: new(sync.Pool),
 		}
 		l.web = &http.Server{
 			Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { l.upgrade(up, w, r) }),
@@ -102,6 +153,11 @@ func (l *listener) Protocol() string { return l.proto }
 // Init sets the logger; the address is already bound.
 func (l *listener) Init(log *slog.Logger) error {
 	l.log = log.With("listener", l.id)
+	if l.web != nil {
+		// Failed handshakes (a refused client certificate, logged with its
+		// reason by tlsconf.go) and the like, at debug, not on stderr.
+		l.web.ErrorLog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
+	}
 	return nil
 }
 
@@ -109,20 +165,36 @@ func (l *listener) Init(log *slog.Logger) error {
 func (l *listener) Serve(establish listeners.EstablishFn) {
 	l.establish = establish
 	if l.web != nil {
+		// http.Server retries temporary accept errors itself, with backoff.
 		if err := l.web.Serve(l.ln); err != nil && !errors.Is(err, http.ErrServerClosed) && !l.isClosed() {
-			l.log.Error("websocket listener stopped", "error", err)
+			l.stop(err)
 		}
 		return
 	}
+	var backoff acceptBackoff
 	for {
 		conn, err := l.ln.Accept()
 		if err != nil {
-			if !l.isClosed() {
-				l.log.Error("listener stopped accepting", "error", err)
+			if l.isClosed() {
+				return
 			}
-			return
+			if !temporaryAcceptError(err) {
+				l.stop(err)
+				return
+			}
+			if !backoff.wait(l, err) {
+				return // closed while waiting
+			}
+			continue
 		}
-		if !l.track(conn) {
+		backoff.reset(l)
+		if tc, ok := conn.(*net.TCPConn); ok && l.poller != nil {
+			if !l.serveEvents(tc) {
+				return // closed
+			}
+			continue
+		}
+		if !l.track(conn, nil) {
 			_ = conn.Close()
 			return
 		}
@@ -130,6 +202,62 @@ func (l *listener) Serve(establish listeners.EstablishFn) {
 			defer l.untrack(conn)
 			l.handle(conn)
 		}()
+	}
+}
+
+// temporaryAcceptError reports whether an Accept error may go away by
+// itself: the process or the system is out of file descriptors or buffers
+// for a moment (EMFILE, ENFILE, ENOBUFS, ENOMEM), or a connection was
+// aborted before it was accepted (ECONNABORTED; Go retries those itself, but
+// a wrapped listener may not). net/http retries the same way.
+func temporaryAcceptError(err error) bool {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EINTR} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// acceptBackoff spaces out accepts after temporary errors: 5 ms, doubling
+// to 1 s, as net/http does; one log line per run of errors.
+type acceptBackoff struct {
+	delay  time.Duration
+	errors int
+}
+
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// wait sleeps for the next backoff delay; false if the listener was closed meanwhile.
+func (b *acceptBackoff) wait(l *listener, err error) bool {
+	if b.delay == 0 {
+		b.delay = acceptBackoffMin
+		l.log.Warn("accept failed, retrying with backoff (out of file descriptors? see max-clients and ulimit -n)", "error", err)
+	} else {
+		b.delay = min(2*b.delay, acceptBackoffMax)
+	}
+	b.errors++
+	// A deliberate wall-clock wait: the condition (free descriptors) gives no
+	// event to wait on. Close ends it.
+	t := time.NewTimer(b.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-l.closing:
+		return false
+	}
+}
+
+// reset ends a run of errors once an accept succeeds.
+func (b *acceptBackoff) reset(l *listener) {
+	if b.errors > 0 {
+		l.log.Info("accepting connections again", "failed_accepts", b.errors)
+		b.delay, b.errors = 0, 0
 	}
 }
 
@@ -154,13 +282,18 @@ func (l *listener) upgrade(up *websocket.Upgrader, w http.ResponseWriter, r *htt
 		return // the upgrader has answered the request with the error
 	}
 	conn := &wsConn{Conn: c.UnderlyingConn(), ws: c}
-	if !l.track(conn) {
+	if !l.track(conn, nil) {
 		_ = conn.Close()
 		return
 	}
-	defer l.untrack(conn)
-	defer conn.Close()
-	l.handle(conn)
+	// Served from a goroutine of its own, so that the HTTP handler returns:
+	// the request and the HTTP server's 4 KiB read and write buffers of the
+	// hijacked connection are not kept for the connection's life.
+	go func() {
+		defer l.untrack(conn)
+		defer conn.Close()
+		l.handle(conn)
+	}()
 }
 
 // Close stops accepting, closes this listener's clients and waits for their handlers.
@@ -172,29 +305,47 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 	if already {
 		return
 	}
-	defer func() {
-		// Connections that never became clients (no CONNECT yet) are not
-		// mochi's to end: a past read deadline ends their wait for one, so
-		// the wait below ends. They are not closed here: each handler closes
-		// its connection through its queue, which first flushes what is
-		// queued (the DISCONNECT a client was just sent) for at most
-		// connq.FlushTimeout, so no peer that does not read holds it up.
-		l.mu.Lock()
-		for c := range l.mu.open {
-			_ = c.SetReadDeadline(time.Now())
-		}
-		l.mu.Unlock()
-		l.conns.Wait()
-	}()
-	if l.web != nil {
-		_ = l.web.Close() // closes the listener; hijacked websocket connections are closed below
-	} else {
-		_ = l.ln.Close()
-	}
+	close(l.closing)
 	if l.closeClients != nil {
 		closeClients = l.closeClients
 	}
-	closeClients(l.id)
+	if l.web != nil {
+		_ = l.web.Close() // closes the listener; hijacked websocket connections are ended below
+	} else {
+		_ = l.ln.Close()
+	}
+	// Connections that never became clients (no CONNECT yet) are not
+	// mochi's to end: their closers end them (for a connection served by
+	// a goroutine, a past read deadline: its handler then closes it through
+	// its queue, which first flushes what is queued, the DISCONNECT a client
+	// was just sent, for at most connq.FlushTimeout). A CONNECT being
+	// handled as the sweep runs makes a client the sweep did not see, and
+	// mochi moves its read deadline on: the sweep is repeated until every
+	// connection's handler has ended.
+	done := make(chan struct{})
+	go func() {
+		l.conns.Wait()
+		close(done)
+	}()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		closeClients(l.id)
+		l.mu.Lock()
+		closers := make([]func(), 0, len(l.mu.open))
+		for _, closeConn := range l.mu.open {
+			closers = append(closers, closeConn)
+		}
+		l.mu.Unlock()
+		for _, closeConn := range closers { // outside the lock: untrack takes it
+			closeConn()
+		}
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // wsConn carries MQTT over binary WebSocket messages as a net.Conn.

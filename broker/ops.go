@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -26,15 +27,43 @@ func (b *Broker) newOps() *ops.Service {
 	return ops.New(opsView{b}, ops.Config{
 		Token:        b.cfg.HTTPToken,
 		AllowedHosts: b.cfg.HTTPAllowedHosts,
-		Pprof:        b.cfg.Pprof,
-		Settings:     b.cfg.settingsView,
-		Collectors:   append(b.clusterCollectors(), bridgeCollector{b}),
+		TopicReader:  b.topicReader,
+		Waiting: func(r *http.Request) func() {
+			if b.httpConns == nil {
+				return func() {}
+			}
+			return b.httpConns.waitingFor(r) // a request waiting for its token check may give way
+		},
+		Pprof:      b.cfg.Pprof,
+		Settings:   b.cfg.settingsView,
+		Collectors: append(b.clusterCollectors(), bridgeCollector{b}, identityCollector{b}, rateCollector{b}),
 		Routes: func(mux *http.ServeMux) {
 			b.registerCluster(mux)
 			b.registerBackup(mux)
+			b.registerReload(mux)
 		},
 		Logger: b.log,
 	})
+}
+
+// errStreamNeedsAuth refuses the topic stream of a broker whose ACL it could
+// bypass.
+var errStreamNeedsAuth = errors.New("the topic stream is off: with an auth ledger it needs --http-token (the token holder sees every topic) or http-topic-user (the stream shows what that user may read)")
+
+// topicReader says which topics a topic stream may show (nil: all): with no
+// auth ledger every topic (every client may read them over MQTT too); with
+// one, what http-topic-user may read, else every topic for a holder of the
+// http token, and with neither the stream is refused.
+func (b *Broker) topicReader() (func(topic string) bool, error) {
+	switch user := b.cfg.HTTPTopicUser; {
+	case b.cfg.Auth == nil:
+		return nil, nil
+	case user != "":
+		return func(topic string) bool { return b.auth.UserCanRead(user, topic) }, nil
+	case b.cfg.HTTPToken != "":
+		return nil, nil
+	}
+	return nil, errStreamNeedsAuth
 }
 
 // settingsView is group name's dispatcher settings, as the admin API shows them.
@@ -54,7 +83,7 @@ func (v opsView) Groups() ops.Groups { return v.b.keyShared }
 
 func (v opsView) Bridges() []adminapi.BridgeView { return v.b.BridgeViews() }
 
-func (v opsView) Ready() bool { return v.b.Ready() }
+func (v opsView) NotReady() error { return v.b.NotReady() }
 
 func (v opsView) Figures() ops.Figures {
 	b := v.b
@@ -76,6 +105,9 @@ func (v opsView) Figures() ops.Figures {
 		f.FanoutTooLarge, f.FanoutTracked = fo.Stats.TooLarge.Load(), fo.Stats.Tracked.Load()
 		f.OutboxResent, f.OutboxExpired, f.OutboxStoreRefused = fo.OutboxStats.Resent.Load(), fo.OutboxStats.Expired.Load(), fo.Stats.StoreRefused.Load()
 		f.OutboxQueuedBytes, f.OutboxColdBytes = fo.OutboxStats.Bytes.Load(), fo.OutboxStats.ColdBytes.Load()
+		if sp := fo.Spill(); sp != nil {
+			f.OutboxSpilledBytes, f.OutboxSpilled = sp.Bytes.Load(), sp.Spilled.Load()
+		}
 	}
 	if a := b.auth; a != nil {
 		f.ReservedRefused, f.TakeoversRefused = a.ReservedRefused.Load(), a.Refused.Load()
@@ -85,6 +117,10 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnConflated, f.ConnDropSignals = cs.Conflated.Load(), cs.DropSignals.Load()
 		f.ConnSlowDisconnects, f.ConnProtocolErrors = cs.SlowDisconnects.Load(), cs.ProtocolErrors.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
+	}
+	if b.cluster == nil {
+		st := b.db.LogStats()
+		f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
 	}
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()

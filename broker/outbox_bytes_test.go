@@ -136,3 +136,63 @@ func TestOfflineSessionsLoadLazily(t *testing.T) {
 		t.Fatalf("cold bytes %d after a session resumed", cold)
 	}
 }
+
+// TestStalledReaderBacklogSpills is issue 27's stalled QoS 1 reader: a
+// connected client that stops reading while its session is sent 6 MB keeps
+// only spill-after (plus what its connection queue holds) of it in the heap,
+// and once it reads again it gets every message, in order. A clean
+// session's backlog waits in data-dir/spill, which holds nothing after; a
+// persistent session's is in the session store already: its frames are let
+// go once stored and read back from there, nothing is written to the spill.
+func TestStalledReaderBacklogSpills(t *testing.T) {
+	for _, persistent := range []bool{false, true} {
+		t.Run(map[bool]string{false: "clean", true: "persistent"}[persistent], func(t *testing.T) {
+			testStalledReaderBacklog(t, persistent)
+		})
+	}
+}
+
+func testStalledReaderBacklog(t *testing.T, persistent bool) {
+	const n, size = 300, 20 << 10
+	cfg := testConfig(t)
+	cfg.LogLevel = LogInfo
+	cfg.SpillAfter = 256 << 10
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	o := rawOptions{version: 5, clean: true, rcvbuf: 4096}
+	if persistent {
+		o.sessionExpiry = 3600
+	}
+	c, _ := dialRaw(t, addr, "stalled", o)
+	c.subscribe("s/#", 1)
+	before := heapInUse()
+	publishBig(t, addr, "s/t", n, size)
+	after := heapInUse()
+	sp, stats := b.fanout.Spill(), &b.fanout.OutboxStats
+	t.Logf("%d x %d KB for a client that does not read: heap %.1f MB before, %.1f MB after; %d messages spilled, %.1f MB in the spill, %d cold (%.1f MB)",
+		n, size>>10, float64(before)/1e6, float64(after)/1e6, sp.Spilled.Load(), float64(sp.Bytes.Load())/1e6, sp.Cooled.Load(), float64(stats.ColdBytes.Load())/1e6)
+	// What stays in memory: spill-after, the connection queue's soft limit
+	// (1 MiB: frames the session already sent), and slack for the rest.
+	if int64(after) > int64(before)+int64(cfg.SpillAfter)+int64(cfg.ConnQueueSoft)+3<<20 {
+		t.Fatalf("heap grew by %.1f MB holding %d MB for a stalled reader", float64(after-before)/1e6, n*size>>20)
+	}
+	switch {
+	case !persistent && (sp.Spilled.Load() == 0 || sp.Bytes.Load() == 0):
+		t.Fatalf("nothing spilled (%d messages, %d bytes)", sp.Spilled.Load(), sp.Bytes.Load())
+	case persistent && (sp.Spilled.Load() != 0 || sp.Cooled.Load() == 0 || stats.ColdBytes.Load() == 0):
+		t.Fatalf("%d messages spilled, %d let go for the store to hold (%d bytes)", sp.Spilled.Load(), sp.Cooled.Load(), stats.ColdBytes.Load())
+	}
+	for i := range n {
+		m := c.nextPublish()
+		if want := fmt.Sprintf("%05d|", i); !strings.HasPrefix(string(m.Payload), want) || len(m.Payload) != size {
+			t.Fatalf("message %d: %.6q (%d bytes)", i, m.Payload, len(m.Payload))
+		}
+		c.ack(m)
+	}
+	eventually(t, "the spill to empty", func() bool { return sp.Bytes.Load() == 0 && stats.ColdBytes.Load() == 0 })
+	// Frames spilled after they were sent are let go when acknowledged,
+	// unread; those spilled unsent were read back to be sent.
+	if (!persistent && sp.Loaded.Load() == 0) || sp.Loaded.Load() > sp.Spilled.Load() || sp.Errors.Load() != 0 || stats.LoadErrors.Load() != 0 {
+		t.Fatalf("spilled %d, read back %d, errors %d, load errors %d", sp.Spilled.Load(), sp.Loaded.Load(), sp.Errors.Load(), stats.LoadErrors.Load())
+	}
+}

@@ -35,12 +35,24 @@ type rawOptions struct {
 	topicAliasMax uint16
 	receiveMax    uint16
 	user          []packets.UserProperty
+	// username and password, sent when not empty.
+	username, password string
 	// rcvbuf, when set, is the socket's receive buffer: a client that does
 	// not read then stalls the broker's writer after that many bytes.
 	rcvbuf int
 }
 
 func dialRaw(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, packets.Packet) {
+	t.Helper()
+	rc, ack := dialRawAck(t, addr, clientID, o)
+	if ack.FixedHeader.Type != packets.Connack || ack.ReasonCode != 0 {
+		t.Fatalf("CONNACK %+v reason %#x", ack.FixedHeader, ack.ReasonCode)
+	}
+	return rc, ack
+}
+
+// dialRawAck is dialRaw that returns whatever CONNACK the broker sent.
+func dialRawAck(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, packets.Packet) {
 	t.Helper()
 	d := net.Dialer{Timeout: mqtttest.Timeout}
 	if o.rcvbuf > 0 {
@@ -60,6 +72,12 @@ func dialRaw(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, pac
 	rc := &rawClient{t: t, c: c, r: bufio.NewReader(c), version: o.version}
 	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: o.version,
 		Connect: packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: clientID, Clean: o.clean, Keepalive: 60}}
+	if o.username != "" {
+		pk.Connect.Username, pk.Connect.UsernameFlag = []byte(o.username), true
+	}
+	if o.password != "" {
+		pk.Connect.Password, pk.Connect.PasswordFlag = []byte(o.password), true
+	}
 	if o.version == 5 {
 		pk.Properties.SessionExpiryInterval, pk.Properties.SessionExpiryIntervalFlag = o.sessionExpiry, o.sessionExpiry > 0
 		pk.Properties.TopicAliasMaximum = o.topicAliasMax
@@ -67,11 +85,7 @@ func dialRaw(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, pac
 		pk.Properties.User = o.user
 	}
 	rc.send(pk)
-	ack := rc.next()
-	if ack.FixedHeader.Type != packets.Connack || ack.ReasonCode != 0 {
-		t.Fatalf("CONNACK %+v reason %#x", ack.FixedHeader, ack.ReasonCode)
-	}
-	return rc, ack
+	return rc, rc.next()
 }
 
 func (rc *rawClient) send(pk packets.Packet) {

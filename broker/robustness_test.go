@@ -173,8 +173,9 @@ func TestSessionAndRetainedSurviveGracefulRestart(t *testing.T) {
 }
 
 // TestHTTPHasTimeoutsAndACap: a request whose body never comes holds its
-// connection for http-read-timeout at most, and connections past
-// http-max-conns wait to be accepted.
+// connection for http-read-timeout at most; a connection past
+// http-max-conns closes the oldest one without a request in progress, and
+// waits only while every connection has one.
 func TestHTTPHasTimeoutsAndACap(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.HTTPReadTimeout, cfg.HTTPMaxConns = 300*time.Millisecond, 2
@@ -197,25 +198,52 @@ func TestHTTPHasTimeoutsAndACap(t *testing.T) {
 	if _, err := io.ReadAll(slow); err != nil {
 		t.Fatalf("the server did not close a request whose body never came: %v", err)
 	}
-	// Two connections held open: a third is not served until one goes.
-	held := []net.Conn{dial(), dial()}
-	for _, c := range held {
+	get := func(c net.Conn, within time.Duration) (string, error) {
 		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			return "", err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(within))
+		return bufio.NewReader(c).ReadString('\n')
+	}
+	// The server reports the slow connection closed (ConnState) just after
+	// it closed it: once it has, two idle keep-alive connections fill the
+	// cap, and a third closes the oldest and is served.
+	eventually(t, "the closed connection to be forgotten", func() bool { return b.httpConns.count() == 0 })
+	var idle []net.Conn
+	for range 2 {
+		c := dial()
+		idle = append(idle, c)
+		if _, err := get(c, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-			t.Fatal(err)
+	}
+	if line, err := get(dial(), 10*time.Second); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+		t.Fatalf("past two idle connections: %q %v", line, err)
+	}
+	if _, err := idle[0].Read(make([]byte, 1)); err == nil {
+		t.Fatal("the oldest idle connection was not closed")
+	}
+	// Two connections with a request in progress (a live topic stream,
+	// whose answer has begun): a third waits until one ends.
+	var streams []net.Conn
+	for range 2 {
+		c := dial()
+		streams = append(streams, c)
+		if line, err := func() (string, error) {
+			if _, err := io.WriteString(c, "GET /api/v1/topics/stream?filter=x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+				return "", err
+			}
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			return bufio.NewReader(c).ReadString('\n')
+		}(); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
+			t.Fatalf("topic stream: %q %v", line, err)
 		}
 	}
 	third := dial()
-	if _, err := io.WriteString(third, "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
-		t.Fatal(err)
+	if _, err := get(third, 200*time.Millisecond); err == nil { // a deliberate wait for nothing: a served request answers within it on loopback
+		t.Fatal("a third connection was served while two had requests in progress")
 	}
-	_ = third.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-	if _, err := third.Read(make([]byte, 1)); err == nil {
-		t.Fatal("a third connection was served while two were held")
-	}
-	held[0].Close()
+	streams[0].Close()
 	_ = third.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if line, err := bufio.NewReader(third).ReadString('\n'); err != nil || !strings.HasPrefix(line, "HTTP/1.1 200") {
 		t.Fatalf("once a slot was free: %q %v", line, err)

@@ -296,6 +296,9 @@ func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt i
 		return true
 	}
 	ok := ng.local.Deliver(member, m, attempt)
+	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+		f.Flush() // no round here to wait for (keyshared.Output)
+	}
 	if !ok && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)

@@ -332,6 +332,11 @@ func (g *Groups) SweepIdle(now time.Time, ttl time.Duration) ([]string, error) {
 	return swept, errors.Join(errs...)
 }
 
+// OnCommitted implements keyshared.Backend: a no-op reporting false, as
+// JetStream acknowledges each append on its own (no commit of several to
+// tell the end of).
+func (g *Groups) OnCommitted(func()) bool { return false }
+
 // Flush implements keyshared.Backend: it waits for the appends made so far.
 func (g *Groups) Flush() error {
 	g.appends.flush()

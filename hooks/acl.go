@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
@@ -24,8 +26,10 @@ import (
 //  2. else the ACL rules in file order whose client, username and remote
 //     match: a rule without filters allows; otherwise its most specific
 //     matching filter decides; a rule none of whose filters match is skipped;
-//  3. else the topic is allowed, except $dlq/...: dead letters carry other
-//     clients' payloads, so reading them needs a filter that names $dlq.
+//  3. else the topic is allowed, except the broker's own topics, $dlq/...
+//     and $SYS/...: dead letters carry other clients' payloads and $SYS the
+//     broker's figures, so reading them needs a filter that names them (a
+//     rule without filters does not grant them either).
 //
 // As in MQTT's own matching, a filter that starts with a wildcard says
 // nothing about topics that start with '$' ($dlq/..., $SYS/..., and the full
@@ -50,36 +54,81 @@ type aclFilter struct {
 	dollar bool
 }
 
-// ACL is a ledger's access rules compiled once, shared by the Auth hook and
-// the hooks that check what a subscriber may read (the fan-out, Key-Shared),
-// which the broker builds before Auth.
+// ACL is the access rules in force, shared by the Auth hook and the hooks
+// that check what a subscriber may read (the fan-out, Key-Shared), which the
+// broker builds before Auth. It holds the auth policy in force, whose
+// compiled rules it applies: a reload swaps the policy whole (Auth.Reload),
+// so every check, whichever hook makes it, applies the new rules at once.
+// It also holds the ACLs that connected clients' tokens carry (a JWT's ACL
+// claim), tried before the rules, so that deliveries meet them too.
 type ACL struct {
-	ledger *auth.Ledger // nil: no auth configured, every topic allowed
-	acl    *acl
+	// required: clients must authenticate (AuthPolicy.Required); without
+	// it every topic is allowed. Fixed: turning auth on or off needs a
+	// restart (ErrAuthToggle).
+	required bool
+	policy   atomic.Pointer[AuthPolicy]
+	// tokens holds the ACL claim of each connected client that has one
+	// (*mqtt.Client -> []aclFilter); ntokens counts them, so that checks
+	// skip the lookup while no client has one.
+	tokens  sync.Map
+	ntokens atomic.Int64
 }
 
-// NewACL compiles ledger's ACL (nil: no auth, every topic allowed).
-func NewACL(ledger *auth.Ledger) *ACL { return &ACL{ledger: ledger, acl: compileACL(ledger)} }
+// NewACL returns the access rules of p, the policy in force until a reload
+// (NewACL(NewAuthPolicy(nil, nil, false)): no auth, every topic allowed).
+func NewACL(p *AuthPolicy) *ACL {
+	a := &ACL{required: p.Required}
+	a.policy.Store(p)
+	return a
+}
 
-// Configured reports whether there is a ledger (without one CanRead is
+// Configured reports whether the rules apply (without that CanRead is
 // always true, and the broker gives the hooks no read check at all).
-func (a *ACL) Configured() bool { return a.ledger != nil }
+func (a *ACL) Configured() bool { return a.required }
+
+// setToken records the ACL claim of cl's token (none: nothing is kept).
+func (a *ACL) setToken(cl *mqtt.Client, own []aclFilter) {
+	if len(own) == 0 {
+		return
+	}
+	if _, had := a.tokens.Swap(cl, own); !had {
+		a.ntokens.Add(1)
+	}
+}
+
+// forget drops cl's token ACL (it disconnected).
+func (a *ACL) forget(cl *mqtt.Client) {
+	if a.ntokens.Load() == 0 {
+		return
+	}
+	if _, had := a.tokens.LoadAndDelete(cl); had {
+		a.ntokens.Add(-1)
+	}
+}
 
 // CanRead reports whether cl may receive a message published on topic (or
-// subscribe to topic): the broker's own clients and, without a ledger,
+// subscribe to topic): the broker's own clients and, without auth,
 // everyone may.
 func (a *ACL) CanRead(cl *mqtt.Client, topic string) bool {
-	return cl.Net.Inline || a.ledger == nil || a.allows(cl, topic, false)
+	return cl.Net.Inline || !a.required || a.allows(cl, topic, false)
 }
 
-// allows applies the ledger's ACL to one access of topic by cl. A shared
-// subscription $share/<share>/<filter> must be allowed both as that string
-// and as <filter>.
+// allows applies the rules (and cl's token ACL) to one access of topic by
+// cl. A shared subscription $share/<share>/<filter> must be allowed both as
+// that string and as <filter>.
 func (a *ACL) allows(cl *mqtt.Client, topic string, write bool) bool {
-	ok := a.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, topic, write)
+	var own []aclFilter
+	if a.ntokens.Load() > 0 {
+		if v, ok := a.tokens.Load(cl); ok {
+			own = v.([]aclFilter)
+		}
+	}
+	rules := a.policy.Load().acl
+	user := string(cl.Properties.Username)
+	ok := rules.decideWith(own, cl.ID, user, cl.Net.Remote, topic, write)
 	if !write {
 		if n, shared, err := share.ParseSubscription(topic); shared && err == nil {
-			ok = ok && a.acl.decide(cl.ID, string(cl.Properties.Username), cl.Net.Remote, n.Filter, false)
+			ok = ok && rules.decideWith(own, cl.ID, user, cl.Net.Remote, n.Filter, false)
 		}
 	}
 	return ok
@@ -159,11 +208,24 @@ func grants(access auth.Access, write bool) bool {
 	return access == auth.ReadOnly || access == auth.ReadWrite
 }
 
+// brokerTopic reports whether topic is one of the broker's own that no
+// default grants: $dlq/... and $SYS/... (any case, as mochi matches $SYS).
+func brokerTopic(topic string) bool {
+	first, _, _ := strings.Cut(topic, "/")
+	return first == "$dlq" || strings.EqualFold(first, "$SYS")
+}
+
 // decide applies the ACL to one access of topic (a topic name, or a filter
 // for a subscription).
 func (a *acl) decide(client, username, remote, topic string, write bool) bool {
+	return a.decideWith(nil, client, username, remote, topic, write)
+}
+
+// decideWith is decide with the client's own filters (a token's ACL claim)
+// tried first, as a user's own acl map is.
+func (a *acl) decideWith(own []aclFilter, client, username, remote, topic string, write bool) bool {
 	dollar := strings.HasPrefix(topic, "$")
-	dlqTopic := strings.HasPrefix(topic, "$dlq/") || topic == "$dlq"
+	dlqTopic := brokerTopic(topic)
 	pick := func(fs []aclFilter) (bool, bool) {
 		for _, f := range fs {
 			if dollar && !f.dollar {
@@ -174,6 +236,9 @@ func (a *acl) decide(client, username, remote, topic string, write bool) bool {
 			}
 		}
 		return false, false
+	}
+	if allow, decided := pick(own); decided {
+		return allow
 	}
 	if fs, ok := a.users[username]; ok {
 		if allow, decided := pick(fs); decided {

@@ -33,8 +33,8 @@ func TestACLOrderIsDefined(t *testing.T) {
 		{"ops", "$dlq/billing/x", true, false},
 		{"open", "$dlq/billing/x", false, false}, // a rule without filters does not grant dead letters
 		{"open", "anything", true, true},
-		{"greedy", "$dlq/billing/x", false, false}, // "#" does not reach $ topics
-		{"nobody", "$SYS/broker/uptime", false, true},
+		{"greedy", "$dlq/billing/x", false, false},    // "#" does not reach $ topics
+		{"nobody", "$SYS/broker/uptime", false, true}, // named by the last rule
 		{"nobody", "sensors/1", false, false},
 		{"nobody", "$share/g/orders/#", false, true}, // "#": 0 says nothing of share names
 	} {
@@ -42,6 +42,30 @@ func TestACLOrderIsDefined(t *testing.T) {
 			if got := a.decide("c", tc.user, "1.2.3.4", tc.topic, tc.write); got != tc.want {
 				t.Fatalf("%s %s write=%v: %v, want %v", tc.user, tc.topic, tc.write, got, tc.want)
 			}
+		}
+	}
+}
+
+// TestBrokerTopicsNeedAFilterThatNamesThem: with a ledger, $dlq/... and
+// $SYS/... are readable only through a filter that names them: neither a
+// rule without filters nor the default grants them ($SYS was readable by
+// everyone).
+func TestBrokerTopicsNeedAFilterThatNamesThem(t *testing.T) {
+	a := compileACL(&auth.Ledger{ACL: auth.ACLRules{{Username: "open"}, {Username: "ops", Filters: auth.Filters{"$SYS/#": auth.ReadOnly}}}})
+	for _, tc := range []struct {
+		user, topic string
+		want        bool
+	}{
+		{"open", "$SYS/broker/uptime", false},
+		{"nobody", "$SYS/broker/uptime", false},
+		{"nobody", "$sys/broker/uptime", false},
+		{"ops", "$SYS/broker/uptime", true},
+		{"open", "$dlq/g/x", false},
+		{"nobody", "sensors/1", true},
+		{"nobody", "$other/x", true},
+	} {
+		if got := a.decide("c", tc.user, "1.2.3.4", tc.topic, false); got != tc.want {
+			t.Errorf("%s reading %s: %v, want %v", tc.user, tc.topic, got, tc.want)
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
@@ -32,13 +34,37 @@ import (
 type Auth struct {
 	mqtt.HookBase
 	server *mqtt.Server
-	ledger *auth.Ledger // nil: no auth configured
-	rules  *ACL
-	cfg    AuthConfig
+	// rules hold the policy in force (who may connect and what they may
+	// do); Reload replaces it whole. Its Required never changes.
+	rules *ACL
+	cfg   AuthConfig
+	// clients holds how each connected client authenticated
+	// (*mqtt.Client -> *clientAuth), for Reload's re-check (auth_reload.go).
+	clients sync.Map
 	// ReservedRefused counts publishes into reserved topics, refused.
 	ReservedRefused atomic.Uint64
 	// Refused counts CONNECTs refused for taking another user's client id.
 	Refused atomic.Uint64
+	// TokensExpired counts clients disconnected when their JWT expired.
+	TokensExpired atomic.Uint64
+}
+
+// AuthPolicy is the part of auth a reload replaces.
+type AuthPolicy struct {
+	// Ledger holds the ACL rules and the users' own ACLs; nil: none.
+	Ledger *auth.Ledger
+	// Credentials decide user names and passwords; nil: none verify.
+	Credentials *Credentials
+	// Required: clients must authenticate (a ledger, a password file or
+	// certificate identities are configured). Without it every client
+	// may connect and use every topic but the reserved ones.
+	Required bool
+	acl      *acl
+}
+
+// NewAuthPolicy compiles a policy.
+func NewAuthPolicy(ledger *auth.Ledger, creds *Credentials, required bool) *AuthPolicy {
+	return &AuthPolicy{Ledger: ledger, Credentials: creds, Required: required, acl: compileACL(ledger)}
 }
 
 // AuthConfig configures an auth hook.
@@ -49,12 +75,20 @@ type AuthConfig struct {
 	// OnDiscard (nil: none) is told of a session discarded for
 	// FreshSessions (so that stored state goes with it).
 	OnDiscard func(cl *mqtt.Client)
+	// Identity (nil: none) returns the identity of a client's verified
+	// certificate on a listener that uses it as the user name (the broker's
+	// --tls-identity); ok is false without one.
+	Identity func(cl *mqtt.Client) (name string, ok bool)
 }
 
-// NewAuth returns an auth hook over rules (NewACL(nil): allow every client).
+// NewAuth returns an auth hook over rules and the policy they hold
+// (NewACL(NewAuthPolicy(nil, nil, false)): allow every client).
 func NewAuth(server *mqtt.Server, rules *ACL, cfg AuthConfig) *Auth {
-	return &Auth{server: server, ledger: rules.ledger, rules: rules, cfg: cfg}
+	return &Auth{server: server, rules: rules, cfg: cfg}
 }
+
+// Policy returns the policy in force.
+func (h *Auth) Policy() *AuthPolicy { return h.rules.policy.Load() }
 
 // ID returns the hook's id.
 func (h *Auth) ID() string { return "keyline-auth" }
@@ -63,19 +97,67 @@ func (h *Auth) ID() string { return "keyline-auth" }
 func (h *Auth) Provides(b byte) bool { return authEvents.has(b) }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnDisconnect, mqtt.OnSessionEstablished,
 )
 
-// OnConnectAuthenticate reports whether the ledger lets the client connect,
-// and keeps a client id to the user whose session it is.
+// OnConnectAuthenticate reports whether the client may connect (by its
+// certificate's identity, or its user name and password), and keeps a
+// client id to the user whose session it is.
 func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
-	if h.ledger == nil {
+	p := h.Policy()
+	if !p.Required {
 		return true
 	}
-	if _, ok := h.ledger.AuthOk(cl, pk); !ok {
+	a, ok := h.authenticate(p, cl, pk)
+	if !ok {
 		h.Log.Info("client failed authentication", "client", clip(cl.ID), "username", clip(string(pk.Connect.Username)), "remote", cl.Net.Remote)
 		return false
 	}
+	if !h.ownsClientID(cl) {
+		return false
+	}
+	ca := &clientAuth{authn: a, policy: p}
+	if a.kind == authnJWT {
+		ca.expiry = time.AfterFunc(time.Until(a.exp), func() { h.tokenExpired(cl) })
+	}
+	h.clients.Store(cl, ca)
+	h.rules.setToken(cl, a.acl)
+	return true
+}
+
+// authenticate decides a CONNECT: a verified certificate's identity on a
+// listener that takes it becomes the user name (no password is checked, as
+// mosquitto's use_identity_as_username); else the user name and password.
+func (h *Auth) authenticate(p *AuthPolicy, cl *mqtt.Client, pk packets.Packet) (authn, bool) {
+	if h.cfg.Identity != nil {
+		if name, ok := h.cfg.Identity(cl); ok {
+			if name == "" {
+				h.Log.Info("refused a client certificate without the identity the listener takes as user name", "client", clip(cl.ID), "remote", cl.Net.Remote)
+				return authn{}, false
+			}
+			if p.Credentials != nil && p.Credentials.disallowed(name) {
+				return authn{}, false
+			}
+			if string(cl.Properties.Username) != name {
+				h.Log.Debug("the certificate's identity is the user name", "client", clip(cl.ID), "identity", clip(name), "username", clip(string(cl.Properties.Username)))
+			}
+			cl.Properties.Username = []byte(name)
+			return authn{kind: authnCert, user: name}, true
+		}
+	}
+	if p.Credentials == nil {
+		return authn{}, false
+	}
+	a, ok := p.Credentials.Authenticate(cl.ID, string(cl.Properties.Username), cl.Net.Remote, pk.Connect.Password)
+	if ok && a.kind == authnJWT {
+		cl.Properties.Username = []byte(a.user) // the token's user, when the CONNECT named none
+	}
+	return a, ok
+}
+
+// ownsClientID keeps a client id to the user whose session it is: another
+// user's CONNECT is refused, or with FreshSessions takes a fresh session.
+func (h *Auth) ownsClientID(cl *mqtt.Client) bool {
 	existing, ok := h.server.Clients.Get(cl.ID)
 	if !ok || bytes.Equal(existing.Properties.Username, cl.Properties.Username) {
 		return true
@@ -91,12 +173,7 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 		"username", clip(string(cl.Properties.Username)), "owner", clip(string(existing.Properties.Username)), "remote", cl.Net.Remote)
 	// Answer "not authorized" ourselves (mochi would say "bad username or
 	// password"), then close: mochi's own CONNACK finds the client closed.
-	code := packets.ErrNotAuthorized.Code
-	if cl.Properties.ProtocolVersion < 5 {
-		code = packets.Err3NotAuthorized.Code
-	}
-	_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ReasonCode: code})
-	cl.Stop(errClientIDTaken)
+	refuseConnect(cl, packets.ErrNotAuthorized, packets.Err3NotAuthorized, errClientIDTaken)
 	return false
 }
 
@@ -143,7 +220,7 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 		h.Log.Info("refused a publish into a reserved topic", "client", clip(cl.ID), "topic", clip(topic))
 		return false
 	}
-	if h.ledger == nil {
+	if !h.rules.Configured() {
 		return true
 	}
 	ok := h.rules.allows(cl, topic, write)
@@ -153,16 +230,27 @@ func (h *Auth) OnACLCheck(cl *mqtt.Client, topic string, write bool) bool {
 	return ok
 }
 
+// UserCanRead reports whether a client of username may read topic, by the
+// ACL alone (rules that name a client id or an address do not match): what
+// the console's topic stream shows for http-topic-user.
+func (h *Auth) UserCanRead(username, topic string) bool { return h.UserMay(username, topic, false) }
+
+// UserMay is UserCanRead for either access: write (publish) or read.
+func (h *Auth) UserMay(username, topic string, write bool) bool {
+	p := h.rules.policy.Load()
+	return p == nil || p.Ledger == nil || p.acl.decide("", username, "", topic, write)
+}
+
 // CanRead reports whether cl may receive a message published on topic.
 func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.rules.CanRead(cl, topic) }
 
 // EncodePacket (a PacketEncoder step) re-checks a resumed session's resent
 // messages against the ACL when its CONNACK goes out (mochi resends them
 // right after, unchecked): what the user may not read now is dropped from
-// its inflight state. Without a ledger PacketEncoder skips it (the check is
-// of ACL rules).
+// its inflight state. Without auth PacketEncoder skips it (the check is of
+// ACL rules).
 func (h *Auth) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
-	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || h.ledger == nil {
+	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || !h.rules.Configured() {
 		return
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {

@@ -137,16 +137,7 @@ func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, ids []in
 	if version < 5 {
 		return mqttwire.AppendPublish(make([]byte, 0, mqttwire.PublishLen(mqttwire.Version311, &p)), mqttwire.Version311, &p)
 	}
-	p.Props = mqttwire.Properties{
-		ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic, CorrelationData: m.Props.CorrelationData,
-		SubscriptionIDs: ids,
-	}
-	if m.Props.PayloadFormatSet {
-		p.Props.PayloadFormat = m.Props.PayloadFormat
-	}
-	if !m.ExpiresAt.IsZero() {
-		p.Props.MessageExpiry = uint32(max(1, m.ExpiresAt.Unix()-now.Unix()))
-	}
+	p.Props = deliveryProps(m, ids, now)
 	if len(m.Props.User) > 0 {
 		p.Props.User = make([]mqttwire.UserProperty, len(m.Props.User))
 		for i, u := range m.Props.User {
@@ -154,4 +145,38 @@ func encodeDelivery(m *keyshared.Message, version, qos byte, id uint16, ids []in
 		}
 	}
 	return mqttwire.AppendPublish(make([]byte, 0, mqttwire.PublishLen(mqttwire.Version5, &p)), mqttwire.Version5, &p)
+}
+
+// deliveryProps are the MQTT 5 properties of a Key-Shared delivery of m
+// with subscription identifiers ids, user properties aside.
+func deliveryProps(m *keyshared.Message, ids []int, now time.Time) mqttwire.Properties {
+	p := mqttwire.Properties{
+		ContentType: m.Props.ContentType, ResponseTopic: m.Props.ResponseTopic, CorrelationData: m.Props.CorrelationData,
+		SubscriptionIDs: ids,
+	}
+	if m.Props.PayloadFormatSet {
+		p.PayloadFormat = m.Props.PayloadFormat
+	}
+	if !m.ExpiresAt.IsZero() {
+		p.MessageExpiry = uint32(max(1, m.ExpiresAt.Unix()-now.Unix()))
+	}
+	return p
+}
+
+// deliveryLen is len(encodeDelivery(m, version, qos, id, ids, ...)),
+// without encoding (or allocating): a member's eligibility for m asks it.
+func deliveryLen(m *keyshared.Message, version, qos byte, ids []int) int {
+	rl := 2 + len(m.Topic) + len(m.Payload)
+	if qos > 0 {
+		rl += 2
+	}
+	if version >= 5 {
+		p := deliveryProps(m, ids, m.ExpiresAt) // an expiry takes 5 bytes whatever it says
+		n := p.Len()
+		for _, u := range m.Props.User {
+			n += 1 + 2 + len(u.Key) + 2 + len(u.Val)
+		}
+		rl += mqttwire.VarintLen(n) + n
+	}
+	return 1 + mqttwire.VarintLen(rl) + rl
 }

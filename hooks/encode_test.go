@@ -3,6 +3,7 @@ package hooks
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,5 +188,38 @@ func TestEncodeDeliveryReadsBackAsMochiWouldWriteIt(t *testing.T) {
 	m.ExpiresAt = now.Add(-time.Second) // expired while waiting: at least 1 s [MQTT-3.3.2-6]
 	if p := decodePublish(t, encodeDelivery(m, 5, 1, 1, nil, now), 5).Properties; p.MessageExpiryInterval != 1 {
 		t.Fatalf("expiry %d, want 1", p.MessageExpiryInterval)
+	}
+}
+
+// TestDeliveryLenIsTheEncodedLength: what a member's eligibility asks
+// (deliveryLen) is the length of the frame it would be sent, with and
+// without each property, at every QoS, for MQTT 3.1.1 and 5.
+func TestDeliveryLenIsTheEncodedLength(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for i := range 256 {
+		m := &keyshared.Message{Topic: "jobs/" + strings.Repeat("t", i%7*40), Payload: make([]byte, i*i%300_000), QoS: byte(i % 3)}
+		if i&1 != 0 {
+			m.ExpiresAt = now.Add(time.Duration(i) * time.Hour)
+		}
+		if i&2 != 0 {
+			m.Props.ContentType, m.Props.PayloadFormat, m.Props.PayloadFormatSet = "text/plain", 1, true
+		}
+		if i&4 != 0 {
+			m.Props.ResponseTopic, m.Props.CorrelationData = "reply/to", make([]byte, i)
+		}
+		for j := range i % 5 {
+			m.Props.User = append(m.Props.User, keyshared.UserProperty{Key: "k", Val: strings.Repeat("v", j*50)})
+		}
+		var ids []int
+		if i&8 != 0 {
+			ids = []int{i * 1000}
+		}
+		for _, v := range []byte{4, 5} {
+			for qos := range byte(3) {
+				if got, want := deliveryLen(m, v, qos, ids), len(encodeDelivery(m, v, qos, 9, ids, now)); got != want {
+					t.Fatalf("case %d v%d QoS %d: deliveryLen %d, encoded %d", i, v, qos, got, want)
+				}
+			}
+		}
 	}
 }

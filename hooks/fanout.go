@@ -81,6 +81,11 @@ type FanoutConfig struct {
 	// either a new message is dropped for that session, counted and
 	// signalled, as past max-inflight.
 	MaxSessionBytes, MaxTotalBytes int64
+	// Spill (nil: all in memory) keeps each outbox's frames in memory up to
+	// its threshold; past it a persistent session's go cold (its Store
+	// holds them) and the others' to the spill's files, until their client
+	// reads them.
+	Spill *outbox.Spill
 	// SharedElsewhere says another hook delivers $share subscriptions
 	// (Key-Shared), so they do not keep a publish on mochi's path.
 	SharedElsewhere bool
@@ -103,9 +108,13 @@ func NewFanout(server *mqtt.Server, cfg FanoutConfig) *Fanout {
 		MaxTotalBytes: cfg.MaxTotalBytes,
 		Stats:         &h.OutboxStats,
 		Store:         cfg.Store,
+		Spill:         cfg.Spill,
 	})
 	return h
 }
+
+// Spill returns the outboxes' spill, nil when there is none.
+func (h *Fanout) Spill() *outbox.Spill { return h.sessions.cfg.Spill }
 
 // ID returns the hook's id.
 func (h *Fanout) ID() string { return "keyline-fanout" }
@@ -152,6 +161,7 @@ func (h *Fanout) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 	s := connq.Session{Version: cl.Properties.ProtocolVersion, MaxPacketSize: props.MaximumPacketSize}
 	if s.Version == 5 {
 		s.TopicAliasMax = props.TopicAliasMaximum
+		s.TopicAliasBytes = h.server.Options.Capabilities.TopicAliasBytes // the inbound table's bound, for this one too
 		for _, u := range pk.Properties.User {
 			s.DropSignal = s.DropSignal || (u.Key == DropSignalProperty && u.Val == "1")
 		}
@@ -168,8 +178,9 @@ func (h *Fanout) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// EncodePacket (a PacketEncoder step) attaches the session to its new connection when a
-// successful CONNACK is about to be written: mochi has decided by now whether
+// EncodePacket (a PacketEncoder step) attaches the session to its new
+// connection when a successful CONNACK (reason code 0, in both protocol
+// versions) is about to be written: mochi has decided by now whether
 // the session is resumed (its subscriptions were re-indexed for the new
 // connection just before), and OnSessionEstablished only runs after the
 // client has its CONNACK, which it may answer at once. What the session
@@ -183,7 +194,12 @@ func (h *Fanout) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 		return
 	}
 	q := queueOf(cl)
-	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || q == nil {
+	if pk.ReasonCode != packets.CodeSuccess.Code || cl.Closed() || q == nil {
+		// A refusal: MQTT 5's codes are 0x80 and above, MQTT 3.1.1's 0x01
+		// to 0x05; a 3.1.1 CONNECT that breaks the protocol is stopped
+		// (hooks.Protocol) and its CONNACK never sent. A refused
+		// connection never reaches OnDisconnect, so nothing may be attached
+		// to it: the session it names stays whoever's it is.
 		return
 	}
 	var s *fanSession
@@ -277,17 +293,11 @@ func (h *Fanout) OnStarted() {
 	h.invalidate()
 }
 
-// OnClientExpired discards the session, takes its subscriptions out of
-// mochi's topic index and invalidates the cached routes. mochi (v2.7.9,
-// clearExpiredClients) deletes an expired client but leaves its
-// subscriptions indexed: every persistent session that ever expired kept its
-// filters, and the index nodes under them, for the broker's life (found by
-// TestSoakStaysFlat).
+// OnClientExpired discards the session and invalidates the cached routes
+// (mochi takes the client's subscriptions out of its topic index after the
+// hooks: third_party/mochi/PATCHES.md).
 func (h *Fanout) OnClientExpired(cl *mqtt.Client) {
 	h.sessions.drop(cl.ID, nil)
-	if cl.State.Subscriptions.Len() > 0 {
-		h.server.UnsubscribeClient(cl)
-	}
 	h.invalidate()
 }
 
@@ -301,3 +311,6 @@ func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Inf
 	held, inflight = s.out.Len()
 	return held, inflight, s.out.Snapshot(n)
 }
+
+// Sessions returns how many sessions the fan-out holds, connected or not.
+func (h *Fanout) Sessions() int { return len(h.sessions.ids()) }

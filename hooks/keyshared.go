@@ -11,6 +11,7 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -41,6 +42,14 @@ type KeySharedConfig struct {
 	// groups one client is a member of. A SUBSCRIBE past either gets 0x97
 	// (3.1.1: 0x80).
 	MaxGroups, MaxGroupsPerClient int
+	// MaxGroupsPerOwner bounds the groups that the clients of one owner
+	// (GroupOwner) have created and that still run (0: no bound), so that
+	// throwaway client ids cannot take every group: a SUBSCRIBE that would
+	// create one more gets 0x97. Groups resumed from the store have no owner.
+	MaxGroupsPerOwner int
+	// GroupOwner names whom a client's new groups count against (its user,
+	// or its address); "" counts them against nobody. Nil: nobody.
+	GroupOwner func(cl *mqtt.Client) string
 	// AllocPacketID, when set, picks the packet id of a delivery and calls
 	// set with it while no other delivery to the client can pick the same
 	// (the fan-out's session outbox shares the id space); false: none free
@@ -69,6 +78,12 @@ type KeyShared struct {
 	members  *memberships
 	inflight *inflightTable
 	dlq      *dlqPublisher
+	// acks, when the backend tells the end of each commit's callbacks
+	// (keyshared.Backend.OnCommitted), holds the publishers'
+	// acknowledgements a commit released until its callbacks have all run:
+	// each publisher's then go with one write, made there when its
+	// connection's writer is idle.
+	acks *connq.Flusher
 	// injectors are the bridges' inline clients (ks_internal.go).
 	injectors injectors
 
@@ -110,6 +125,9 @@ var keySharedEvents = eventSet(
 // Init opens every group the backend holds, so publishes keep landing in
 // groups whose members are away.
 func (h *KeyShared) Init(any) error {
+	if acks := new(connq.Flusher); h.backend.OnCommitted(acks.Flush) {
+		h.acks = acks
+	}
 	infos, err := h.backend.Groups()
 	if err != nil {
 		return fmt.Errorf("keyshared hook: list groups: %w", err)
@@ -161,7 +179,7 @@ func (h *KeyShared) openGroup(n share.Name, create bool) (*ksGroup, error) {
 		if dcfg.Logger == nil {
 			dcfg.Logger = h.Log
 		}
-		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g})
+		d, err := h.backend.Open(name, dcfg, &groupOut{h: h, g: g, fl: new(connq.Flusher)})
 		if err != nil {
 			return nil, fmt.Errorf("keyshared hook: group %s: %w", name, err)
 		}
@@ -237,13 +255,25 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrQuotaExceeded)
 			continue
 		}
+		created := h.groups.get(n.String()) == nil
 		if err := h.saveKeyFilters(cl, f.Filter, filters); err != nil {
 			h.Log.Error("key filters not stored; refusing the subscription", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
 		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier})
+		if owner := h.owner(cl); created && owner != "" {
+			h.groups.claim(n.String(), owner)
+		}
 	}
+}
+
+// owner returns whom cl's new groups count against ("": nobody).
+func (h *KeyShared) owner(cl *mqtt.Client) string {
+	if h.cfg.GroupOwner == nil {
+		return ""
+	}
+	return h.cfg.GroupOwner(cl)
 }
 
 // overGroupLimits says why cl may not join group name, "" if it may.
@@ -254,7 +284,13 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 	if max := h.cfg.MaxGroupsPerClient; max > 0 && h.members.groupsOf(cl.ID) >= max {
 		return fmt.Sprintf("the client is a member of %d groups already (max-groups-per-client)", max)
 	}
-	if max := h.cfg.MaxGroups; max > 0 && h.groups.get(name) == nil && h.groups.count() >= max {
+	if h.groups.get(name) != nil {
+		return "" // joining a group that exists takes no new one
+	}
+	if max, owner := h.cfg.MaxGroupsPerOwner, h.owner(cl); max > 0 && owner != "" && h.groups.owned(owner) >= max {
+		return fmt.Sprintf("%s has created %d groups already (max-groups-per-user)", owner, max)
+	}
+	if max := h.cfg.MaxGroups; max > 0 && h.groups.count() >= max {
 		return fmt.Sprintf("the broker holds %d groups already (max-groups)", max)
 	}
 	return ""
@@ -271,6 +307,17 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters, QoS: m.qos}
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
+	}
+	if max, version := maxPacketSize(cl), cl.Properties.ProtocolVersion; max > 0 {
+		// A message larger than the member's Maximum Packet Size is not for
+		// it: another member gets it, or it waits (it was dead-lettered).
+		var ids []int
+		if m.subID > 0 && version == 5 {
+			ids = []int{m.subID} // as deliver sends them
+		}
+		opts.Fits = func(msg *keyshared.Message) bool {
+			return fits(max, deliveryLen(msg, version, min(msg.QoS, m.qos), ids))
+		}
 	}
 	if err := g.d.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)

@@ -99,6 +99,33 @@ func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Durat
 	return swept, err
 }
 
+// SweepHolding deletes, with their backlog, the groups that have had no
+// members for ttl and hold messages but no dead letters, and returns their
+// names: what keeps a group alive is a member, not the messages it was sent
+// (a client that joined a group and published to it left it holding them
+// for ever, and groups are bounded). A group holding dead letters is kept.
+func (h *KeyShared) SweepHolding(ctx context.Context, now time.Time, ttl time.Duration) ([]string, error) {
+	infos, err := h.backend.Groups()
+	if err != nil {
+		return nil, err
+	}
+	var swept []string
+	var errs []error
+	for _, gi := range infos {
+		if gi.Members > 0 || gi.DeadLetters > 0 || gi.Backlog == 0 || now.Sub(gi.LastSeen) < ttl {
+			continue
+		}
+		if err := h.DeleteGroup(ctx, gi.Name); err != nil {
+			if !errors.Is(err, ErrGroupBusy) && !errors.Is(err, keyshared.ErrGroupNotFound) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		swept = append(swept, gi.Name)
+	}
+	return swept, errors.Join(errs...)
+}
+
 // Members returns the ids of a group's members, sorted (in cluster mode,
 // the members on every node).
 func (h *KeyShared) Members(group string) []string {

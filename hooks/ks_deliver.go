@@ -23,9 +23,24 @@ const ReasonPacketTooLarge byte = 0x95
 type groupOut struct {
 	h *KeyShared
 	g *ksGroup
+	// fl holds a round's QoS 1/2 deliveries until the backend's Flush
+	// (keyshared.Output): then each member's go with one write, made by the
+	// goroutine that delivered them when the member's connection writer is
+	// idle.
+	fl *connq.Flusher
 }
 
-var _ keyshared.Output = (*groupOut)(nil)
+var (
+	_ keyshared.Output  = (*groupOut)(nil)
+	_ keyshared.Flusher = (*groupOut)(nil)
+)
+
+// Flush implements keyshared.Flusher.
+func (o *groupOut) Flush() {
+	if o.fl != nil {
+		o.fl.Flush()
+	}
+}
 
 // DeadLettered implements keyshared.Output: a dead letter, once stored, is
 // published live on $dlq/<share>/<original topic>.
@@ -96,6 +111,9 @@ func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Messag
 	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, pk.Properties.SubscriptionIdentifier, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {
 		return packets.ErrPacketTooLarge
+	}
+	if o.fl != nil {
+		return o.fl.Send(q, frame)
 	}
 	return q.Send(frame)
 }

@@ -20,6 +20,9 @@ type ksGroup struct {
 	name string // "<share>/<filter>"
 	n    share.Name
 	d    keyshared.Group
+	// owner is whom the group counts against (KeySharedConfig.GroupOwner);
+	// guarded by the registry's mu.
+	owner string
 	// ext is where an internal group's deliveries go (ks_internal.go).
 	ext atomic.Pointer[internalOut]
 }
@@ -35,6 +38,8 @@ type groupRegistry struct {
 		// the first instead of creating it twice, and nobody holds mu while
 		// the store commits the new group.
 		opening map[string]chan struct{}
+		// owned counts the running groups of each owner (ksGroup.owner).
+		owned map[string]int
 	}
 	// matches caches topic -> matching groups, valid while version is.
 	matches *topicCache[[]*ksGroup]
@@ -52,7 +57,36 @@ func newGroupRegistry() *groupRegistry {
 	r.mu.groups = map[string]*ksGroup{}
 	r.mu.index = mqtt.NewTopicsIndex()
 	r.mu.opening = map[string]chan struct{}{}
+	r.mu.owned = map[string]int{}
 	return r
+}
+
+// claim makes owner the owner of group name, if it runs and has none.
+func (r *groupRegistry) claim(name, owner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.mu.groups[name]; g != nil && g.owner == "" {
+		g.owner = owner
+		r.mu.owned[owner]++
+	}
+}
+
+// owned returns how many running groups owner owns.
+func (r *groupRegistry) owned(owner string) int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.mu.owned[owner]
+}
+
+// disownLocked stops counting g against its owner.
+func (r *groupRegistry) disownLocked(g *ksGroup) {
+	if g.owner == "" {
+		return
+	}
+	if r.mu.owned[g.owner]--; r.mu.owned[g.owner] <= 0 {
+		delete(r.mu.owned, g.owner)
+	}
+	g.owner = ""
 }
 
 func (r *groupRegistry) get(name string) *ksGroup {
@@ -103,6 +137,7 @@ func (r *groupRegistry) remove(name string) *ksGroup {
 	defer r.mu.Unlock()
 	g := r.mu.groups[name]
 	if g != nil {
+		r.disownLocked(g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)
 		r.version.Add(1)
@@ -116,6 +151,7 @@ func (r *groupRegistry) removeAll() []*ksGroup {
 	defer r.mu.Unlock()
 	out := make([]*ksGroup, 0, len(r.mu.groups))
 	for name, g := range r.mu.groups {
+		r.disownLocked(g)
 		out = append(out, g)
 		delete(r.mu.groups, name)
 		r.mu.index.Unsubscribe(g.n.Filter, name)

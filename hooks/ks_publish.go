@@ -98,6 +98,10 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 				hold.Fail(refusalCode(err).Code)
 				return
 			}
+			if h.acks != nil {
+				h.acks.Release(hold) // goes with the commit's other acknowledgements
+				return
+			}
 			hold.Release()
 		})
 		return pk, nil

@@ -64,6 +64,12 @@ func (s outboxStore) Records(client string) ([]outbox.Record, error) {
 	return out, err
 }
 
+// Record implements outbox.Loader: one committed message record (a cold
+// message's frame, read when it is to be sent).
+func (s outboxStore) Record(client string, seq uint64) ([]byte, error) {
+	return s.store.Get(persistence.KindOutbox, outboxKey(client, seq))
+}
+
 // splitOutboxKey returns the client id and sequence number of an outbox key.
 func splitOutboxKey(key []byte) (string, uint64, error) {
 	n, used := binary.Uvarint(key)

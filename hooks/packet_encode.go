@@ -24,7 +24,7 @@ import (
 // (PacketReader). The calls are direct, so the packet stays on the stack.
 type PacketEncoder struct {
 	mqtt.HookBase
-	Auth     *Auth     // nil: skipped (and skipped without a ledger)
+	Auth     *Auth     // nil: skipped (and skipped without auth)
 	Storage  *Storage  // nil: skipped (cluster mode)
 	Cluster  *Cluster  // nil: skipped (single node)
 	Protocol *Protocol // nil: skipped
@@ -39,7 +39,7 @@ func (h *PacketEncoder) Provides(b byte) bool { return b == mqtt.OnPacketEncode 
 
 // OnPacketEncode runs the hooks' EncodePacket on pk, in order.
 func (h *PacketEncoder) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if h.Auth != nil && h.Auth.ledger != nil {
+	if h.Auth != nil && h.Auth.rules.Configured() {
 		h.Auth.EncodePacket(cl, &pk)
 	}
 	if h.Storage != nil {

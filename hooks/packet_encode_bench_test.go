@@ -66,7 +66,12 @@ func (e *fanoutEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packet
 // against the one PacketEncoder, in the same run.
 func BenchmarkPacketEncode(b *testing.B) {
 	server := mqtt.New(nil)
-	a := NewAuth(server, NewACL(&auth.Ledger{Auth: auth.AuthRules{{Allow: true}}}), AuthConfig{})
+	ledger := &auth.Ledger{Auth: auth.AuthRules{{Allow: true}}}
+	creds, err := NewCredentials(ledger, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := NewAuth(server, NewACL(NewAuthPolicy(ledger, creds, true)), AuthConfig{})
 	s := NewStorage(server, nil, nil)
 	p := &Protocol{}
 	f := NewFanout(server, FanoutConfig{})

@@ -26,3 +26,13 @@ func refuseSubscription(s *mqtt.Server, cl *mqtt.Client, filter string, codes []
 		atomic.AddInt64(&s.Info.Subscriptions, -1)
 	}
 }
+
+// refuseConnect answers a CONNECT with a CONNACK of code (code311 for MQTT
+// 3.1.1) and closes the connection with err.
+func refuseConnect(cl *mqtt.Client, code, code311 packets.Code, err error) {
+	if cl.Properties.ProtocolVersion < 5 {
+		code = code311
+	}
+	_ = cl.WritePacket(packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connack}, ReasonCode: code.Code})
+	cl.Stop(err)
+}

@@ -41,7 +41,7 @@ func launchNodes(t *testing.T, n int, urls []string, extra ...string) []*proc {
 		order := append(append([]string{}, urls[i%len(urls):]...), urls[:i%len(urls)]...)
 		args := append([]string{"--nats", strings.Join(order, ","), "--node-id", fmt.Sprintf("node-%d", i+1),
 			"--nats-replicas", "3"}, extra...)
-		nodes = append(nodes, launchKeyline(t, t.TempDir(), args...))
+		nodes = append(nodes, launchKeyline(t, 0, t.TempDir(), args...))
 	}
 	return nodes
 }

@@ -207,8 +207,9 @@ func scrapeWithTraffic(t *testing.T) scraped {
 	t.Helper()
 	s := scraped{"up": {"instance": true, "job": true}} // Prometheus' own
 	nc := natstest.Start(t, 1)
+	cert, key, _ := mqtttest.SelfSigned(t, t.TempDir()) // a tls listener: its certificate's expiry is exposed
 	for _, p := range []*proc{
-		startKeyline(t, t.TempDir()),
+		startKeyline(t, t.TempDir(), "--tls", "127.0.0.1:0", "--tls-cert", cert, "--tls-key", key),
 		startKeyline(t, t.TempDir(), "--nats", strings.Join(nc.URLs(), ","), "--node-id", "ops-1", "--nats-replicas", "1"),
 	} {
 		sub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, p.addrs["tcp"], nil), &paho.Connect{ClientID: "ops-sub", CleanStart: true, KeepAlive: 30})

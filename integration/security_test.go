@@ -394,7 +394,9 @@ func TestHTTPSafeDefaults(t *testing.T) {
 		{"/api/v1/groups", "broker.example:9883", 200},
 		{"/api/v1/groups", "attacker.example", 403},
 		{"/api/v1/dlq?group=a/b", "attacker.example:9883", 403},
-		{"/metrics", "attacker.example", 200},
+		{"/metrics", "attacker.example", 403}, // Hostile clients II: a rebinding page could read it
+		{"/metrics", "broker.example", 200},
+		{"/healthz", "attacker.example", 200},
 	} {
 		if got := get(tc.path, tc.host); got != tc.want {
 			t.Errorf("GET %s with Host %q = %d, want %d", tc.path, tc.host, got, tc.want)

@@ -89,6 +89,15 @@ type Backend interface {
 	SweepIdle(now time.Time, ttl time.Duration) ([]string, error)
 	// Flush returns once every append submitted before it has completed.
 	Flush() error
+	// OnCommitted asks the backend to call fn after the done calls of each
+	// set of appends completed together (one commit) have run, on the
+	// goroutine that ran them, so that what they deferred (the publishers'
+	// acknowledgements) leaves once per commit; a later call replaces fn.
+	// It reports whether the backend will: one that completes appends one
+	// by one, with no commit to tell the end of (the cluster: JetStream
+	// acknowledges each publish on its own), returns false and never calls
+	// fn, and the caller must not defer anything to it.
+	OnCommitted(fn func()) bool
 
 	// Open returns this node's Group of the existing group name: the
 	// group's dispatch, delivering to the members added to it here through
@@ -101,7 +110,10 @@ type Backend interface {
 // Output is where a group's dispatch reaches the broker on one node:
 // deliveries to the members connected here, and the group's dead letters,
 // each once it is stored (the broker publishes them live). DeadLettered is
-// called on the dispatcher's goroutine and must not block.
+// called on the dispatcher's goroutine and must not block. An Output that
+// is also a Flusher may hold the deliveries it is given until Flush: a
+// backend calls Flush after each round of its deliveries (a dispatcher's
+// round), or after each delivery where it has no rounds to tell.
 type Output interface {
 	Deliverer
 	DeadLettered(d DeadLetter)

@@ -47,8 +47,9 @@ type Config struct {
 	// Unordered lifts invariant 1 for the group: every message is a queue of
 	// its own, so a key may have many messages in flight at once (up to the
 	// member's limit). Messages are still handed out in log order, and a
-	// member that takes them in order keeps them in order; a retry goes out
-	// after messages read later. Routing still follows the message's key.
+	// member that takes them in order keeps them in order, also across its
+	// loss (what it had in flight goes out again before what waited for
+	// it); a retry goes out after messages read later. Routing still follows the message's key.
 	// A bridge to another broker uses it to keep up to the remote's Receive
 	// Maximum in flight on one connection.
 	Unordered bool

@@ -26,20 +26,20 @@ func (c *core) addMember(id string, spec memberSpec, now time.Time) error {
 		c.memberChanged(m)
 		// Functions cannot be compared: any read access given may differ
 		// from the last (another user may hold the client id now).
-		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil {
-			m.filters, m.canRead = fs, spec.canRead
+		if !m.filters.equal(fs) || m.canRead != nil || spec.canRead != nil || m.fits != nil || spec.fits != nil {
+			m.filters, m.canRead, m.fits = fs, spec.canRead, spec.fits
 			c.rebuildRing()
-			c.rerouteWaiting(nil, now)
+			c.rerouteWaiting(nil, nil, now)
 		} else {
 			c.serviceMember(m, now)
 		}
 		return nil
 	}
-	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, active: true, stat: &memberStat{id: id}}
+	m := &member{id: id, recvMax: recvMax, limit: limit, filters: fs, canRead: spec.canRead, fits: spec.fits, active: true, stat: &memberStat{id: id}}
 	c.members[id] = m
 	c.memberChanged(m)
 	c.rebuildRing()
-	c.rerouteWaiting(nil, now)
+	c.rerouteWaiting(nil, nil, now)
 	c.logger.Info("keyshared: member joined", "member", id, "limit", limit, "filters", len(fs))
 	return nil
 }
@@ -55,7 +55,7 @@ func (c *core) removeMember(id string, evicted bool, now time.Time) error {
 	m.removed = true
 	c.memberChanged(m) // leaves atLimit
 	c.rebuildRing()
-	var requeued []*keyState
+	requeued := c.scratch[:0]
 	for e := m.infl.head; e != nil; e = m.infl.head {
 		c.endInflight(e)
 		c.out.Revoke(m.id, e.msg.Offset)
@@ -69,19 +69,13 @@ func (c *core) removeMember(id string, evicted bool, now time.Time) error {
 		c.w.markKey(e.ks)
 		requeued = append(requeued, e.ks)
 	}
-	// In log order: the member's list is newest first, and keys that wait
-	// for a member are served in the order they start waiting (an unordered
-	// group keeps its messages in order across the loss of its member).
-	slices.SortFunc(requeued, func(a, b *keyState) int { return cmp.Compare(a.head.msg.Offset, b.head.msg.Offset) })
-	for _, ks := range requeued {
-		c.route(ks, now)
-	}
-	c.rerouteWaiting(&m.waitq, now)
+	n := len(requeued)
+	c.rerouteWaiting(&m.waitq, requeued, now) // with the waiting ones, in log order
 	if evicted {
 		c.st.evictions++
-		c.logger.Warn("keyshared: member evicted after inactivity", "member", id, "requeued", len(requeued))
+		c.logger.Warn("keyshared: member evicted after inactivity", "member", id, "requeued", n)
 	} else {
-		c.logger.Info("keyshared: member left", "member", id, "requeued", len(requeued))
+		c.logger.Info("keyshared: member left", "member", id, "requeued", n)
 	}
 	return nil
 }
@@ -108,7 +102,7 @@ func (c *core) setActive(id string, active bool, now time.Time) error {
 func (c *core) rebuildRing() {
 	rms := make([]ringMember, 0, len(c.members))
 	for _, m := range c.members {
-		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead})
+		rms = append(rms, ringMember{id: m.id, filters: m.filters, canRead: m.canRead, fits: m.fits})
 	}
 	c.ring = buildRing(rms)
 	c.byRing = make([]*member, len(c.ring.members))
@@ -119,9 +113,19 @@ func (c *core) rebuildRing() {
 }
 
 // rerouteWaiting routes again every key waiting for a member, after the ring
-// changed; extra is the wait list of a member that just left.
-func (c *core) rerouteWaiting(extra *keyList, now time.Time) {
-	keys := c.scratch[:0]
+// changed; extra is the wait list of a member that just left, requeued the
+// keys of what was in flight on it (in c.scratch, or nil). They go oldest
+// head first, whichever list they waited on: in an unordered group every message is a key of its own,
+// and one requeued from a lost member must not go out after a later one that
+// waited for room or was refused as the member went (the member's wait list
+// used to be routed first: a bridge's pipelined rule sent a key's later
+// messages before its earlier ones after the remote was killed). The wait
+// lists hold at most Config.Window keys, and membership changes are rare.
+func (c *core) rerouteWaiting(extra *keyList, requeued []*keyState, now time.Time) {
+	keys := requeued
+	if keys == nil {
+		keys = c.scratch[:0]
+	}
 	drain := func(l *keyList) {
 		for ks := l.pop(); ks != nil; ks = l.pop() {
 			keys = append(keys, ks)
@@ -135,6 +139,7 @@ func (c *core) rerouteWaiting(extra *keyList, now time.Time) {
 	}
 	drain(&c.noMember)
 	drain(&c.noEligible)
+	slices.SortFunc(keys, func(a, b *keyState) int { return cmp.Compare(a.head.msg.Offset, b.head.msg.Offset) })
 	for _, ks := range keys {
 		c.route(ks, now)
 	}

@@ -406,27 +406,38 @@ func TestExpiredAreSkippedAndUnmatchedWait(t *testing.T) {
 	}
 }
 
-// TestMemberThatMayNotReadIsNotEligible: read access works like a key filter:
-// a message goes to an eligible member or waits; it is never offered to a
-// member that may not read its topic (and never dead-lettered for it).
-func TestMemberThatMayNotReadIsNotEligible(t *testing.T) {
-	h := newHarness(t, nil)
-	deny := func(topic string) bool { return topic != "secret" }
-	if err := h.c.addMember("nosy", memberSpec{canRead: deny}, h.now); err != nil {
-		t.Fatal(err)
-	}
-	h.c.poll(h.now)
-	h.check()
-	offs := h.publish("secret", "public")
-	wantOffsets(t, "only public", h.out.take(), offs[1])
-	if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
-		t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
-	}
-	h.add("admin", 0)
-	got := h.out.take()
-	wantOffsets(t, "secret, once admin joins", got, offs[0])
-	if got[0].member != "admin" {
-		t.Fatalf("secret went to %q", got[0].member)
+// TestIneligibleMembers: read access and the size a member can take work
+// like a key filter: a message goes to an eligible member or waits; it is
+// never offered to a member that may not read its topic or cannot take it
+// (its Maximum Packet Size), and never dead-lettered for it (a message too
+// large was, with 0x95, at the first attempt).
+func TestIneligibleMembers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		spec memberSpec // refuses the message of key (and topic) "denied"
+	}{
+		{"may not read", memberSpec{canRead: func(topic string) bool { return topic != "denied" }}},
+		{"cannot take", memberSpec{fits: func(m *Message) bool { return m.Key != "denied" }}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, nil)
+			if err := h.c.addMember("narrow", tc.spec, h.now); err != nil {
+				t.Fatal(err)
+			}
+			h.c.poll(h.now)
+			h.check()
+			offs := h.publish("denied", "allowed")
+			wantOffsets(t, "only the allowed one", h.out.take(), offs[1])
+			if s := h.c.stats(); s.UnroutableKeys != 1 || len(h.log.deadLetters()) != 0 {
+				t.Fatalf("stats %+v, dead letters %d", s, len(h.log.deadLetters()))
+			}
+			h.add("wide", 0)
+			got := h.out.take()
+			wantOffsets(t, "the denied one, once a member that takes it joins", got, offs[0])
+			if got[0].member != "wide" {
+				t.Fatalf("the denied one went to %q", got[0].member)
+			}
+		})
 	}
 }
 
@@ -663,6 +674,57 @@ func TestLostMemberRequeuesInLogOrder(t *testing.T) {
 	h.check()
 	h.add("b", 0)
 	wantOffsets(t, "requeued, then delivered to the next member in log order", h.out.take(), offs...)
+}
+
+// TestLostMemberRequeuesBeforeWaiting: an unordered group's messages that
+// were in flight on a member that left go out again before those read later
+// that waited for it (for room in its window, or after it refused one as its
+// connection went), so the next member gets them all in log order. They went
+// out last, behind the waiting ones: a bridge's pipelined rule sent a key's
+// later messages before its earlier ones after the remote was killed
+// (TestBridgeRemoteRestartUnderLoad, "97 after 99").
+func TestLostMemberRequeuesBeforeWaiting(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		limit int
+		// refuse makes the member refuse what comes after the first three,
+		// as a bridge whose connection broke refuses deliveries until it
+		// leaves the group.
+		refuse bool
+	}{
+		{"window full", 3, false},
+		{"refused", 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) {
+				c.Unordered = true
+				if tc.limit > 0 {
+					c.MemberMaxInflight = tc.limit
+				}
+			})
+			h.add("a", 0)
+			offs := h.publish("k", "k", "k")
+			wantOffsets(t, "in flight", h.out.take(), offs...)
+			h.out.refuse["a"] = tc.refuse
+			offs = append(offs, h.publish("k", "j")...)
+			if got := h.out.take(); len(got) != 0 {
+				t.Fatalf("delivered %v to a member without room", offsets(got))
+			}
+			if err := h.c.removeMember("a", false, h.now); err != nil {
+				t.Fatal(err)
+			}
+			h.check()
+			h.out.refuse["a"] = false
+			h.add("a", 0)
+			got := h.out.take()
+			wantOffsets(t, "after the member came back", got[:min(len(got), 3)], offs[:3]...)
+			for _, off := range offs[:3] {
+				h.ack("a", off)
+			}
+			got = append(got, h.out.take()...)
+			wantOffsets(t, "all, in log order", got, offs...)
+		})
+	}
 }
 
 // TestIdleKeysAreBoundedInBytes: keys whose messages all resolved stay in

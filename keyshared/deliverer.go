@@ -24,3 +24,12 @@ type Deliverer interface {
 	// retry; once it is delivered again the late ack is ignored.
 	Revoke(member string, offset uint64)
 }
+
+// A Deliverer that also implements Flusher is told after each round of the
+// dispatcher's work (the deliveries one message, ack or tick led to):
+// deliveries made in one round may wait for Flush, so that those due
+// together leave together (one write per member). Flush runs on the
+// dispatcher's goroutine and must not block.
+type Flusher interface {
+	Flush()
+}

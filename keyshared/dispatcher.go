@@ -160,6 +160,10 @@ type MemberOptions struct {
 	// message it may not read is never offered to it: the key goes to the
 	// next eligible member on the ring, or waits for one.
 	CanRead func(topic string) bool
+	// Fits, when set, reports whether the member can take a message (MQTT 5
+	// Maximum Packet Size). Like a topic it may not read, a message it cannot
+	// take is never offered to it: another member gets it, or it waits.
+	Fits func(m *Message) bool
 	// QoS is the QoS granted to the member's subscription: what
 	// Group.Members shows (the dispatcher does not use it).
 	QoS byte
@@ -177,7 +181,7 @@ func (d *Dispatcher) AddMember(id string, o MemberOptions) error {
 	if err != nil {
 		return err
 	}
-	return d.do(command{kind: cmdAdd, id: id, spec: memberSpec{recvMax: o.ReceiveMaximum, filters: fs, canRead: o.CanRead}})
+	return d.do(command{kind: cmdAdd, id: id, spec: memberSpec{recvMax: o.ReceiveMaximum, filters: fs, canRead: o.CanRead, fits: o.Fits}})
 }
 
 // RemoveMember removes a member that unsubscribed. Its in-flight messages
@@ -304,8 +308,13 @@ func (d *Dispatcher) run() {
 		}
 	}()
 	c := d.core
+	flush := func() {}
+	if f, ok := c.out.(Flusher); ok {
+		flush = f.Flush
+	}
 	c.poll(d.clock.Now())
 	c.flushResolved()
+	flush()
 	d.board.publish(c)
 	for {
 		switch need := c.needsTick(); {
@@ -326,6 +335,7 @@ func (d *Dispatcher) run() {
 			now = d.clock.Now()
 			d.drain(now)
 			c.flushResolved()
+			flush()
 			d.board.publish(c)
 			return
 		case cmd := <-d.cmds:
@@ -348,6 +358,7 @@ func (d *Dispatcher) run() {
 			c.tick(now)
 		}
 		c.flushResolved()
+		flush()
 		d.board.publish(c)
 		if d.afterIter != nil {
 			d.afterIter(c)

@@ -7,8 +7,9 @@
 // Every message carries a routing key. A consistent-hash ring (VirtualNodes
 // points per member, FNV-1a with the murmur3 finalizer) maps each key to one
 // member; members may narrow the keys they take with glob key filters ('*',
-// '?'), and a member that may not read a message's topic is not eligible for
-// it (MemberOptions.CanRead). A Dispatcher reads the log from the group's
+// '?'), and a member that may not read a message's topic, or cannot take the
+// message (its Maximum Packet Size), is not eligible for it
+// (MemberOptions.CanRead, MemberOptions.Fits). A Dispatcher reads the log from the group's
 // cursor into an in-flight window bounded in messages and bytes, delivers
 // through a Deliverer, and resolves each message when its member acks it;
 // nacks and ack timeouts retry it with exponential backoff, and after

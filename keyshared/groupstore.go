@@ -218,6 +218,12 @@ type GroupStore interface {
 	// group, the group and its new head. It runs like a completion callback, after
 	// the callbacks of the same commit. A later call replaces fn; nil removes it.
 	OnAppend(fn func(group string, head uint64))
+	// OnCommitted registers fn to run after the callbacks of every commit
+	// (its done calls and OnAppend) have run, on the goroutine that ran
+	// them: what they deferred is done there once per commit. A done call
+	// that reports success always runs before one of these. A later call
+	// replaces fn; nil removes it.
+	OnCommitted(fn func())
 
 	// DeadLetters returns up to limit dead letters of the group with an id
 	// greater than after, in id order: pass the last id seen to page on.

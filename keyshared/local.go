@@ -37,6 +37,12 @@ func (b *localBackend) appended(group string, _ uint64) {
 	}
 }
 
+// OnCommitted implements Backend: the store tells the end of each commit.
+func (b *localBackend) OnCommitted(fn func()) bool {
+	b.GroupStore.OnCommitted(fn)
+	return true
+}
+
 // Pending implements Backend from the store's log.
 func (b *localBackend) Pending(name string, from uint64, limit int) ([]Message, error) {
 	log, err := b.Log(name)

@@ -14,6 +14,9 @@ type member struct {
 	// canRead, when set, reports whether the member may read a topic; a
 	// message it may not read is never offered to it (nil: every topic).
 	canRead func(topic string) bool
+	// fits, when set, reports whether the member can take a message (its
+	// Maximum Packet Size); one it cannot take is never offered to it.
+	fits func(m *Message) bool
 
 	// active is false while the client is disconnected; no new message goes
 	// to it and inactiveTicks counts heartbeats toward eviction.
@@ -43,6 +46,7 @@ type memberSpec struct {
 	recvMax int
 	filters filterSet
 	canRead func(topic string) bool
+	fits    func(m *Message) bool
 }
 
 // canTake reports whether a message may be delivered to m now.

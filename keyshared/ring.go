@@ -15,12 +15,14 @@ type ringMember struct {
 	filters filterSet
 	// canRead, when set, reports whether the member may read a topic.
 	canRead func(topic string) bool
+	// fits, when set, reports whether the member can take a message.
+	fits func(m *Message) bool
 }
 
 // eligible reports whether msg may go to the member: its key filters accept
-// the key and it may read the topic.
+// the key, it may read the topic, and it can take the message.
 func (m *ringMember) eligible(msg *Message) bool {
-	return m.filters.match(msg.Key) && (m.canRead == nil || m.canRead(msg.Topic))
+	return m.filters.match(msg.Key) && (m.canRead == nil || m.canRead(msg.Topic)) && (m.fits == nil || m.fits(msg))
 }
 
 // vnode is one point on the ring: a 32-bit position and the index of the
@@ -63,7 +65,7 @@ func buildRing(members []ringMember) *ring {
 	packed := make([]uint64, 0, len(members)*VirtualNodes)
 	var buf []byte
 	for i, m := range r.members {
-		if m.canRead != nil || len(m.filters) > 0 {
+		if m.canRead != nil || m.fits != nil || len(m.filters) > 0 {
 			r.restricted++
 		}
 		for v := range VirtualNodes {

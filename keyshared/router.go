@@ -57,7 +57,7 @@ func (r *Router) AddMember(id string, o MemberOptions) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.mu.members[id] = ringMember{id: id, filters: fs, canRead: o.CanRead}
+	r.mu.members[id] = ringMember{id: id, filters: fs, canRead: o.CanRead, fits: o.Fits}
 	r.rebuildLocked()
 	return nil
 }

@@ -9,6 +9,10 @@ import (
 	"github.com/keyline-mq/keyline/persistence/seglog"
 )
 
+// SpillDir is the data dir's subdirectory of the session outboxes' spill
+// files (internal/outbox.Spill): not durable, emptied at every start.
+const SpillDir = "spill"
+
 // checkDataDir refuses to start over a data directory whose database file
 // is gone while the rest of the directory says it existed: a missing file
 // beside segments that hold records, or an empty file beside anything at all
@@ -35,7 +39,7 @@ func checkDataDir(dir, path string) error {
 			return fmt.Errorf("persistence: read data dir: %w", err)
 		}
 		for _, e := range ents {
-			if e.Name() != FileName && e.Name() != "lost+found" {
+			if e.Name() != FileName && e.Name() != "lost+found" && e.Name() != SpillDir {
 				return fmt.Errorf("%w: %s, in a data dir that holds %s: the groups and sessions it recorded are lost; restore it from a backup, or move the data dir aside to start empty",
 					ErrEmptyFile, path, filepath.Join(dir, e.Name()))
 			}

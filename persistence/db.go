@@ -44,6 +44,10 @@ var ErrMissingFile = errors.New("persistence: database file is missing")
 // Options.SegmentSize says otherwise.
 const DefaultSegmentSize = 16 << 20
 
+// DefaultCommitInterval is how long an append to the message log waits for
+// others to share its commit unless Options.CommitInterval says otherwise.
+const DefaultCommitInterval = seglog.DefaultCommitInterval
+
 // Options configure Open.
 type Options struct {
 	// NoSync leaves flushing to the OS instead of fsyncing every commit: the data
@@ -57,6 +61,11 @@ type Options struct {
 	SegmentSize int64
 	// CacheBytes bounds the message log's in-memory tail (0: seglog's default).
 	CacheBytes int64
+	// CommitInterval and CommitMinAppends say how long, and for how many
+	// appends, a commit of the message log waits for appends to share it
+	// (seglog.Options; 0: its defaults, a negative interval: no waiting).
+	CommitInterval   time.Duration
+	CommitMinAppends int
 	// CheckpointInterval is how often the groups' state is checkpointed into
 	// the database file when it changed (0: one second).
 	CheckpointInterval time.Duration

@@ -38,9 +38,10 @@ type Groups struct {
 	// shape serializes creating and deleting groups.
 	shape sync.Mutex
 
-	onAppend atomic.Pointer[func(group string, head uint64)]
-	closed   atomic.Bool
-	ckpt     checkpointer
+	onAppend    atomic.Pointer[func(group string, head uint64)]
+	onCommitted atomic.Pointer[func()]
+	closed      atomic.Bool
+	ckpt        checkpointer
 }
 
 // group is one group's identity and the figures the data file keeps.
@@ -125,13 +126,21 @@ func openGroups(db *DB, segDir string) (s *Groups, err error) {
 		return nil, err
 	}
 	s.log, err = seglog.Open(seglog.Options{
-		Dir:          segDir,
-		SegmentSize:  db.opts.SegmentSize,
-		NoSync:       db.opts.NoSync,
-		CacheBytes:   db.opts.CacheBytes,
-		OnAppend:     s.appended,
+		Dir:         segDir,
+		SegmentSize: db.opts.SegmentSize,
+		NoSync:      db.opts.NoSync,
+		CacheBytes:  db.opts.CacheBytes,
+		OnAppend:    s.appended,
+		AfterCallbacks: func() {
+			if fn := s.onCommitted.Load(); fn != nil && *fn != nil {
+				(*fn)()
+			}
+		},
 		Logger:       db.log.With("store", "segments"),
 		ResolveDelay: 0,
+		// How long an append may wait for others to share its commit.
+		CommitInterval:   db.opts.CommitInterval,
+		CommitMinAppends: db.opts.CommitMinAppends,
 	}, states)
 	if err != nil {
 		return nil, fmt.Errorf("persistence: message log %s: %w", segDir, err)
@@ -485,6 +494,12 @@ func (s *Groups) Append(group string, m keyshared.Message) (uint64, error) {
 
 // OnAppend implements GroupStore.
 func (s *Groups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
+
+// OnCommitted sets fn to run after the callbacks of every commit of the
+// message log have run (AppendMultiAsync's done calls and OnAppend), on the
+// goroutine that ran them: what they deferred is done there once per commit.
+// A done call that reports success always runs before one of these.
+func (s *Groups) OnCommitted(fn func()) { s.onCommitted.Store(&fn) }
 
 // MembersChanged implements GroupStore. The count and the time are kept in
 // memory and written with the next checkpoint.

@@ -22,8 +22,9 @@ type MemGroups struct {
 		groups map[string]*memGroup
 		closed bool
 	}
-	onAppend atomic.Pointer[func(group string, head uint64)]
-	notify   *notify.Notifier
+	onAppend    atomic.Pointer[func(group string, head uint64)]
+	onCommitted atomic.Pointer[func()]
+	notify      *notify.Notifier
 }
 
 type memGroup struct {
@@ -168,6 +169,9 @@ func (s *MemGroups) Log(name string) (keyshared.Log, error) {
 // OnAppend implements GroupStore.
 func (s *MemGroups) OnAppend(fn func(group string, head uint64)) { s.onAppend.Store(&fn) }
 
+// OnCommitted implements GroupStore: each append is a commit of its own.
+func (s *MemGroups) OnCommitted(fn func()) { s.onCommitted.Store(&fn) }
+
 // resolveLocked resolves off; drop counts it as dropped by the policy.
 func (g *memGroup) resolveLocked(off uint64, drop bool) {
 	enc, ok := g.msgs[off]
@@ -250,6 +254,9 @@ func (s *MemGroups) appendLocked(groups []string, enc []byte, res []AppendResult
 				(*fn)(h.group, h.head)
 			}
 		})
+	}
+	if fn := s.onCommitted.Load(); fn != nil && *fn != nil {
+		s.notify.Push(*fn)
 	}
 }
 

@@ -1,14 +1,12 @@
 package console
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 )
@@ -221,43 +219,40 @@ type loginData struct {
 }
 
 func (c *Console) loginPage(_ http.ResponseWriter, r *http.Request) (*view, error) {
-	return &view{Template: "login", Title: "Log in", Data: loginData{Open: c.token == "", Next: safeNext(r.FormValue("next"))}}, nil
+	return &view{Template: "login", Title: "Log in", Data: loginData{Open: c.auth.Open(), Next: safeNext(r.FormValue("next"))}}, nil
 }
 
-// login checks the token and sets the session cookie.
+// login checks the token (through the guess gate, Auth.Check) and starts a
+// session.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) (*view, error) {
 	r.Body = http.MaxBytesReader(w, r.Body, 8<<10)
 	if err := r.ParseForm(); err != nil {
 		return nil, badRequest("malformed form: %v", err)
 	}
 	next := safeNext(r.PostForm.Get("next"))
-	if c.token == "" {
+	if c.auth.Open() {
 		http.Redirect(w, r, next, http.StatusSeeOther)
 		return nil, nil
 	}
-	if wait := c.logins.blocked(r.RemoteAddr); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(wait.Seconds())+1))
-		return &view{Template: "login", Title: "Log in", Status: http.StatusTooManyRequests,
-			Data: loginData{Next: next, Error: fmt.Sprintf("Too many wrong tokens from your address: try again in %d s.", int(wait.Seconds())+1)}}, nil
+	ok, err := c.auth.Check(r, r.PostForm.Get("token"))
+	if err != nil {
+		return nil, nil // the client went away while it waited
 	}
-	if subtle.ConstantTimeCompare([]byte(r.PostForm.Get("token")), []byte(c.token)) != 1 {
-		c.logins.failed(r.RemoteAddr)
+	if !ok {
 		c.log.Warn("console login refused: wrong token", "remote", r.RemoteAddr)
 		return &view{Template: "login", Title: "Log in", Status: http.StatusUnauthorized,
 			Data: loginData{Next: next, Error: "That is not the broker's --http-token."}}, nil
 	}
-	http.SetCookie(w, &http.Cookie{
-		Name: adminapi.SessionCookie, Value: adminapi.SessionValue(c.token), Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
-	})
+	c.auth.startSession(w, r)
 	c.log.Info("console login", "remote", r.RemoteAddr)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 	return nil, nil
 }
 
+// logout ends the session on the server (its cookie is worthless from
+// then on, wherever it was copied) and clears the cookie.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) (*view, error) {
-	http.SetCookie(w, &http.Cookie{Name: adminapi.SessionCookie, Value: "", Path: "/", MaxAge: -1, Expires: time.Unix(0, 0),
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	c.auth.endSession(w, r)
 	http.Redirect(w, r, LoginPath, http.StatusSeeOther)
 	return nil, nil
 }

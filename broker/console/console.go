@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/share"
@@ -30,7 +29,10 @@ type Backend interface {
 	GroupMessages(ctx context.Context, name string, limit int) (adminapi.GroupMessagesView, error)
 	GroupActivity(name string) (adminapi.GroupActivityView, error)
 	DeleteGroup(ctx context.Context, name, remote string) (adminapi.DeleteGroupResult, error)
+	// DeadLetters is a page of previews (adminapi.DeadLetterView.Truncated);
+	// DeadLetter one letter in full.
 	DeadLetters(name string, after uint64, limit int) (adminapi.DeadLetterPage, error)
+	DeadLetter(name string, id uint64) (adminapi.DeadLetterView, error)
 	Replay(ctx context.Context, name string, id uint64, all bool, remote string) (adminapi.ReplayResult, error)
 	Purge(name string, id uint64, all bool, remote string) (adminapi.PurgeResult, error)
 	Clients() []adminapi.ClientView
@@ -41,9 +43,9 @@ type Backend interface {
 
 // Options configure a Console.
 type Options struct {
-	// Token is the broker's --http-token; "" means the console is open (the
-	// login page says so).
-	Token string
+	// Auth checks the broker's --http-token and keeps the login sessions
+	// (nil: NewAuth(""), the console is open and the login page says so).
+	Auth *Auth
 	// Logger receives refused logins; nil discards.
 	Logger *slog.Logger
 }
@@ -78,18 +80,19 @@ var staticFS embed.FS
 // Console serves the pages. Create it with New.
 type Console struct {
 	be      Backend
-	token   string
+	auth    *Auth
 	log     *slog.Logger
 	pages   map[string]*template.Template
 	version string // of the static assets, for cache-busting URLs
-	logins  loginLimiter
 }
 
 // New returns a console over be. It panics if the embedded templates do not
 // parse (a build defect, caught by the package tests).
 func New(be Backend, opts Options) *Console {
-	c := &Console{be: be, token: opts.Token, log: opts.Logger, pages: map[string]*template.Template{}}
-	c.logins.now = time.Now
+	c := &Console{be: be, auth: opts.Auth, log: opts.Logger, pages: map[string]*template.Template{}}
+	if c.auth == nil {
+		c.auth = NewAuth("")
+	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -201,7 +204,7 @@ func (c *Console) serve(h func(w http.ResponseWriter, r *http.Request) (*view, e
 		if t == nil {
 			err = fmt.Errorf("console: no template %q", v.Template)
 		} else {
-			err = t.ExecuteTemplate(&buf, "layout", layout{view: v, Version: c.version, Auth: c.token != ""})
+			err = t.ExecuteTemplate(&buf, "layout", layout{view: v, Version: c.version, Auth: !c.auth.Open()})
 		}
 		if err != nil {
 			c.log.Error("rendering a console page", "path", r.URL.Path, "error", err)

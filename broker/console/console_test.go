@@ -10,7 +10,9 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -87,6 +89,19 @@ func (f *fakeBackend) DeadLetters(name string, after uint64, limit int) (adminap
 	return p, nil
 }
 
+func (f *fakeBackend) DeadLetter(name string, id uint64) (adminapi.DeadLetterView, error) {
+	all, ok := f.letters[name]
+	if !ok {
+		return adminapi.DeadLetterView{}, &adminapi.StatusError{Status: 404, Message: fmt.Sprintf("no group %q", name)}
+	}
+	for _, l := range all {
+		if l.ID == id {
+			return l, nil
+		}
+	}
+	return adminapi.DeadLetterView{}, &adminapi.StatusError{Status: 404, Message: fmt.Sprintf("group %q has no dead letter with id %d", name, id)}
+}
+
 func (f *fakeBackend) Replay(_ context.Context, name string, id uint64, all bool, remote string) (adminapi.ReplayResult, error) {
 	f.record("replay %s %d %v from %s", name, id, all, remote)
 	return adminapi.ReplayResult{Group: name, Count: 1, Replayed: []adminapi.ReplayedLetter{{ID: id, Offset: 99, Key: "<k>", Topic: "t"}}}, nil
@@ -148,7 +163,7 @@ func newFake() *fakeBackend {
 func serve(t *testing.T, f *fakeBackend, token string) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
-	New(f, Options{Token: token}).Register(mux)
+	New(f, Options{Auth: NewAuth(token)}).Register(mux)
 	s := httptest.NewServer(mux)
 	t.Cleanup(s.Close)
 	return s
@@ -332,12 +347,12 @@ func TestLoginSetsAStrictCookie(t *testing.T) {
 		t.Fatalf("login: %d to %q", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	cs := resp.Cookies()
-	if len(cs) != 1 || cs[0].Name != adminapi.SessionCookie || cs[0].Value != adminapi.SessionValue("s3cret") ||
+	if len(cs) != 1 || cs[0].Name != adminapi.SessionCookie || len(cs[0].Value) < 40 || cs[0].MaxAge != int(SessionTTL/time.Second) ||
 		!cs[0].HttpOnly || cs[0].SameSite != http.SameSiteStrictMode || cs[0].Path != "/" {
 		t.Fatalf("cookie %+v", cs)
 	}
-	if cs[0].Value == "s3cret" || adminapi.SessionValue("other") == cs[0].Value {
-		t.Error("the cookie carries the token itself, or does not depend on it")
+	if again := post(url.Values{"token": {"s3cret"}}).Cookies(); len(again) != 1 || again[0].Value == cs[0].Value || strings.Contains(cs[0].Value, "s3cret") {
+		t.Error("the cookie carries the token, or is the same for every login")
 	}
 	for next, want := range map[string]string{"//evil.example/x": "/", "https://evil.example": "/", "/\\evil": "/", "/login": "/", "": "/", "/dlq?group=a%2Fb": "/dlq?group=a%2Fb"} {
 		if got := post(url.Values{"token": {"s3cret"}, "next": {next}}).Header.Get("Location"); got != want {
@@ -407,47 +422,80 @@ func TestStaticAssets(t *testing.T) {
 	}
 }
 
-// TestLoginIsRateLimited: after loginFailures wrong tokens an address is
-// refused (429, Retry-After), the right token included, until the window
-// has passed; another address is not affected.
-func TestLoginIsRateLimited(t *testing.T) {
-	c := New(newFake(), Options{Token: "s3cret"})
-	now := time.Unix(1_800_000_000, 0)
-	c.logins.now = func() time.Time { return now }
-	mux := http.NewServeMux()
-	c.Register(mux)
-	login := func(remote, token string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
-		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		r.RemoteAddr = remote
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, r)
-		return w
-	}
-	for i := range loginFailures {
-		if w := login("192.0.2.1:1000", "guess"); w.Code != http.StatusUnauthorized {
-			t.Fatalf("wrong token %d: %d", i, w.Code)
+// TestWrongTokensAreSpaced: every token check passes one gate, and a wrong
+// one holds it GuessSpacing: 100 concurrent guesses take 100 spacings, from
+// any mix of addresses, while the right token, sent among them, is let in
+// after the guesses queued ahead of it (never refused: the per-address
+// lockout of before refused it).
+func TestWrongTokensAreSpaced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := NewAuth("s3cret")
+		check := func(token string) bool {
+			ok, err := a.Check(httptest.NewRequest("POST", "/login", nil), token)
+			if err != nil {
+				t.Error(err)
+			}
+			return ok
 		}
-	}
-	w := login("192.0.2.1:2000", "s3cret")
-	if w.Code != http.StatusTooManyRequests || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("after %d wrong tokens: %d, Retry-After %q", loginFailures, w.Code, w.Header().Get("Retry-After"))
-	}
-	if w := login("198.51.100.7:1000", "s3cret"); w.Code != http.StatusSeeOther {
-		t.Fatalf("another address: %d", w.Code)
-	}
-	now = now.Add(loginWindow + time.Second)
-	if w := login("192.0.2.1:3000", "s3cret"); w.Code != http.StatusSeeOther {
-		t.Fatalf("after the window: %d", w.Code)
-	}
+		start := time.Now()
+		var wg sync.WaitGroup
+		var wrong atomic.Int64
+		for i := range 100 {
+			wg.Go(func() {
+				if check(fmt.Sprintf("guess-%d", i)) {
+					t.Error("a guess was taken")
+				}
+				wrong.Add(1)
+			})
+		}
+		synctest.Wait() // every guess is at the gate (one in it)
+		if !check("s3cret") {
+			t.Fatal("the right token was refused")
+		}
+		waited := time.Since(start)
+		wg.Wait()
+		if took := time.Since(start); took < 100*GuessSpacing || waited > took {
+			t.Fatalf("100 wrong guesses answered in %v (want at least %v); the right token waited %v", took, 100*GuessSpacing, waited)
+		}
+		if wrong.Load() != 100 {
+			t.Fatalf("%d wrong guesses answered", wrong.Load())
+		}
+	})
 }
 
-func TestLoginLimiterIsBounded(t *testing.T) {
-	l := loginLimiter{now: time.Now}
-	for i := range 3 * loginAddresses {
-		l.failed(fmt.Sprintf("10.%d.%d.%d:1", i>>16&255, i>>8&255, i&255))
+// TestSessionsExpireAndAreBounded: a session ends after SessionTTL, and at
+// most maxSessions live at once (the oldest goes first).
+func TestSessionsExpireAndAreBounded(t *testing.T) {
+	a := NewAuth("s3cret")
+	now := time.Unix(1_800_000_000, 0)
+	a.now = func() time.Time { return now }
+	start := func() *http.Cookie {
+		w := httptest.NewRecorder()
+		a.startSession(w, httptest.NewRequest("POST", "/login", nil))
+		return w.Result().Cookies()[0]
 	}
-	if n := len(l.m); n > loginAddresses {
-		t.Fatalf("%d addresses tracked, bound %d", n, loginAddresses)
+	valid := func(c *http.Cookie) bool {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.AddCookie(c)
+		return a.Session(r)
+	}
+	first := start()
+	if !valid(first) || first.MaxAge != int(SessionTTL/time.Second) || !first.Expires.Equal(now.Add(SessionTTL).Truncate(time.Second)) {
+		t.Fatalf("new session: valid %v, cookie %+v", valid(first), first)
+	}
+	now = now.Add(SessionTTL)
+	if valid(first) {
+		t.Fatal("a session outlived SessionTTL")
+	}
+	kept := start()
+	for range maxSessions + 10 {
+		now = now.Add(time.Millisecond)
+		start()
+	}
+	if n := len(a.mu.sessions); n > maxSessions {
+		t.Fatalf("%d sessions kept, bound %d", n, maxSessions)
+	}
+	if valid(kept) {
+		t.Fatal("the oldest session outlived the bound")
 	}
 }

@@ -29,8 +29,11 @@
 //     the token for every page when one is set; the backend logs each action
 //     with the remote address.
 //   - A browser cannot send a bearer header when it navigates, so /login
-//     checks the token once and sets an HttpOnly, SameSite=Strict cookie
-//     (adminapi.SessionCookie) that the broker accepts like the header.
+//     checks the token once and starts a session (auth.go): a random id in
+//     an HttpOnly, SameSite=Strict cookie (adminapi.SessionCookie) that the
+//     broker accepts like the header, until it expires (SessionTTL) or
+//     /logout ends it. Every token check, login or bearer, passes one gate
+//     that spaces wrong answers (GuessSpacing).
 //
 // Lists that can be long are paged: groups and clients 100 to a page, dead
 // letters 50 (by id, forwards).

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"errors"
 	"net/http"
 	"net/url"
 	"sort"
@@ -89,14 +90,14 @@ func (c *Console) deadLetter(_ http.ResponseWriter, r *http.Request) (*view, err
 	if err != nil || id == 0 {
 		return nil, badRequest("parameter \"id\": %q is not a dead letter id", r.FormValue("id"))
 	}
-	page, err := c.be.DeadLetters(name, id-1, 1)
+	l, err := c.be.DeadLetter(name, id)
+	var se *adminapi.StatusError
+	if errors.As(err, &se) && se.Status == http.StatusNotFound {
+		return nil, &adminapi.StatusError{Status: http.StatusNotFound, Message: se.Message + " (replayed or purged?)"}
+	}
 	if err != nil {
 		return nil, err
 	}
-	if len(page.DeadLetters) == 0 || page.DeadLetters[0].ID != id {
-		return nil, &adminapi.StatusError{Status: http.StatusNotFound,
-			Message: "group " + strconv.Quote(name) + " has no dead letter with id " + strconv.FormatUint(id, 10) + " (replayed or purged?)"}
-	}
 	return &view{Template: "letter", Title: "Dead letter " + strconv.FormatUint(id, 10), Nav: "dlq",
-		Data: deadLetterData{Group: name, L: page.DeadLetters[0]}}, nil
+		Data: deadLetterData{Group: name, L: l}}, nil
 }

@@ -1,7 +1,6 @@
 package ops
 
 import (
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,21 +50,20 @@ var openPaths = map[string]bool{"/metrics": true, "/healthz": true, "/readyz": t
 
 // adminHandler guards next: every path but /metrics, /healthz, /readyz and
 // the console's login page and assets needs the bearer token when one is
-// configured (or the console's session cookie, which carries a value derived
-// from it), and state-changing cross-origin browser requests are refused (CSRF).
-func (b *Service) adminHandler(next http.Handler) http.Handler {
+// configured (or the cookie of a console session), and state-changing
+// cross-origin browser requests are refused (CSRF). Every bearer token is
+// checked through the guess gate (console.Auth.Check).
+func (b *Service) adminHandler(next http.Handler, auth *console.Auth) http.Handler {
 	csrf := http.NewCrossOriginProtection()
 	csrf.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: "cross-origin request refused"})
 	}))
 	next = csrf.Handler(next)
-	token := []byte(b.cfg.Token)
-	if len(token) == 0 {
+	if auth.Open() {
 		return next
 	}
-	session := []byte(adminapi.SessionValue(b.cfg.Token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if openPaths[r.URL.Path] || console.Public(r.URL.Path) || sessionOK(r, session) {
+		if openPaths[r.URL.Path] || console.Public(r.URL.Path) || auth.Session(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -76,11 +74,17 @@ func (b *Service) adminHandler(next http.Handler) http.Handler {
 		case !ok || !strings.EqualFold(scheme, "Bearer"):
 			w.Header().Set("WWW-Authenticate", `Bearer realm="keyline"`)
 			writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "missing bearer token: send Authorization: Bearer <http-token>"})
-		case subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), token) != 1:
-			w.Header().Set("WWW-Authenticate", `Bearer realm="keyline", error="invalid_token"`)
-			writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "wrong bearer token"})
 		default:
-			next.ServeHTTP(w, r)
+			good, err := auth.Check(r, strings.TrimSpace(got))
+			switch {
+			case err != nil: // the client went away while it waited for its turn
+			case !good:
+				b.log.Warn("admin API request refused: wrong bearer token", "remote", r.RemoteAddr, "path", r.URL.Path)
+				w.Header().Set("WWW-Authenticate", `Bearer realm="keyline", error="invalid_token"`)
+				writeJSON(w, http.StatusUnauthorized, adminapi.Error{Error: "wrong bearer token"})
+			default:
+				next.ServeHTTP(w, r)
+			}
 		}
 	})
 }

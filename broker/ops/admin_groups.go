@@ -2,8 +2,10 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -31,6 +33,7 @@ func (a *groupAdmin) register(mux *http.ServeMux) {
 	mux.HandleFunc("GET "+adminapi.PathGroupDetail, a.handleGroupDetail)
 	mux.HandleFunc("DELETE "+adminapi.PathGroups, a.handleDeleteGroup)
 	mux.HandleFunc("GET "+adminapi.PathDLQ, a.handleDeadLetters)
+	mux.HandleFunc("GET "+adminapi.PathDLQLetter, a.handleDeadLetter)
 	mux.HandleFunc("POST "+adminapi.PathDLQReplay, a.handleReplay)
 	mux.HandleFunc("POST "+adminapi.PathDLQPurge, a.handlePurge)
 	const catchAll = "/api/v1/"
@@ -131,34 +134,157 @@ func (a *groupAdmin) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, err)
 		return
 	}
-	page, err := a.deadLetterPage(name, after, limit)
+	st, err := a.groups.Group(name)
 	if err != nil {
-		writeError(w, err)
+		writeError(w, a.statusError(err, name, 0))
 		return
 	}
-	writeJSON(w, http.StatusOK, page)
+	// The page is written as it is read, a few letters at a time: what it
+	// holds in memory is one batch, not the page.
+	head, _ := json.Marshal(struct {
+		Group string `json:"group"`
+		Total uint64 `json:"total"`
+	}{name, st.Info.DeadLetters})
+	w.Header().Set("Content-Type", "application/json")
+	started := false
+	n, err := a.eachPreview(name, after, limit, dlqPageBytes-len(head)-64, func(v *adminapi.DeadLetterView, b []byte) error {
+		if !started {
+			started = true
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(head[:len(head)-1])
+			_, _ = io.WriteString(w, `,"dead_letters":[`)
+		} else {
+			_, _ = io.WriteString(w, ",")
+		}
+		_, err := w.Write(b)
+		return err
+	})
+	if err != nil && !started {
+		writeError(w, a.statusError(err, name, 0))
+		return
+	}
+	if !started {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(head[:len(head)-1])
+		_, _ = io.WriteString(w, `,"dead_letters":[`)
+	}
+	if err != nil {
+		a.s.log.Warn("admin API: a dead-letter page ended early", "group", name, "error", err)
+		return // the answer has begun: the client sees it cut short
+	}
+	tail := `],"more":false}` + "\n"
+	if n.more {
+		tail = fmt.Sprintf(`],"more":true,"next_after":%d}`+"\n", n.last)
+	}
+	_, _ = io.WriteString(w, tail)
 }
 
-// deadLetterPage returns up to limit dead letters of group name with ids after after.
+// dlqBatch is how many dead letters a page (or a replay of all) reads from
+// the store at once; maxListedBytes bounds the keys and topics a
+// ReplayResult lists.
+const (
+	dlqBatch       = 8
+	maxListedBytes = 1 << 20
+)
+
+// dlqPageBytes is adminapi.MaxDLQPageBytes (a variable for the tests).
+var dlqPageBytes = adminapi.MaxDLQPageBytes
+
+// previews is what eachPreview did: the last id it gave, and whether
+// more letters follow (after last).
+type previews struct {
+	last uint64
+	more bool
+	n    int
+}
+
+// eachPreview calls fn with the previews (and their JSON) of up to limit
+// dead letters of group name after id after, in id order, until their JSON
+// would pass maxBytes (the first one always goes).
+func (a *groupAdmin) eachPreview(name string, after uint64, limit, maxBytes int, fn func(*adminapi.DeadLetterView, []byte) error) (previews, error) {
+	var p previews
+	size := 0
+	for {
+		want := min(dlqBatch, limit-p.n)
+		entries, err := a.groups.DeadLetters(name, after, want+1) // one more: whether more follow
+		if err != nil {
+			return p, err
+		}
+		for _, e := range entries[:min(want, len(entries))] {
+			v := deadLetterPreview(e)
+			b, err := json.Marshal(&v)
+			if err != nil {
+				return p, err
+			}
+			if p.n > 0 && size+len(b)+1 > maxBytes {
+				p.more = true
+				return p, nil
+			}
+			if err := fn(&v, b); err != nil {
+				return p, err
+			}
+			size += len(b) + 1
+			p.n++
+			p.last, after = e.ID, e.ID
+		}
+		switch {
+		case len(entries) <= want:
+			return p, nil // the store has no more
+		case p.n == limit:
+			p.more = true
+			return p, nil
+		}
+	}
+}
+
+// deadLetterPage returns up to limit dead letters of group name with ids
+// after after, as previews, within adminapi.MaxDLQPageBytes.
 func (a *groupAdmin) deadLetterPage(name string, after uint64, limit int) (adminapi.DeadLetterPage, error) {
 	st, err := a.groups.Group(name)
 	if err != nil {
 		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
-	info := st.Info
-	entries, err := a.groups.DeadLetters(name, after, limit+1)
+	page := adminapi.DeadLetterPage{Group: name, Total: st.Info.DeadLetters, DeadLetters: []adminapi.DeadLetterView{}}
+	p, err := a.eachPreview(name, after, limit, dlqPageBytes, func(v *adminapi.DeadLetterView, _ []byte) error {
+		page.DeadLetters = append(page.DeadLetters, *v)
+		return nil
+	})
 	if err != nil {
 		return adminapi.DeadLetterPage{}, a.statusError(err, name, 0)
 	}
-	page := adminapi.DeadLetterPage{Group: name, Total: info.DeadLetters, DeadLetters: []adminapi.DeadLetterView{}}
-	if len(entries) > limit {
-		entries = entries[:limit]
-		page.More, page.NextAfter = true, entries[len(entries)-1].ID
-	}
-	for _, e := range entries {
-		page.DeadLetters = append(page.DeadLetters, deadLetterView(e))
+	if p.more {
+		page.More, page.NextAfter = true, p.last
 	}
 	return page, nil
+}
+
+// handleDeadLetter answers GET /api/v1/dlq/letter?group=&id=: one dead
+// letter in full.
+func (a *groupAdmin) handleDeadLetter(w http.ResponseWriter, r *http.Request) {
+	name, id, one, err := dlqTarget(r)
+	switch {
+	case err != nil:
+		badRequest(w, err)
+		return
+	case !one:
+		badRequest(w, errors.New(`missing query parameter "id" (the dead letter's id)`))
+		return
+	}
+	v, err := a.deadLetter(name, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// deadLetter returns dead letter id of group name in full.
+func (a *groupAdmin) deadLetter(name string, id uint64) (adminapi.DeadLetterView, error) {
+	e, err := a.groups.DeadLetter(name, id)
+	if err != nil {
+		return adminapi.DeadLetterView{}, a.statusError(err, name, id)
+	}
+	return deadLetterView(e), nil
 }
 
 // groupTarget reads the group= parameter of a request that takes nothing else.
@@ -213,9 +339,13 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 		}
 		todo = append(todo, adminapi.ReplayedLetter{ID: e.ID, Key: e.Message.Key, Topic: e.Message.Topic})
 	} else {
-		// Replay what is there now: a letter that dies again meanwhile gets a new id and waits.
+		// Replay what is there now: a letter that dies again meanwhile gets a
+		// new id and waits. The letters are read a few at a time (they carry
+		// their payloads), and only the first ones' key and topic are kept,
+		// for the listing.
+		listed := 0
 		for after := uint64(0); ; {
-			page, err := a.groups.DeadLetters(name, after, 512)
+			page, err := a.groups.DeadLetters(name, after, dlqBatch)
 			if err != nil {
 				return adminapi.ReplayResult{}, a.statusError(err, name, 0)
 			}
@@ -223,7 +353,11 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 				break
 			}
 			for _, e := range page {
-				todo = append(todo, adminapi.ReplayedLetter{ID: e.ID, Key: e.Message.Key, Topic: e.Message.Topic})
+				rl := adminapi.ReplayedLetter{ID: e.ID}
+				if n := len(e.Message.Key) + len(e.Message.Topic); len(todo) < adminapi.MaxListedReplays && listed+n <= maxListedBytes {
+					rl.Key, rl.Topic, listed = e.Message.Key, e.Message.Topic, listed+n
+				}
+				todo = append(todo, rl)
 			}
 			after = page[len(page)-1].ID
 		}
@@ -251,7 +385,7 @@ func (a *groupAdmin) replay(ctx context.Context, name string, id uint64, one boo
 			return res, se
 		}
 		res.Count++
-		if len(res.Replayed) < adminapi.MaxListedReplays {
+		if len(res.Replayed) < adminapi.MaxListedReplays && (rl.Topic != "" || one) {
 			rl.Offset = off
 			res.Replayed = append(res.Replayed, rl)
 		} else {

@@ -112,6 +112,44 @@ func (a *groupAdmin) groupView(st hooks.GroupStatus, now time.Time) adminapi.Gro
 	return v
 }
 
+// Preview bounds of a dead letter in a page (GET /api/v1/dlq): the payload
+// is cut at adminapi.MaxPreviewBytes, the correlation data at
+// previewCorrelation bytes, and user properties after previewUserBytes.
+const (
+	previewCorrelation = 256
+	previewUserBytes   = 4 << 10
+)
+
+// deadLetterPreview is deadLetterView cut to a preview (Truncated when
+// anything was left out): a page of 1,000 letters of 1 MB once meant 1 GB
+// built in memory for one GET.
+func deadLetterPreview(e keyshared.DeadLetterEntry) adminapi.DeadLetterView {
+	m := e.Message
+	cut := e
+	if len(m.Payload) > adminapi.MaxPreviewBytes {
+		cut.Message.Payload = m.Payload[:adminapi.MaxPreviewBytes]
+	}
+	if len(m.Props.CorrelationData) > previewCorrelation {
+		cut.Message.Props.CorrelationData = m.Props.CorrelationData[:previewCorrelation]
+	}
+	n := 0
+	for i, u := range m.Props.User {
+		if n += len(u.Key) + len(u.Val); n > previewUserBytes {
+			cut.Message.Props.User = m.Props.User[:i]
+			break
+		}
+	}
+	v := deadLetterView(cut)
+	v.PayloadSize = len(m.Payload)
+	v.Truncated = len(cut.Message.Payload) < len(m.Payload) || len(cut.Message.Props.CorrelationData) < len(m.Props.CorrelationData) ||
+		len(cut.Message.Props.User) < len(m.Props.User)
+	if v.Truncated && v.PayloadEncoding == "base64" && utf8.Valid(m.Payload[:max(len(cut.Message.Payload)-utf8.UTFMax, 0)]) {
+		// The cut split a character of a text payload: show it as text.
+		v.Payload, v.PayloadEncoding, _ = previewPayload(m.Payload)
+	}
+	return v
+}
+
 func deadLetterView(e keyshared.DeadLetterEntry) adminapi.DeadLetterView {
 	m := e.Message
 	v := adminapi.DeadLetterView{

@@ -12,14 +12,14 @@ import (
 // them too), and the console itself at /, all behind adminHandler.
 
 // registerConsole adds the console's API routes and pages to mux.
-func (b *Service) registerConsole(mux *http.ServeMux, groups *groupAdmin) {
+func (b *Service) registerConsole(mux *http.ServeMux, groups *groupAdmin, auth *console.Auth) {
 	mux.HandleFunc("GET "+adminapi.PathOverview, b.handleOverview)
 	mux.HandleFunc("GET "+adminapi.PathGroupMessages, groups.handleGroupMessages)
 	mux.HandleFunc("GET "+adminapi.PathGroupActivity, groups.handleGroupActivity)
 	mux.HandleFunc("POST "+adminapi.PathClients+"/{id}/disconnect", b.handleDisconnect)
 	mux.HandleFunc("GET "+adminapi.PathTopicStream, b.handleTopicStream)
 	console.New(&consoleBackend{b: b, groups: groups}, console.Options{
-		Token:  b.cfg.Token,
+		Auth:   auth,
 		Logger: b.log.With("component", "console"),
 	}).Register(mux)
 }

@@ -15,6 +15,7 @@ import (
 //
 //	event: message  data: adminapi.TopicEvent (JSON)
 //	event: stats    data: adminapi.TopicStreamStats (JSON), every statsEvery
+//	event: closed   data: adminapi.Error (JSON): a newer stream took this one's place
 //
 // Matching retained messages come first (at most maxTopicRetained), flagged retain.
 
@@ -34,11 +35,16 @@ func (b *Service) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, errors.New(`missing query parameter "filter" (a topic filter, URL-encoded, e.g. filter=sensors%2F%23)`))
 		return
 	}
-	v, err := b.obs.topics.open(filter, time.Now())
-	switch {
-	case errors.Is(err, errTooManyViewers):
-		writeJSON(w, http.StatusTooManyRequests, adminapi.Error{Error: err.Error()})
+	var canRead func(string) bool
+	if b.cfg.TopicReader != nil {
+		canRead, err = b.cfg.TopicReader()
+	}
+	if err != nil {
+		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: err.Error()})
 		return
+	}
+	v, err := b.obs.topics.open(filter, r.RemoteAddr, canRead, time.Now())
+	switch {
 	case errors.Is(err, errWatchClosed):
 		writeJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
 		return
@@ -74,7 +80,7 @@ func (b *Service) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			break
 		}
-		if !topicMatch(v.levels, m.Topic) {
+		if !topicMatch(v.levels, m.Topic) || (canRead != nil && !canRead(m.Topic)) {
 			continue // mochi's retained index and MQTT may differ on '$' topics
 		}
 		if i >= maxTopicRetained || !v.take(time.Now()) {
@@ -100,6 +106,9 @@ func (b *Service) handleTopicStream(w http.ResponseWriter, r *http.Request) {
 			err = r.Context().Err()
 		case <-b.obs.topics.stop:
 			err = errWatchClosed
+		case <-v.replaced:
+			err = errReplaced
+			_ = send("closed", adminapi.Error{Error: err.Error()})
 		}
 	}
 	b.log.Info("topic stream closed", "filter", filter, "sent", v.sent.Load(), "skipped", v.skipped.Load(), "remote", r.RemoteAddr, "error", err)

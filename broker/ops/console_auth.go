@@ -1,25 +1,17 @@
 package ops
 
 import (
-	"crypto/subtle"
 	"net/http"
 	"net/url"
 	"strings"
 
 	"github.com/keyline-mq/keyline/broker/console"
-	"github.com/keyline-mq/keyline/internal/adminapi"
 )
 
 // The console's login: a browser cannot send a bearer header when it
 // navigates, so the console's login page (package console) checks the token
-// once and sets the session cookie, which adminHandler accepts like the
-// bearer header.
-
-// sessionOK reports whether r carries the session cookie whose value is want.
-func sessionOK(r *http.Request, want []byte) bool {
-	c, err := r.Cookie(adminapi.SessionCookie)
-	return err == nil && subtle.ConstantTimeCompare([]byte(c.Value), want) == 1
-}
+// once and starts a session, whose cookie adminHandler accepts like the
+// bearer header (console.Auth keeps the sessions).
 
 // wantsLogin reports whether an unauthenticated request is a browser opening
 // a console page, which is sent to the login page rather than answered 401.

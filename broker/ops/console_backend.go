@@ -53,6 +53,10 @@ func (c *consoleBackend) DeadLetters(name string, after uint64, limit int) (admi
 	return c.groups.deadLetterPage(name, after, limit)
 }
 
+func (c *consoleBackend) DeadLetter(name string, id uint64) (adminapi.DeadLetterView, error) {
+	return c.groups.deadLetter(name, id)
+}
+
 func (c *consoleBackend) Replay(ctx context.Context, name string, id uint64, all bool, remote string) (adminapi.ReplayResult, error) {
 	return c.groups.replay(ctx, name, id, !all, remote)
 }

@@ -11,15 +11,16 @@ import (
 // hostCheck refuses requests whose Host header names neither an IP address,
 // nor localhost, nor one of http-allowed-hosts: a web page an operator opens
 // could otherwise point a DNS name of its own at the broker's address (DNS
-// rebinding) and read the admin API as the same origin. /metrics, /healthz
-// and /readyz are left open to monitoring that addresses the broker by name.
+// rebinding) and read the admin API, or /metrics (whose labels name groups
+// and share names), as the same origin. /healthz and /readyz, which say
+// nothing, are left open to probes that address the broker by any name.
 func (b *Service) hostCheck(next http.Handler) http.Handler {
 	allowed := map[string]bool{"localhost": true}
 	for _, h := range b.cfg.AllowedHosts {
 		allowed[strings.ToLower(h)] = true
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if openPaths[r.URL.Path] || hostAllowed(r.Host, allowed) {
+		if probePaths[r.URL.Path] || hostAllowed(r.Host, allowed) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -27,6 +28,9 @@ func (b *Service) hostCheck(next http.Handler) http.Handler {
 		writeJSON(w, http.StatusForbidden, adminapi.Error{Error: "Host " + clipHeader(r.Host) + " is not allowed: add it to http-allowed-hosts"})
 	})
 }
+
+// probePaths answer any Host: they reveal nothing but whether the broker runs.
+var probePaths = map[string]bool{"/healthz": true, "/readyz": true}
 
 // hostAllowed reports whether a Host header (host[:port]) is an IP literal,
 // localhost, or in allowed.

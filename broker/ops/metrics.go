@@ -45,7 +45,13 @@ var brokerMetrics = []metricDef{
 	{"keyline_outbox_resent_total", "QoS 1/2 messages sent again (DUP) after a client reconnected.", prometheus.CounterValue},
 	{"keyline_outbox_expired_total", "Queued QoS 1/2 messages dropped unsent because their expiry (or max-message-expiry) passed.", prometheus.CounterValue},
 	{"keyline_outbox_queued_bytes", "Bytes of QoS 1/2 messages held for sessions, queued or unacknowledged (bounded by max-queued-bytes).", prometheus.GaugeValue},
-	{"keyline_outbox_cold_bytes", "Of keyline_outbox_queued_bytes, the bytes of messages restored at start that are on disk only until their session resumes.", prometheus.GaugeValue},
+	{"keyline_outbox_cold_bytes", "Of keyline_outbox_queued_bytes, the bytes of persistent sessions' messages whose frames are in the data file only (restored at start, or held past spill-after) until they are sent.", prometheus.GaugeValue},
+	{"keyline_outbox_spilled_bytes", "Of keyline_outbox_queued_bytes, the bytes of clean sessions' messages waiting in data-dir/spill for clients that do not read (spill-after).", prometheus.GaugeValue},
+	{"keyline_outbox_spilled_total", "QoS 1/2 messages whose frames waited in data-dir/spill.", prometheus.CounterValue},
+	{"keyline_group_log_commits_total", "Commits of the Key-Shared groups' segment log (one write each and, with fsync, one fdatasync; not in cluster mode).", prometheus.CounterValue},
+	{"keyline_group_log_syncs_total", "fdatasyncs of the Key-Shared groups' segment log.", prometheus.CounterValue},
+	{"keyline_group_log_appends_total", "Messages appended to the Key-Shared groups' segment log; divided by keyline_group_log_commits_total, the appends a commit carries.", prometheus.CounterValue},
+	{"keyline_group_log_commit_waits_total", "Commits of the segment log held back (at most commit-interval) for more appends to carry.", prometheus.CounterValue},
 	{"keyline_outbox_store_refused_total", "QoS 1/2 publishes refused because a persistent session's record of the message could not be stored.", prometheus.CounterValue},
 	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
 	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
@@ -77,7 +83,7 @@ func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	f := c.s.b.Figures()
 	values := map[string]float64{"keyline_uptime_seconds": time.Since(c.s.started).Seconds(), "keyline_ready": 0}
-	if c.s.b.Ready() {
+	if c.s.b.NotReady() == nil {
 		values["keyline_ready"] = 1
 	}
 	values["keyline_clients_connected"] = float64(f.ClientsConnected)
@@ -104,6 +110,12 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values["keyline_outbox_expired_total"] = float64(f.OutboxExpired)
 	values["keyline_outbox_queued_bytes"] = float64(f.OutboxQueuedBytes)
 	values["keyline_outbox_cold_bytes"] = float64(f.OutboxColdBytes)
+	values["keyline_outbox_spilled_bytes"] = float64(f.OutboxSpilledBytes)
+	values["keyline_outbox_spilled_total"] = float64(f.OutboxSpilled)
+	values["keyline_group_log_commits_total"] = float64(f.LogCommits)
+	values["keyline_group_log_syncs_total"] = float64(f.LogSyncs)
+	values["keyline_group_log_appends_total"] = float64(f.LogAppends)
+	values["keyline_group_log_commit_waits_total"] = float64(f.LogCommitWaits)
 	values["keyline_outbox_store_refused_total"] = float64(f.OutboxStoreRefused)
 	values["keyline_reserved_publishes_refused_total"] = float64(f.ReservedRefused)
 	values["keyline_client_id_takeovers_refused_total"] = float64(f.TakeoversRefused)

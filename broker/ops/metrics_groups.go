@@ -3,6 +3,8 @@ package ops
 import (
 	"fmt"
 	"hash/fnv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,18 +16,48 @@ import (
 const maxGroupLabel = 200
 
 // groupLabel is a group's metrics label: its name, or for a long one its
-// first bytes and a hash of the whole (still unique in practice).
+// first bytes and a hash of the whole (still unique in practice). Clients
+// choose share names and filters: control characters and bytes that are not
+// UTF-8 are written as \xNN (with the hash, so that no two names share a
+// label), so that no raw escape sequence reaches a terminal or a dashboard
+// that shows the scrape (Prometheus' format escapes only \, " and newline).
 func groupLabel(name string) string {
-	if len(name) <= maxGroupLabel {
+	clean := labelSafe(name)
+	if len(clean) <= maxGroupLabel && clean == name {
 		return name
 	}
 	h := fnv.New64a()
 	h.Write([]byte(name))
-	cut := maxGroupLabel - 20
-	for cut > 0 && name[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
+	cut := min(len(clean), maxGroupLabel-20)
+	for cut > 0 && cut < len(clean) && clean[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
 		cut--
 	}
-	return fmt.Sprintf("%s...%016x", name[:cut], h.Sum64())
+	return fmt.Sprintf("%s...%016x", clean[:cut], h.Sum64())
+}
+
+// labelSafe returns s with control characters and invalid UTF-8 written as \xNN.
+func labelSafe(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		bad := (r == utf8.RuneError && size == 1) || r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0)
+		if bad && b.Len() == 0 {
+			b.WriteString(s[:i])
+		}
+		switch {
+		case bad:
+			for _, c := range []byte(s[i : i+size]) {
+				fmt.Fprintf(&b, "\\x%02x", c)
+			}
+		case b.Len() > 0:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	if b.Len() == 0 {
+		return s
+	}
+	return b.String()
 }
 
 // groupsCollector exposes every Key-Shared group's figures at scrape time,

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/keyline-mq/keyline/broker/console"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/persistence"
@@ -47,8 +48,9 @@ type Broker interface {
 	Groups() Groups
 	// Bridges returns every bridge's view, in configuration order.
 	Bridges() []adminapi.BridgeView
-	// Ready reports whether the broker serves MQTT (/readyz).
-	Ready() bool
+	// NotReady says why the broker does not serve MQTT (/readyz 503 with
+	// the reason; keyline_ready 0), or returns nil when it does.
+	NotReady() error
 }
 
 // Groups is what the operator surface needs of Key-Shared groups.
@@ -88,13 +90,21 @@ type Figures struct {
 	FanoutTooLarge, FanoutTracked                   uint64
 	OutboxResent, OutboxExpired, OutboxStoreRefused uint64
 	OutboxQueuedBytes, OutboxColdBytes              int64
-	ReservedRefused, TakeoversRefused               uint64
-	ConnDroppedMessages, ConnDroppedBytes           uint64
-	ConnConflated, ConnDropSignals                  uint64
-	ConnSlowDisconnects, ConnProtocolErrors         uint64
-	ConnWrites, ConnFrames                          uint64
-	GroupAppendErrors, GroupKeysTooLong             uint64
-	GroupSubscriptionsRefused, GroupResultsDropped  uint64
+	// OutboxSpilledBytes are the queued bytes waiting in data-dir/spill,
+	// OutboxSpilled the messages that waited there since start.
+	OutboxSpilledBytes                             int64
+	OutboxSpilled                                  uint64
+	ReservedRefused, TakeoversRefused              uint64
+	ConnDroppedMessages, ConnDroppedBytes          uint64
+	ConnConflated, ConnDropSignals                 uint64
+	ConnSlowDisconnects, ConnProtocolErrors        uint64
+	ConnWrites, ConnFrames                         uint64
+	GroupAppendErrors, GroupKeysTooLong            uint64
+	GroupSubscriptionsRefused, GroupResultsDropped uint64
+	// LogCommits, LogSyncs, LogAppends and LogCommitWaits are the Key-Shared
+	// groups' segment log's commits, fdatasyncs, appended messages and
+	// commits held back for more appends (commit-interval); 0 in cluster mode.
+	LogCommits, LogSyncs, LogAppends, LogCommitWaits uint64
 	// DataFile is the path of the data file (its size is shown).
 	DataFile string
 }
@@ -107,6 +117,13 @@ type Config struct {
 	// AllowedHosts are the host names, besides IP addresses and localhost,
 	// the listener answers to (DNS rebinding protection).
 	AllowedHosts []string
+	// TopicReader, when set, says which topics a topic stream may show
+	// (canRead nil: every topic); an error refuses the stream (403) with it.
+	TopicReader func() (canRead func(topic string) bool, err error)
+	// Waiting, when set, is called while a request waits for its token
+	// check and returns a function called when it stops waiting (the
+	// listener's connection cap lets such a request give way).
+	Waiting func(r *http.Request) func()
 	// Pprof serves Go's profiler under /debug/pprof/.
 	Pprof bool
 	// Settings returns group name's dispatcher settings, for its detail.
@@ -170,6 +187,9 @@ func (s *Service) Published(topic string, qos byte, retain bool, payload []byte)
 	s.obs.topics.publish(topic, qos, retain, payload, time.Now())
 }
 
+// minTokenLen is the shortest http-token that gets no warning.
+const minTokenLen = 16
+
 // Handler returns the HTTP handler of the operator surface.
 func (s *Service) Handler() http.Handler {
 	reg := newRegistry(append([]prometheus.Collector{newBrokerCollector(s), newGroupsCollector(s.groups)}, s.cfg.Collectors...)...)
@@ -180,7 +200,12 @@ func (s *Service) Handler() http.Handler {
 	mux.HandleFunc("GET "+adminapi.PathClients, s.handleClients)
 	mux.HandleFunc("GET "+adminapi.PathClients+"/{id}", s.handleClient)
 	s.groups.register(mux)
-	s.registerConsole(mux, s.groups)
+	auth := console.NewAuth(s.cfg.Token)
+	auth.Waiting = s.cfg.Waiting
+	if n := len(s.cfg.Token); n > 0 && n < minTokenLen {
+		s.log.Warn("http-token is short: at the ten guesses a second the HTTP listener answers, it could be guessed; use 16 random characters or more", "length", n)
+	}
+	s.registerConsole(mux, s.groups, auth)
 	s.registerBridges(mux)
 	if s.cfg.Routes != nil {
 		s.cfg.Routes(mux)
@@ -190,11 +215,11 @@ func (s *Service) Handler() http.Handler {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.b.Ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if err := s.b.NotReady(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
-	return s.hostCheck(s.adminHandler(mux))
+	return s.hostCheck(s.adminHandler(mux, auth))
 }

@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -85,10 +86,13 @@ func (f *fakeBroker) Groups() Groups            { return f.groups }
 func (f *fakeBroker) Bridges() []adminapi.BridgeView {
 	return []adminapi.BridgeView{{Name: "up", State: "connected"}}
 }
-func (f *fakeBroker) Ready() bool {
+func (f *fakeBroker) NotReady() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.ready
+	if !f.ready {
+		return errors.New("starting")
+	}
+	return nil
 }
 
 type fakeGroup struct {

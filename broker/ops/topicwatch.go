@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,14 +23,20 @@ import (
 // matching topics off the fan-out fast path). It must never slow a publisher:
 //
 //   - with no viewer, a publish costs one atomic load (the hook is not called);
-//   - at most maxTopicViewers streams are open at once;
+//   - at most maxTopicViewers streams are open at once; one more takes the
+//     place of the oldest stream of the address that holds the most, so
+//     idle viewers cannot keep the operator out (they made it 429) and a
+//     flood of streams from one address replaces its own first;
 //   - each stream sends at most topicRate messages a second (a token bucket
 //     checked before anything is copied); the rest are counted as skipped;
 //   - a publish is handed over with a non-blocking send into a small buffer,
 //     and copies at most adminapi.MaxPreviewBytes of the payload.
 //
-// The ACL does not apply: a viewer sees every message the filter matches. The
-// admin token is the authority here, as for dead letters.
+// What a viewer may see follows the broker's auth (Broker.topicReader): with
+// no auth ledger every topic; with one, the read ACL of http-topic-user when
+// it is set, else every topic for a holder of the http token, and nothing
+// (the stream is refused) when neither is set: any local process could
+// otherwise read the topics the ACL denies it over MQTT.
 
 // MaxTopicViewers is the most topic streams open at once.
 const MaxTopicViewers = maxTopicViewers
@@ -42,8 +49,8 @@ const (
 )
 
 var (
-	errTooManyViewers = fmt.Errorf("%d topic streams are open, the most allowed at once; close one first", maxTopicViewers)
-	errWatchClosed    = errors.New("the broker is shutting down")
+	errWatchClosed = errors.New("the broker is shutting down")
+	errReplaced    = fmt.Errorf("a newer topic stream took this one's place (at most %d are open at once)", maxTopicViewers)
 )
 
 // topicViewer is one open stream.
@@ -51,6 +58,11 @@ type topicViewer struct {
 	filter string
 	levels []string
 	ch     chan adminapi.TopicEvent
+	addr   string // the viewer's address (host)
+	// canRead, when set, says which topics the viewer may see.
+	canRead func(topic string) bool
+	// replaced is closed when a newer stream took this one's place.
+	replaced chan struct{}
 
 	mu struct {
 		sync.Mutex
@@ -97,8 +109,10 @@ type topicWatch struct {
 
 func newTopicWatch() *topicWatch { return &topicWatch{stop: make(chan struct{})} }
 
-// open starts a stream of filter. The caller must call done(v) when it ends.
-func (w *topicWatch) open(filter string, now time.Time) (*topicViewer, error) {
+// open starts a stream of filter for a viewer at remote that may see what
+// canRead allows (nil: every topic). The caller must call done(v) when it
+// ends, and end it when v.replaced is closed.
+func (w *topicWatch) open(filter, remote string, canRead func(string) bool, now time.Time) (*topicViewer, error) {
 	if err := validViewFilter(filter); err != nil {
 		return nil, err
 	}
@@ -112,14 +126,41 @@ func (w *topicWatch) open(filter string, now time.Time) (*topicViewer, error) {
 		cur = *p
 	}
 	if len(cur) >= maxTopicViewers {
-		return nil, errTooManyViewers
+		cur = replaceOne(cur)
 	}
-	v := &topicViewer{filter: filter, levels: strings.Split(filter, "/"), ch: make(chan adminapi.TopicEvent, topicBuffer)}
+	v := &topicViewer{filter: filter, levels: strings.Split(filter, "/"), ch: make(chan adminapi.TopicEvent, topicBuffer),
+		addr: hostOf(remote), canRead: canRead, replaced: make(chan struct{})}
 	v.mu.tokens, v.mu.last = topicRate, now
 	next := append(append(make([]*topicViewer, 0, len(cur)+1), cur...), v)
 	w.viewers.Store(&next)
 	w.wg.Add(1)
 	return v, nil
+}
+
+// replaceOne tells the oldest stream of the address that holds the most
+// streams (ties: the one whose oldest stream is oldest) to end, and returns
+// the others, in order.
+func replaceOne(cur []*topicViewer) []*topicViewer {
+	count := map[string]int{}
+	for _, v := range cur {
+		count[v.addr]++
+	}
+	victim := -1
+	for i, v := range cur { // oldest first
+		if victim < 0 || count[v.addr] > count[cur[victim].addr] {
+			victim = i
+		}
+	}
+	close(cur[victim].replaced)
+	return append(append(make([]*topicViewer, 0, len(cur)-1), cur[:victim]...), cur[victim+1:]...)
+}
+
+// hostOf is the host part of a RemoteAddr.
+func hostOf(remote string) string {
+	if h, _, err := net.SplitHostPort(remote); err == nil {
+		return h
+	}
+	return remote
 }
 
 // done ends v's stream.
@@ -165,8 +206,11 @@ func (w *topicWatch) publish(topic string, qos byte, retain bool, payload []byte
 		if !topicMatch(v.levels, topic) {
 			continue
 		}
-		if !v.take(now) {
+		if !v.take(now) { // the rate first: an ACL check costs more than a token
 			v.skipped.Add(1)
+			continue
+		}
+		if v.canRead != nil && !v.canRead(topic) {
 			continue
 		}
 		v.offer(topicEvent(topic, qos, retain, payload, now))

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -28,25 +29,22 @@ func TestTopicMatch(t *testing.T) {
 func TestTopicWatchIsBounded(t *testing.T) {
 	w := newTopicWatch()
 	now := time.Unix(1000, 0)
-	if _, err := w.open("$share/g/a/#", now); err == nil || !strings.Contains(err.Error(), "shared subscription") {
+	if _, err := w.open("$share/g/a/#", "192.0.2.1:1", nil, now); err == nil || !strings.Contains(err.Error(), "shared subscription") {
 		t.Errorf("a shared filter: %v", err)
 	}
-	if _, err := w.open("a/#/b", now); err == nil {
+	if _, err := w.open("a/#/b", "192.0.2.1:1", nil, now); err == nil {
 		t.Error("an invalid filter was accepted")
 	}
 	if w.watching() {
 		t.Error("watching with no stream open")
 	}
 	var vs []*topicViewer
-	for range maxTopicViewers {
-		v, err := w.open("a/#", now)
+	for i := range maxTopicViewers {
+		v, err := w.open("a/#", fmt.Sprintf("192.0.2.%d:1", i), nil, now)
 		if err != nil {
 			t.Fatal(err)
 		}
 		vs = append(vs, v)
-	}
-	if _, err := w.open("a/#", now); err != errTooManyViewers {
-		t.Errorf("viewer %d: %v, want errTooManyViewers", maxTopicViewers+1, err)
 	}
 	// A burst far above the rate: each viewer gets its bucket's worth, at
 	// most its buffer, and counts the rest as skipped.
@@ -82,8 +80,51 @@ func TestTopicWatchIsBounded(t *testing.T) {
 		t.Error("still watching after every stream ended")
 	}
 	w.close()
-	if _, err := w.open("a/#", now); err != errWatchClosed {
+	if _, err := w.open("a/#", "192.0.2.1:1", nil, now); err != errWatchClosed {
 		t.Errorf("open after close: %v", err)
+	}
+}
+
+// TestTopicViewersMakeRoom: a viewer past maxTopicViewers takes the place of
+// the oldest stream of the address holding the most (idle viewers made it
+// 429); a viewer sees only what its canRead allows.
+func TestTopicViewersMakeRoom(t *testing.T) {
+	w := newTopicWatch()
+	t.Cleanup(w.close) // after the streams' done, registered below (cleanups run last first)
+	now := time.Unix(1000, 0)
+	open := func(remote string, canRead func(string) bool) *topicViewer {
+		v, err := w.open("a/#", remote, canRead, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.done(v) })
+		return v
+	}
+	operator := open("192.0.2.1:1", nil)
+	var idle []*topicViewer
+	for i := range maxTopicViewers - 1 {
+		idle = append(idle, open(fmt.Sprintf("198.51.100.7:%d", i), nil))
+	}
+	replaced := func(v *topicViewer) bool {
+		select {
+		case <-v.replaced:
+			return true
+		default:
+			return false
+		}
+	}
+	late := open("192.0.2.1:2", func(topic string) bool { return topic != "a/secret" })
+	if replaced(operator) || !replaced(idle[0]) || replaced(idle[1]) {
+		t.Fatalf("replaced: operator %v, idle[0] %v, idle[1] %v; want only the oldest of the address holding the most", replaced(operator), replaced(idle[0]), replaced(idle[1]))
+	}
+	for _, topic := range []string{"a/secret", "a/public"} {
+		w.publish(topic, 0, false, nil, now)
+	}
+	if ev := <-late.ch; ev.Topic != "a/public" || len(late.ch) != 0 {
+		t.Fatalf("the restricted viewer got %s (and %d more)", ev.Topic, len(late.ch))
+	}
+	if len(operator.ch) != 2 {
+		t.Fatalf("the unrestricted viewer got %d messages, want 2", len(operator.ch))
 	}
 }
 

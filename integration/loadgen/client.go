@@ -30,6 +30,7 @@ type dialOpts struct {
 	readRate   int // bytes/s the connection reads at most (0: no limit)
 	readBuf    int // bufio reader size
 	timeout    time.Duration
+	transport  string // tcp (default), tls or ws
 }
 
 // dialMQTT connects, sends CONNECT and waits for a successful CONNACK.
@@ -47,7 +48,7 @@ func dialMQTT(ctx context.Context, addr, clientID string, o dialOpts) (*mconn, e
 			return serr
 		}
 	}
-	c, err := d.DialContext(ctx, "tcp", addr)
+	c, err := dialTransport(ctx, o.transport, addr, &d)
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,14 @@ type connJSON struct {
 	RSSPerConnKB  float64 `json:"rss_per_conn_kb"`
 	FDLimit       int     `json:"fd_limit"`
 	BrokerFDLimit int     `json:"broker_fd_limit,omitempty"`
+	Subscribed    bool    `json:"subscribed"`
+	Transport     string  `json:"transport,omitempty"`
+	// BrokerUsPerConn is the broker's CPU time per connection opened (and
+	// subscribed), over the connect phase.
+	BrokerUsPerConn float64 `json:"broker_us_per_conn,omitempty"`
+	// Go is what each connection costs a Go broker (-broker-pprof): heap,
+	// goroutine stacks, goroutines.
+	Go *perUnit `json:"go,omitempty"`
 }
 
 // failures counts the clients of a scenario that failed, keeping the first error.
@@ -48,6 +56,15 @@ func (f *failures) count() (int, string) {
 	return int(f.n.Load()), s
 }
 
+// err describes the failures, or returns nil if there were none.
+func (f *failures) err() error {
+	n, first := f.count()
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d connections failed: %s", n, first)
+}
+
 func runConnections(ctx context.Context, cfg config, res *result) {
 	started := time.Now()
 	cj := &connJSON{Requested: cfg.conns, FDLimit: raiseFDLimit(), BrokerFDLimit: procFDLimit(cfg.brokerPID)}
@@ -63,19 +80,17 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 		res.Notes = append(res.Notes, fmt.Sprintf("file descriptor limits allow %d of the %d connections asked for", n, cfg.conns))
 	}
 	r := newRun(cfg)
-	conns := make([]*mconn, n)
+	cj.Subscribed, cj.Transport = cfg.subscribe, cfg.transport
 	cj.RSSBeforeKB = rssKB(cfg.brokerPID)
+	goBefore, err := readGoRuntime(cfg.brokerPprof)
+	if err != nil {
+		res.Errors = append(res.Errors, "broker pprof: "+err.Error())
+	}
 	c0 := snapCPU(cfg.brokerPID)
-	var failed failures
-	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive}
-	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
-		if err != nil {
-			return failed.add(err)
-		}
-		conns[i] = m
-		return nil
-	})
+	conns, failed := openIdle(ctx, cfg, r, n)
+	if err := failed.err(); err != nil {
+		res.Errors = append(res.Errors, err.Error())
+	}
 	c1 := snapCPU(cfg.brokerPID)
 	el := c1.wall.Sub(c0.wall).Seconds()
 	cj.Failed, cj.FirstError = failed.count()
@@ -85,12 +100,22 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 		cj.ConnectPerS = round3(float64(cj.Opened) / el)
 	}
 	res.CPU = cpuBetween(c0, c1, runtime.NumCPU(), 0)
+	if cj.Opened > 0 && cfg.brokerPID > 0 {
+		cj.BrokerUsPerConn = round3((c1.broker - c0.broker).Seconds() * 1e6 / float64(cj.Opened))
+	}
 
 	// Let the broker settle, then read RSS: the stable value after the burst.
 	time.Sleep(cfg.settle)
 	cj.RSSAfterKB = rssKB(cfg.brokerPID)
 	if cj.Opened > 0 && cj.RSSAfterKB > 0 {
 		cj.RSSPerConnKB = round3(float64(cj.RSSAfterKB-cj.RSSBeforeKB) / float64(cj.Opened))
+	}
+	if goBefore != nil { // after RSS: reading the heap forces a GC
+		goAfter, err := readGoRuntime(cfg.brokerPprof)
+		if err != nil {
+			res.Errors = append(res.Errors, "broker pprof: "+err.Error())
+		}
+		cj.Go = newPerUnit(goBefore, goAfter, cj.Opened)
 	}
 
 	// Prove the connections are served: PINGREQ on each, count PINGRESPs.
@@ -120,10 +145,31 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 	} else if cj.Alive < cj.Opened {
 		res.Errors = append(res.Errors, fmt.Sprintf("%d of %d connections did not answer PINGREQ", cj.Opened-cj.Alive, cj.Opened))
 	}
-	if cj.Failed > 0 {
-		res.Errors = append(res.Errors, fmt.Sprintf("%d connections failed: %s", cj.Failed, cj.FirstError))
-	}
 	res.ElapsedS = round3(time.Since(started).Seconds())
+}
+
+// openIdle opens n idle connections (cfg.conc at a time): CONNECT with
+// cfg.keepalive and, with cfg.subscribe, one QoS 1 subscription to a topic
+// of the connection's own. Failed ones are nil in the slice.
+func openIdle(ctx context.Context, cfg config, r *run, n int) ([]*mconn, *failures) {
+	conns := make([]*mconn, n)
+	failed := new(failures)
+	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive, transport: cfg.transport}
+	_ = parallel(ctx, cfg.conc, n, func(i int) error {
+		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
+		if err != nil {
+			return failed.add(err)
+		}
+		if cfg.subscribe {
+			if err := m.subscribe(fmt.Sprintf("lg%08x/cmd/%d", r.runID, i), 1, cfg.timeout); err != nil {
+				m.abort()
+				return failed.add(err)
+			}
+		}
+		conns[i] = m
+		return nil
+	})
+	return conns, failed
 }
 
 type sessionsJSON struct {
@@ -138,7 +184,8 @@ type sessionsJSON struct {
 	RSSAfterKB  int64   `json:"rss_after_kb"`
 	// RSSPerSessionKB is what one disconnected persistent session with one
 	// subscription costs the broker.
-	RSSPerSessionKB float64 `json:"rss_per_session_kb"`
+	RSSPerSessionKB float64  `json:"rss_per_session_kb"`
+	Go              *perUnit `json:"go,omitempty"`
 }
 
 // runSessions creates cfg.conns persistent sessions (3.1.1 clean session 0,
@@ -153,6 +200,10 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 	r := newRun(cfg)
 	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive, persistent: true}
 	sj.RSSBeforeKB = rssKB(cfg.brokerPID)
+	goBefore, err := readGoRuntime(cfg.brokerPprof)
+	if err != nil {
+		res.Errors = append(res.Errors, "broker pprof: "+err.Error())
+	}
 	c0 := snapCPU(cfg.brokerPID)
 	var failed failures
 	_ = parallel(ctx, cfg.conc, cfg.conns, func(i int) error {
@@ -175,6 +226,13 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 	sj.RSSAfterKB = rssKB(cfg.brokerPID)
 	if sj.Stored > 0 && sj.RSSAfterKB > 0 {
 		sj.RSSPerSessionKB = round3(float64(sj.RSSAfterKB-sj.RSSBeforeKB) / float64(sj.Stored))
+	}
+	if goBefore != nil {
+		goAfter, err := readGoRuntime(cfg.brokerPprof)
+		if err != nil {
+			res.Errors = append(res.Errors, "broker pprof: "+err.Error())
+		}
+		sj.Go = newPerUnit(goBefore, goAfter, sj.Stored)
 	}
 	// Were they kept? Reconnect every hundredth (which resumes it: done last).
 	for i := 0; i < cfg.conns; i += 100 {

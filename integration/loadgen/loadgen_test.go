@@ -2,8 +2,11 @@ package main
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"log/slog"
+	"math"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -303,9 +306,39 @@ func TestScenariosAgainstMochi(t *testing.T) {
 		t.Errorf("slowsub: %+v", r)
 	}
 
+	// The stalled reader reads once publishing stopped: mochi kept all of it.
+	r = runArgs(t, append(short, "-scenario", "slowsub", "-subs", "2", "-rate", "2000", "-qos", "1")...)
+	if st := r.Stall; st == nil || st.Published == 0 || st.Received != st.Published || st.Missing != 0 || st.FirstLossAfter != st.Published {
+		t.Errorf("slowsub qos 1, the stalled reader once it read: %+v", r.Stall)
+	}
+
 	r = runArgs(t, "-addr", addr, "-scenario", "connections", "-conns", "50", "-settle", "0s")
 	if c := r.Connections; c == nil || c.Opened != 50 || c.Alive != 50 || c.ConnectPerS <= 0 {
 		t.Errorf("connections: %+v", r.Connections)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	dir := t.TempDir()
+	var out, errs strings.Builder
+	if code := realMain([]string{"probe", "-dir", dir, "-n", "5", "-size", "512", "-round", "2"}, &out, &errs); code != 0 {
+		t.Fatalf("probe exited %d: %s", code, errs.String())
+	}
+	var r probeResult
+	if err := json.Unmarshal([]byte(out.String()), &r); err != nil {
+		t.Fatalf("%v: %q", err, out.String())
+	}
+	if !r.OK || r.Scenario != "probe" || r.Round != 2 || r.Fdatasync.Count != 5 || r.Fdatasync.P50 <= 0 || r.SyscallNS <= 0 || r.WriteBytes != 512 {
+		t.Errorf("probe: %+v", r)
+	}
+	if want := 20 / (r.Fdatasync.P50 / 1e6); math.Abs(r.FsyncBound-want) > want/1000 {
+		t.Errorf("fsync bound %v, want 20 / %v µs = %v", r.FsyncBound, r.Fdatasync.P50, want)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("probe left %d files in %s", len(left), dir)
+	}
+	if code := realMain([]string{"probe", "-dir", dir, "-n", "0"}, &out, &errs); code != 2 {
+		t.Errorf("probe -n 0 exited %d, want 2", code)
 	}
 }
 

@@ -6,10 +6,12 @@
 //	loadgen -scenario fanin -pubs 100 -subs 1
 //	loadgen -scenario slowsub -subs 10 -stalled 1 -rate 20000 -broker-pid 1234
 //	loadgen -scenario conflate -topics 1000 -rate 10000 -read-rate 100000
-//	loadgen -scenario connections -conns 10000 -broker-pid 1234
+//	loadgen -scenario connections -conns 10000 -broker-pid 1234 [-broker-pprof http://127.0.0.1:9883/debug/pprof]
+//	loadgen -scenario wake -conns 10000 -period 1m -duration 1m -broker-pid 1234
 //	loadgen ping -addr 127.0.0.1:1883 -timeout 10s   (wait until a broker answers CONNECT)
 //	loadgen freeport                                 (print a free loopback TCP port)
 //	loadgen nullbroker -addr 127.0.0.1:1884          (calibration target: QoS 0 exact-topic forwarding, no MQTT semantics)
+//	loadgen probe -dir /path/on/the/disk             (cost of a syscall, latency of write + fdatasync, the fsync bound)
 //
 // Publishers, subscribers and consumers speak hand-encoded MQTT over one
 // bufio reader and one write buffer per connection; publishers stamp the
@@ -70,6 +72,10 @@ type config struct {
 	keepalive   uint16
 	tag         string
 	round       int
+	brokerPprof string
+	subscribe   bool
+	period      time.Duration
+	transport   string
 }
 
 func main() {
@@ -83,6 +89,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 			return cmdPing(args[1:], stdout, stderr)
 		case "nullbroker":
 			return cmdNullBroker(args[1:], stdout, stderr)
+		case "probe":
+			return cmdProbe(args[1:], stdout, stderr)
 		case "freeport":
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -129,7 +137,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.SetOutput(stderr)
 	var proto, qos int
 	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port")
-	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate, connections or sessions")
+	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate, connections, sessions or wake")
 	fs.StringVar(&cfg.label, "label", "", "broker name echoed in the JSON")
 	fs.StringVar(&cfg.tag, "tag", "", "case name echoed in the JSON (the benchmark script's name for this run)")
 	fs.IntVar(&cfg.round, "round", 0, "round number echoed in the JSON")
@@ -164,6 +172,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.readBuf, "read-buf", 64<<10, "bytes of read buffer per connection")
 	fs.IntVar(&cfg.flushBytes, "flush-bytes", 16<<10, "a publisher writes when this many bytes are pending (or when it waits)")
 	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the load generator to this file")
+	fs.StringVar(&cfg.brokerPprof, "broker-pprof", "", "a Go broker's pprof base URL (e.g. http://127.0.0.1:9883/debug/pprof): connections and sessions also report its heap, goroutine stacks and goroutines")
+	fs.BoolVar(&cfg.subscribe, "subscribe", true, "connections, wake: each connection subscribes to a topic of its own (QoS 1) after CONNECT, as a device takes its commands")
+	fs.StringVar(&cfg.transport, "transport", "tcp", "connections: tcp, tls (any certificate) or ws (MQTT over WebSocket, path /)")
+	fs.DurationVar(&cfg.period, "period", time.Minute, "wake: each connection publishes one QoS 1 message per period, the connections' publishes spread evenly over it")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -175,7 +187,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	cfg.proto = byte(proto)
 	switch cfg.scenario {
-	case "fanout", "fanin", "slowsub", "connections", "conflate", "sessions":
+	case "fanout", "fanin", "slowsub", "connections", "conflate", "sessions", "wake":
 		if qos < 0 {
 			qos = 0
 		}
@@ -184,7 +196,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 			qos = 1
 		}
 	default:
-		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, conflate, connections, sessions)", cfg.scenario)
+		return cfg, fmt.Errorf("unknown -scenario %q (fanout, fanin, shared, slowsub, conflate, connections, sessions, wake)", cfg.scenario)
 	}
 	if qos > 2 {
 		return cfg, fmt.Errorf("-qos must be 0, 1 or 2")
@@ -208,7 +220,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.pubs < 1 || cfg.subs < 0 || cfg.conc < 1 || cfg.inflight < 1 {
 		return cfg, fmt.Errorf("-pubs, -conc and -inflight must be at least 1")
 	}
-	if cfg.scenario != "connections" && cfg.scenario != "sessions" && cfg.scenario != "shared" && cfg.subs < 1 {
+	if cfg.scenario != "connections" && cfg.scenario != "sessions" && cfg.scenario != "wake" && cfg.scenario != "shared" && cfg.subs < 1 {
 		return cfg, fmt.Errorf("-subs must be at least 1")
 	}
 	if keepalive > 65535 {
@@ -220,6 +232,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.drain < 0 {
 		return cfg, fmt.Errorf("-duration must be positive, -warmup and -drain not negative")
+	}
+	if cfg.scenario == "wake" && cfg.period <= 0 {
+		return cfg, fmt.Errorf("-period must be positive")
 	}
 	if cfg.scenario == "conflate" && (cfg.readRate < 1 || cfg.rate <= 0) {
 		return cfg, fmt.Errorf("-scenario conflate needs -rate and -read-rate above 0")
@@ -240,6 +255,9 @@ func runScenario(cfg config, args []string) *result {
 	// Watchdog: the run's own bound plus connect time; a hung broker must
 	// not hang the benchmark.
 	limit := cfg.warmup + cfg.duration + cfg.drain + 3*cfg.timeout + 30*time.Second
+	if cfg.scenario == "connections" || cfg.scenario == "sessions" || cfg.scenario == "wake" {
+		limit += cfg.settle + time.Duration(cfg.conns)*2*time.Millisecond // opened at 500/s at worst
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	wd := time.AfterFunc(limit+10*time.Second, func() {
@@ -250,11 +268,14 @@ func runScenario(cfg config, args []string) *result {
 	defer wd.Stop()
 
 	switch cfg.scenario {
-	case "connections", "sessions":
-		if cfg.scenario == "connections" {
+	case "connections", "sessions", "wake":
+		switch cfg.scenario {
+		case "connections":
 			runConnections(ctx, cfg, res)
-		} else {
+		case "sessions":
 			runSessions(ctx, cfg, res)
+		default:
+			runWake(ctx, cfg, res)
 		}
 		res.Subs = 0
 		res.OK = len(res.Errors) == 0

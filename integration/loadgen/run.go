@@ -35,9 +35,11 @@ type run struct {
 	pubs     []*publisher
 	subs     []*subscriber
 	checker  *orderChecker
-	finals   *finalTracker // conflate: the reader's newest value per topic
-	keyNames []string
-	streams  int // distinct stream ids (for per-subscriber sequence tracking)
+	// stallFirst is the first stalled reader, once unstall let it read.
+	stallFirst *subscriber
+	finals     *finalTracker // conflate: the reader's newest value per topic
+	keyNames   []string
+	streams    int // distinct stream ids (for per-subscriber sequence tracking)
 }
 
 type publisher struct {
@@ -93,13 +95,15 @@ type subscriber struct {
 	total    uint64
 	gaps     uint64
 	reorders uint64
-	foreign  uint64
-	keyMiss  uint64
-	dups     uint64
-	viol     uint64
-	totalA   atomic.Uint64
-	err      error
-	done     chan struct{}
+	// firstLoss is how many messages arrived before the first gap (0: none seen).
+	firstLoss uint64
+	foreign   uint64
+	keyMiss   uint64
+	dups      uint64
+	viol      uint64
+	totalA    atomic.Uint64
+	err       error
+	done      chan struct{}
 }
 
 // ---------------------------------------------------------------- setup
@@ -605,6 +609,9 @@ func (s *subscriber) handle(m *mqttwire.PublishView) {
 		case pi.keySeq == n:
 			s.nextSeq[i] = n + 1
 		case pi.keySeq > n:
+			if s.gaps == 0 {
+				s.firstLoss = s.total - 1
+			}
 			s.gaps += uint64(pi.keySeq - n)
 			s.nextSeq[i] = pi.keySeq + 1
 		default:
@@ -692,9 +699,11 @@ type result struct {
 	MsgsPerConsumer []uint64      `json:"msgs_per_consumer,omitempty"`
 	CPU             cpuJSON       `json:"cpu"`
 	RSS             *rssJSON      `json:"broker_rss,omitempty"`
+	Stall           *stallJSON    `json:"stalled_readers,omitempty"`
 	Connections     *connJSON     `json:"connections,omitempty"`
 	Conflate        *conflateJSON `json:"conflate,omitempty"`
 	Sessions        *sessionsJSON `json:"sessions,omitempty"`
+	Wake            *wakeJSON     `json:"wake,omitempty"`
 	ElapsedS        float64       `json:"elapsed_s"`
 }
 
@@ -813,6 +822,9 @@ func (r *run) execute(ctx context.Context, res *result) {
 		recv1 = r.received()
 	}
 	res.RSS = rss.finish(cfg.scenario == "slowsub" || cfg.scenario == "conflate")
+	if cfg.stalled > 0 {
+		res.Stall = r.unstall()
+	}
 	r.closeAll()
 	if r.finals != nil {
 		r.conflateResult(res, stopped, finalAt)
@@ -860,6 +872,17 @@ func (r *run) execute(ctx context.Context, res *result) {
 			res.MsgsPerConsumer = append(res.MsgsPerConsumer, s.total)
 		}
 	}
+	if st := r.stallFirst; st != nil && res.Stall != nil {
+		select {
+		case <-st.done:
+			res.Stall.FirstLossAfter = res.Stall.Received // lost at the tail, if at all
+			if st.gaps > 0 {
+				res.Stall.FirstLossAfter = st.firstLoss
+			}
+		default:
+			res.Errors = append(res.Errors, "the stalled reader did not stop after its connection closed")
+		}
+	}
 	res.PublishedPerS = round3(float64(res.Published) / w)
 	res.DeliveredPerS = round3(float64(recv1-recv0) / c1.wall.Sub(c0.wall).Seconds())
 	if res.Expected > 0 {
@@ -872,6 +895,62 @@ func (r *run) execute(ctx context.Context, res *result) {
 		res.Order = &o
 	}
 	res.ElapsedS = round3(time.Since(started).Seconds())
+}
+
+// stallJSON is what the stalled readers got once they read again: the
+// backlog the broker held for them. Missing = published - received (the
+// messages it dropped); FirstLossAfter = messages received in order before
+// the first one missing, the bound the broker kept to before it dropped.
+type stallJSON struct {
+	Readers        int     `json:"readers"`
+	Published      uint64  `json:"published"`
+	Received       uint64  `json:"received"`
+	Missing        uint64  `json:"missing"`
+	FirstLossAfter uint64  `json:"first_loss_after,omitempty"`
+	DrainS         float64 `json:"drain_s"`
+}
+
+// unstall makes the stalled readers read what the broker kept for them,
+// after publishing stopped and the RSS was taken, until they have every
+// message published or a second passes without progress (at most
+// cfg.drain + 5 s), and reports the figures of the first one.
+func (r *run) unstall() *stallJSON {
+	var stalled []*subscriber
+	for _, s := range r.subs {
+		if s.stalled && s.m != nil {
+			s.done = make(chan struct{})
+			stalled = append(stalled, s)
+			go s.run()
+		}
+	}
+	if len(stalled) == 0 {
+		return nil
+	}
+	start := time.Now()
+	var want uint64 // the first stalled reader takes topic 0: template 0 of every publisher
+	for _, p := range r.pubs {
+		want += p.sentAll[0]
+	}
+	got := func() uint64 { return stalled[0].totalA.Load() }
+	deadline := start.Add(r.cfg.drain + 5*time.Second)
+	last, lastChange := got(), time.Now()
+	for time.Now().Before(deadline) && got() < want {
+		if n := got(); n != last {
+			last, lastChange = n, time.Now()
+		} else if time.Since(lastChange) > time.Second {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s := stalled[0]
+	// The reader's own counters are its goroutine's until it stops: the
+	// first loss is read after closeAll.
+	st := &stallJSON{Readers: len(stalled), Published: want, Received: got(), DrainS: round3(time.Since(start).Seconds())}
+	if st.Published > st.Received {
+		st.Missing = st.Published - st.Received
+	}
+	r.stallFirst = s
+	return st
 }
 
 // received is the number of deliveries so far to reading subscribers

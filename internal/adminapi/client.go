@@ -41,6 +41,11 @@ func DeadLetters(group string, after uint64, limit int) Route[DeadLetterPage] {
 		"group": {group}, "after": {strconv.FormatUint(after, 10)}, "limit": {strconv.Itoa(limit)}}}
 }
 
+// DeadLetter returns dead letter id of group in full.
+func DeadLetter(group string, id uint64) Route[DeadLetterView] {
+	return Route[DeadLetterView]{http.MethodGet, PathDLQLetter, url.Values{"group": {group}, "id": {strconv.FormatUint(id, 10)}}}
+}
+
 // Replay puts dead letter id of group back on its log; all of them when all is set.
 func Replay(group string, id uint64, all bool) Route[ReplayResult] {
 	return Route[ReplayResult]{http.MethodPost, PathDLQReplay, dlqQuery(group, id, all)}

@@ -1,9 +1,6 @@
 package adminapi
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -29,17 +26,9 @@ const (
 
 // SessionCookie is the cookie the console's login sets: a browser cannot send
 // a bearer header when it navigates, so the admin API accepts this cookie
-// wherever it accepts the bearer token. Its value is SessionValue(token).
+// wherever it accepts the bearer token. Its value is the id of a session the
+// broker keeps (random, with an expiry; logout ends it).
 const SessionCookie = "keyline_session"
-
-// SessionValue is the session cookie's value for token: an HMAC of a fixed
-// label keyed by the token, so the cookie authenticates to this broker's HTTP
-// listener without being the bearer token itself.
-func SessionValue(token string) string {
-	m := hmac.New(sha256.New, []byte(token))
-	m.Write([]byte("keyline console session v1"))
-	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
-}
 
 // Overview shows the broker's figures and their recent history.
 func Overview() Route[OverviewView] { return Route[OverviewView]{http.MethodGet, PathOverview, nil} }

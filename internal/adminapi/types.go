@@ -11,18 +11,34 @@ import "time"
 const (
 	PathGroups         = "/api/v1/groups"          // GET list, DELETE ?group=
 	PathGroupDetail    = "/api/v1/groups/detail"   // GET ?group=
-	PathDLQ            = "/api/v1/dlq"             // GET ?group=&after=&limit=
+	PathDLQ            = "/api/v1/dlq"             // GET ?group=&after=&limit=: previews
+	PathDLQLetter      = "/api/v1/dlq/letter"      // GET ?group=&id=: one dead letter in full
 	PathDLQReplay      = "/api/v1/dlq/replay"      // POST ?group=[&id=]
 	PathDLQPurge       = "/api/v1/dlq/purge"       // POST ?group=[&id=]
 	PathClients        = "/api/v1/clients"         // GET list; GET /{id}
 	PathClusterClients = "/api/v1/cluster/clients" // GET: every client of the cluster and its node (cluster mode)
 	PathBackup         = "/api/v1/backup"          // POST: an online backup of the data dir, as a tar stream (persistence.Backup)
+	PathReload         = "/api/v1/reload"          // POST: re-read users, password file, ACL and certificates (as SIGHUP)
 )
 
-// Dead-letter paging limits.
+// ReloadResult answers a reload: what it did to connected clients.
+type ReloadResult struct {
+	// Disconnected are the clients cut off: their credentials or their
+	// certificate (now revoked) no longer let them in.
+	Disconnected []string `json:"disconnected"`
+	// Unsubscribed counts the subscriptions removed that the ACL no longer allows.
+	Unsubscribed int `json:"unsubscribed"`
+	// NeedRestart names the changed settings a reload does not apply.
+	NeedRestart []string `json:"need_restart,omitempty"`
+}
+
+// Dead-letter paging limits. A page of GET PathDLQ holds previews
+// (DeadLetterView.Truncated) and stops, with More set, before it passes
+// MaxDLQPageBytes; PathDLQLetter gives one letter in full.
 const (
 	DefaultDLQLimit = 100
 	MaxDLQLimit     = 1000
+	MaxDLQPageBytes = 4 << 20
 	// MaxListedReplays bounds the replayed letters one ReplayResult lists.
 	MaxListedReplays = 1000
 )
@@ -155,14 +171,18 @@ type MemberView struct {
 // DeadLetterView is one dead letter. Payload is the payload as a string when
 // it is valid UTF-8 (PayloadEncoding "utf-8"), else base64 ("base64").
 type DeadLetterView struct {
-	ID              uint64             `json:"id"`
-	Offset          uint64             `json:"offset"` // its offset in the group log when it was dead-lettered
-	Key             string             `json:"key"`
-	Topic           string             `json:"topic"`
-	QoS             byte               `json:"qos"`
-	Payload         string             `json:"payload"`
-	PayloadEncoding string             `json:"payload_encoding"`
-	PayloadSize     int                `json:"payload_size"`
+	ID              uint64 `json:"id"`
+	Offset          uint64 `json:"offset"` // its offset in the group log when it was dead-lettered
+	Key             string `json:"key"`
+	Topic           string `json:"topic"`
+	QoS             byte   `json:"qos"`
+	Payload         string `json:"payload"`
+	PayloadEncoding string `json:"payload_encoding"`
+	PayloadSize     int    `json:"payload_size"`
+	// Truncated: this is a preview (GET PathDLQ): the payload holds at most
+	// MaxPreviewBytes, the correlation data and user properties are cut
+	// too; GET PathDLQLetter has the whole letter.
+	Truncated       bool               `json:"truncated,omitempty"`
 	PayloadFormat   *byte              `json:"payload_format,omitempty"`
 	ContentType     string             `json:"content_type,omitempty"`
 	ResponseTopic   string             `json:"response_topic,omitempty"`

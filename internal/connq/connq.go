@@ -126,8 +126,10 @@ type Session struct {
 	// edit never makes a frame larger than it.
 	MaxPacketSize uint32
 	// TopicAliasMax is the client's Topic Alias Maximum (MQTT 5): publishes
-	// use up to that many aliases, assigned first come.
-	TopicAliasMax uint16
+	// use up to that many aliases, assigned first come, while their topics
+	// take at most TopicAliasBytes (0: no limit) in the writer's table.
+	TopicAliasMax   uint16
+	TopicAliasBytes int
 	// DropSignal adds the user property DropSignalProperty to the first
 	// publish written after messages were dropped or conflated (MQTT 5).
 	DropSignal bool
@@ -155,6 +157,7 @@ type Stats struct {
 	SlowDisconnects atomic.Uint64 // connections cut for overflowing
 	ProtocolErrors  atomic.Uint64 // connections closed by their Inspector (inspect.go)
 	Writes          atomic.Uint64 // writev (or coalesced Write) calls
+	DirectWrites    atomic.Uint64 // of which made by a Flusher's caller, not a writer goroutine
 	Frames          atomic.Uint64 // frames written
 	DropSignals     atomic.Uint64 // drop signals sent
 
@@ -181,6 +184,7 @@ type Conn struct {
 	stats *Stats
 	log   *slog.Logger
 	tcp   *net.TCPConn     // set when writev is available
+	raw   rawWriter        // set for direct writes (direct.go)
 	now   func() time.Time // the clock for the soft limit's grace; tests replace it
 
 	mu struct {
@@ -206,12 +210,20 @@ type Conn struct {
 		// before (a session attached while its CONNACK is on its way) wait,
 		// and the CONNACK goes in front of them.
 		connacked bool
+		onClose   func()        // Watch: called once when closing starts (events.go)
+		afterDone func()        // AfterDone: called once finished
+		finished  bool          // the connection is flushed (or failed) and closed
+		done      chan struct{} // Done's channel, made when asked for; closed when finished
 	}
-	done chan struct{} // closed when the connection is finished: flushed (or failed) and closed
+	// onDeadline (Watch) is told every change of the read deadline; set
+	// once before use.
+	onDeadline func(time.Time)
 
-	// aliases is the writer's table of topic aliases (topic -> alias); only
-	// the running writer touches it.
-	aliases map[string]uint16
+	// aliases is the writer's table of topic aliases (topic -> alias), and
+	// aliasBytes the bytes of its topics (at most Session.TopicAliasBytes);
+	// only the running writer touches them.
+	aliases    map[string]uint16
+	aliasBytes int
 
 	in inspection // the read side's check, when there is one (inspect.go)
 
@@ -233,8 +245,9 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now, done: make(chan struct{})}
+	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now}
 	q.tcp, _ = c.(*net.TCPConn)
+	q.raw = rawOf(c)
 	q.mu.limits = limits
 	q.mu.connacked = true
 	return q
@@ -288,6 +301,12 @@ func (c *Conn) SetSession(s Session) {
 // for the socket. If p would take the queue past the hard limit the
 // connection is cut and Write returns ErrSlowConsumer.
 func (c *Conn) Write(p []byte) (int, error) {
+	if ok, err := c.direct(p, kindMochi, false); ok {
+		if err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	b := make([]byte, len(p))
 	copy(b, p)
 	if err := c.queue(entry{b: b}); err != nil {
@@ -301,6 +320,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // does not write itself, counted in mochi's sent figures when written. Past
 // the hard limit the connection is cut and Send returns ErrSlowConsumer.
 func (c *Conn) Send(b []byte) error {
+	if ok, err := c.direct(b, kindSent, true); ok {
+		return err
+	}
 	return c.queue(entry{b: b, kind: kindSent})
 }
 
@@ -308,6 +330,12 @@ func (c *Conn) Send(b []byte) error {
 func (c *Conn) queue(e entry) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.queueLocked(e, true)
+}
+
+// queueLocked is queue; schedule says whether to start the writer (a
+// Flusher starts it later).
+func (c *Conn) queueLocked(e entry, schedule bool) error {
 	if err := c.closedLocked(); err != nil {
 		return err
 	}
@@ -323,6 +351,11 @@ func (c *Conn) queue(e entry) error {
 	}
 	if !c.mu.connacked && e.kind == kindMochi && len(e.b) > 0 && e.b[0]>>4 == 2 {
 		c.connackLocked(e)
+		return nil
+	}
+	if !schedule {
+		c.mu.q = append(c.mu.q, e)
+		c.mu.bytes += len(e.b)
 		return nil
 	}
 	c.pushLocked(e)
@@ -362,6 +395,7 @@ func (c *Conn) failLocked(err error) {
 		return
 	}
 	c.mu.failed = err
+	c.notifyCloseLocked()
 	if errors.Is(err, ErrSlowConsumer) {
 		c.stats.SlowDisconnects.Add(1)
 		c.log.Warn("disconnecting slow consumer: outbound queue full",
@@ -383,13 +417,26 @@ func (c *Conn) Close() error {
 		return nil
 	}
 	c.mu.closing = true
+	c.notifyCloseLocked()
 	_ = c.Conn.SetWriteDeadline(time.Now().Add(FlushTimeout))
 	c.scheduleLocked()
 	return nil
 }
 
 // Done is closed once the writer has exited and the connection is closed.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *Conn) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.finished {
+		return closedChan
+	}
+	if c.mu.done == nil {
+		c.mu.done = make(chan struct{}) // made when asked for: most owners use AfterDone
+	}
+	return c.mu.done
+}
+
+var closedChan = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
 // Queued returns the bytes waiting to be written.
 func (c *Conn) Queued() int {
@@ -426,6 +473,10 @@ func (c *Conn) scheduleLocked() {
 func (c *Conn) SetDeadline(t time.Time) error {
 	if t.IsZero() {
 		c.readDeadline.Store(0)
+		if c.onDeadline != nil {
+			c.onDeadline(t)
+			return nil
+		}
 		return c.Conn.SetReadDeadline(t)
 	}
 	want := t.UnixNano()
@@ -434,6 +485,10 @@ func (c *Conn) SetDeadline(t time.Time) error {
 	}
 	t = t.Add(DeadlineSlack)
 	c.readDeadline.Store(t.UnixNano())
+	if c.onDeadline != nil {
+		c.onDeadline(t)
+		return nil
+	}
 	return c.Conn.SetReadDeadline(t)
 }
 

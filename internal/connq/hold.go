@@ -73,33 +73,40 @@ func (c *Conn) attachLocked(e *entry) {
 }
 
 // Release lets the held frame go as mochi wrote it.
-func (h *Hold) Release() { h.decide(false, 0) }
+func (h *Hold) Release() { h.decide(false, 0, true) }
 
 // Fail answers the held acknowledgement with reason code instead (MQTT 5),
 // or cuts the connection (MQTT 3.1.1, which cannot refuse a publish).
-func (h *Hold) Fail(code byte) { h.decide(true, code) }
+func (h *Hold) Fail(code byte) { h.decide(true, code, true) }
 
-func (h *Hold) decide(failed bool, code byte) {
+// decideLocked records a part's decision (it takes the connection's lock).
+// It reports whether the frame is queued and decided now, so that its
+// writer must run: started here when schedule is set, else by the caller
+// (a Flusher).
+func (h *Hold) decide(failed bool, code byte, schedule bool) bool {
 	c := h.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if h.decided {
-		return
+		return false
 	}
 	if h.parts--; h.parts > 0 && !failed {
-		return // the other parts decide
+		return false // the other parts decide
 	}
 	h.decided, h.failed, h.code = true, failed, code
 	if !h.attached {
 		if failed && !h.v5 {
 			c.failLocked(errors.New("connq: message not stored; MQTT 3.1.1 cannot refuse it"))
 		}
-		return // mochi has not written the frame yet: Write applies the decision
+		return false // mochi has not written the frame yet: Write applies the decision
 	}
 	if failed {
 		c.failFrameLocked(h)
 	}
-	c.scheduleLocked()
+	if schedule {
+		c.scheduleLocked()
+	}
+	return true
 }
 
 // failFrameLocked prepares the failure acknowledgement that replaces a held

@@ -39,17 +39,43 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if n == 0 {
 		return n, err
 	}
-	pass, reply, ierr := c.in.inspector.Inspect(p[:n])
+	pass, ierr := c.inspect(p[:n])
 	if ierr == nil {
 		return n, err
 	}
-	c.in.reply, c.in.err = reply, ierr
-	c.stats.ProtocolErrors.Add(1)
-	c.log.Info("closing a connection for a protocol error", "remote", c.RemoteAddr().String(), "error", ierr)
 	if pass > 0 {
 		return pass, nil // the error comes with the next Read, once these bytes are handled
 	}
 	return 0, c.refuse()
+}
+
+// Inspected runs the Inspector (if any) over b, bytes the caller read from
+// the connection itself: it returns how many of them to handle and, if the
+// Inspector refused the stream, the error with which to end the connection
+// once they are handled (Refuse then sends the reply and closes).
+func (c *Conn) Inspected(b []byte) (pass int, err error) {
+	if c.in.inspector == nil {
+		return len(b), nil
+	}
+	if c.in.err != nil {
+		return 0, c.in.err
+	}
+	return c.inspect(b)
+}
+
+// Refuse sends the Inspector's reply (once) and closes the connection after
+// it, for a caller of Inspected; it returns the Inspector's error.
+func (c *Conn) Refuse() error { return c.refuse() }
+
+func (c *Conn) inspect(b []byte) (int, error) {
+	pass, reply, ierr := c.in.inspector.Inspect(b)
+	if ierr == nil {
+		return len(b), nil
+	}
+	c.in.reply, c.in.err = reply, ierr
+	c.stats.ProtocolErrors.Add(1)
+	c.log.Info("closing a connection for a protocol error", "remote", c.RemoteAddr().String(), "error", ierr)
+	return pass, ierr
 }
 
 // refuse sends the Inspector's reply (once) and closes the connection after

@@ -268,16 +268,38 @@ func TestTopicAliasesAreAssignedInWriteOrder(t *testing.T) {
 		}
 	}
 	r := newWireReader(b, 5)
-	want := []struct {
-		topic string
-		alias uint16
-	}{{"sensors/a", 1}, {"sensors/b", 2}, {"sensors/c", 0}, {"", 1}, {"", 2}, {"sensors/c", 0}}
+	expectAliases(t, r, []aliased{{"sensors/a", 1}, {"sensors/b", 2}, {"sensors/c", 0}, {"", 1}, {"", 2}, {"sensors/c", 0}})
+}
+
+// aliased is a publish's topic and topic alias as the client reads them.
+type aliased struct {
+	topic string
+	alias uint16
+}
+
+// expectAliases reads len(want) publishes from r and checks their topics and aliases.
+func expectAliases(t *testing.T, r *wireReader, want []aliased) {
+	t.Helper()
 	for i, w := range want {
 		pk := r.next(t)
 		if pk.TopicName != w.topic || pk.Properties.TopicAlias != w.alias {
 			t.Errorf("publish %d: topic %q alias %d, want %q alias %d", i, pk.TopicName, pk.Properties.TopicAlias, w.topic, w.alias)
 		}
 	}
+}
+
+// TestTopicAliasesAreBoundedInBytes: topics go without an alias once the
+// table holds TopicAliasBytes of topics; those that have one keep it.
+func TestTopicAliasesAreBoundedInBytes(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, Limits{Soft: 1 << 20, Hard: 8 << 20}, nil, nil)
+	defer closeAndWait(t, c)
+	c.SetSession(Session{Version: 5, TopicAliasMax: 100, TopicAliasBytes: 20})
+	for _, topic := range []string{"sensors/a", "sensors/b", "sensors/c", "s/d", "sensors/a"} {
+		c.Enqueue(encodePub(t, 5, 0, topic, "x"))
+	}
+	r := newWireReader(b, 5)
+	expectAliases(t, r, []aliased{{"sensors/a", 1}, {"sensors/b", 2}, {"sensors/c", 0}, {"s/d", 0}, {"", 1}})
 }
 
 func TestEditsRespectTheMaximumPacketSize(t *testing.T) {

@@ -25,6 +25,7 @@ type batch struct {
 	segs    []seg
 	bufs    net.Buffers
 	user    []byte
+	strip   []frame.Span // reused by each publish's StripUser
 }
 
 // seg is scratch[off:end] followed by ext (which may be nil).
@@ -97,8 +98,10 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 	if c.mu.head == len(c.mu.q) {
 		c.mu.shift += uint64(c.mu.head)
 		c.mu.q, c.mu.head = c.mu.q[:0], 0
-		if cap(c.mu.q) > 4096 {
-			c.mu.q = nil // a burst is over: do not keep its backing array
+		if cap(c.mu.q) > 4096 || cap(c.mu.q) <= 4 {
+			// A burst is over: do not keep its backing array; nor a small one,
+			// which is what an idle connection had (CONNACK, SUBACK, PINGRESP).
+			c.mu.q = nil
 		}
 	} else if c.mu.head > 1024 && c.mu.head*2 > len(c.mu.q) {
 		c.mu.shift += uint64(c.mu.head)
@@ -121,7 +124,15 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 
 // run is the writer: it drains the queue, one writev per batch, and exits
 // when the queue is empty (or finishes the connection once it is closed).
-func (c *Conn) run() {
+func (c *Conn) run() { c.runFrom(nil, nil) }
+
+// runFrom is run, first sending rest, what a direct write (flush.go) left of
+// batch bt.
+func (c *Conn) runFrom(bt *batch, rest net.Buffers) {
+	if bt != nil {
+		_, err := rest.WriteTo(c.tcp)
+		c.finishBatch(bt, err)
+	}
 	for {
 		bt := batchPool.Get().(*batch)
 		res, wake := c.take(bt)
@@ -132,26 +143,44 @@ func (c *Conn) run() {
 		case takeDone:
 			bt.release()
 			_ = c.Conn.Close()
-			close(c.done)
+			c.finish()
 			return
 		}
 		if wake != nil {
 			wake() // the outbox queues more while this batch is written
 		}
-		err := c.write(bt)
-		c.account(bt)
-		bt.release()
-		if err != nil {
-			c.mu.Lock()
-			c.failLocked(err) // the next take finishes the connection
-			c.mu.Unlock()
-		}
+		c.finishBatch(bt, c.write(bt))
+	}
+}
+
+// finishBatch counts a written batch and lets it go; a write error cuts the
+// connection (the next take finishes it).
+func (c *Conn) finishBatch(bt *batch, err error) {
+	c.account(bt)
+	bt.release()
+	if err != nil {
+		c.mu.Lock()
+		c.failLocked(err)
+		c.mu.Unlock()
 	}
 }
 
 // write edits the batch's publishes and sends the batch: one writev on TCP,
 // one coalesced Write otherwise.
 func (c *Conn) write(bt *batch) error {
+	if c.tcp == nil {
+		c.build(bt)
+		_, err := c.Conn.Write(bt.scratch)
+		return err
+	}
+	bufs := c.build(bt) // WriteTo consumes its receiver: bt.bufs stays whole for release
+	_, err := bufs.WriteTo(c.tcp)
+	return err
+}
+
+// build edits the batch's publishes and lays the batch out: as buffers for a
+// writev on TCP (returned), coalesced into bt.scratch otherwise.
+func (c *Conn) build(bt *batch) net.Buffers {
 	coalesce := c.tcp == nil
 	now := int64(0)
 	signalled := false
@@ -170,6 +199,13 @@ func (c *Conn) write(bt *batch) error {
 			ed.Now = now
 		}
 		newAlias := c.alias(bt, p, &ed)
+		if bt.session.DropSignal && p.Version == 5 {
+			// The publisher's own "dropped" would read as the broker's
+			// signal: a client that asked for the signal never sees one.
+			ed.Strip = bt.strip
+			p.StripUser(&ed, DropSignalProperty)
+			bt.strip = ed.Strip[:0]
+		}
 		if bt.signal > 0 && !signalled {
 			bt.user = frame.AppendUserProperty(bt.user[:0], DropSignalProperty, strconv.FormatUint(bt.signal, 10))
 			ed.User = bt.user
@@ -178,6 +214,7 @@ func (c *Conn) write(bt *batch) error {
 			ed.User = nil // the signal waits for a frame it fits in
 			if uint32(p.Size(&ed)) > max && newAlias {
 				delete(c.aliases, p.Topic) // the topic and its alias do not fit: no alias
+				c.aliasBytes -= len(p.Topic)
 				ed.Alias, ed.AliasOnly = 0, false
 			}
 		}
@@ -185,7 +222,7 @@ func (c *Conn) write(bt *batch) error {
 			signalled = true
 			c.stats.DropSignals.Add(1)
 		}
-		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 {
+		if e.kind == kindShared && ed.Alias == 0 && ed.User == nil && ed.Now == 0 && len(ed.Strip) == 0 {
 			bt.add(p.B, coalesce) // unedited: the shared bytes themselves
 			continue
 		}
@@ -200,8 +237,7 @@ func (c *Conn) write(bt *batch) error {
 		c.mu.Unlock()
 	}
 	if coalesce {
-		_, err := c.Conn.Write(bt.scratch)
-		return err
+		return nil
 	}
 	// Segments reference the scratch buffer by offset: it may have grown
 	// (and moved) while they were appended. Adjacent edited frames make one piece.
@@ -220,9 +256,7 @@ func (c *Conn) write(bt *batch) error {
 			piece = -1
 		}
 	}
-	bufs := bt.bufs // WriteTo consumes its receiver: keep bt.bufs whole for release
-	_, err := bufs.WriteTo(c.tcp)
-	return err
+	return bt.bufs
 }
 
 // add appends an unedited frame: by reference, or copied when coalescing.
@@ -236,7 +270,10 @@ func (bt *batch) add(b []byte, coalesce bool) {
 
 // alias sets ed's topic alias for p when the client allows aliases, and
 // reports whether it assigned a new one. Aliases are assigned in the order
-// frames are written, so the first frame using one announces it.
+// frames are written, so the first frame using one announces it; once the
+// table holds TopicAliasBytes of topics, later topics go without (aliases
+// cannot be taken back from a client, so the table never shrinks: 1,000
+// topics of 30 KB held 31 MB per subscriber before the bound).
 func (c *Conn) alias(bt *batch, p *frame.Publish, ed *frame.Edit) bool {
 	max := bt.session.TopicAliasMax
 	if max == 0 || bt.session.Version != 5 || p.Topic == "" {
@@ -249,11 +286,15 @@ func (c *Conn) alias(bt *batch, p *frame.Publish, ed *frame.Edit) bool {
 	if len(c.aliases) >= int(max) {
 		return false
 	}
+	if limit := bt.session.TopicAliasBytes; limit > 0 && c.aliasBytes+len(p.Topic) > limit {
+		return false
+	}
 	if c.aliases == nil {
 		c.aliases = map[string]uint16{}
 	}
 	a := uint16(len(c.aliases) + 1)
 	c.aliases[strings.Clone(p.Topic)] = a // the table outlives the frame
+	c.aliasBytes += len(p.Topic)
 	ed.Alias = a
 	return true
 }

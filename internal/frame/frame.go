@@ -3,8 +3,8 @@
 // when it is written:
 //   - patched in place: the packet identifier, the DUP flag and the remaining
 //     Message Expiry Interval;
-//   - rebuilt (MQTT 5): a topic alias (with or without the topic name) and
-//     one extra user property.
+//   - rebuilt (MQTT 5): a topic alias (with or without the topic name), one
+//     extra user property, and user properties of one name left out.
 //
 // A Publish is immutable once parsed: its bytes are shared by every queue
 // holding it, and its Topic is a view into them. Edits are appended to a
@@ -57,6 +57,7 @@ type Publish struct {
 	propsOff   int32 // offset of the property length varint (MQTT 5); -1 otherwise
 	payloadOff int32
 	expiryOff  int32 // offset of the 4-byte Message Expiry Interval value; -1 when absent
+	hasUser    bool  // the frame carries a user property (StripUser has work to do)
 }
 
 // Parse returns the layout of b, an encoded PUBLISH for protocol version
@@ -121,6 +122,7 @@ func Parse(b []byte, version byte, expiresAt int64) (*Publish, error) {
 			case propContentType, propResponseTopic, propCorrelation:
 				size = strAt(b, off, end)
 			case propUser:
+				p.hasUser = true
 				if size = strAt(b, off, end); size > 0 {
 					if v := strAt(b, off+size, end); v > 0 {
 						size += v
@@ -213,11 +215,62 @@ type Edit struct {
 	// User (MQTT 5) is one encoded user property appended to the properties
 	// (see AppendUserProperty).
 	User []byte
+	// Strip holds the spans of B (user properties) left out, set by StripUser.
+	Strip []Span
+}
+
+// Span is a range [From, To) of a frame's bytes.
+type Span struct{ From, To int32 }
+
+// stripped returns the bytes Strip leaves out before offset off of B.
+func (e *Edit) stripped(off int32) int {
+	n := 0
+	for _, s := range e.Strip {
+		if s.To <= off {
+			n += int(s.To - s.From)
+		}
+	}
+	return n
+}
+
+// StripUser sets e to leave out p's user properties named key, and reports
+// whether it has any. e.Strip is reused.
+func (p *Publish) StripUser(e *Edit, key string) bool {
+	e.Strip = e.Strip[:0]
+	if !p.hasUser {
+		return false
+	}
+	_, n := uvarint(p.B[p.propsOff:])
+	b, off, end := p.B, int(p.propsOff)+n, int(p.payloadOff)
+	for off < end { // Parse checked the block
+		id, start := b[off], off
+		off++
+		switch id {
+		case propPayloadFormat:
+			off++
+		case propMessageExpiry:
+			off += 4
+		case propContentType, propResponseTopic, propCorrelation:
+			off += strAt(b, off, end)
+		case propSubscriptionID:
+			_, vn := uvarint(b[off:end])
+			off += vn
+		case propUser:
+			kl := strAt(b, off, end)
+			k := b[off+2 : off+kl]
+			off += kl
+			off += strAt(b, off, end)
+			if string(k) == key {
+				e.Strip = append(e.Strip, Span{int32(start), int32(off)})
+			}
+		}
+	}
+	return len(e.Strip) > 0
 }
 
 // rebuilds reports whether e changes the frame's length.
 func (p *Publish) rebuilds(e *Edit) bool {
-	return p.Version == 5 && (e.Alias != 0 || len(e.User) > 0)
+	return p.Version == 5 && (e.Alias != 0 || len(e.User) > 0 || len(e.Strip) > 0)
 }
 
 // Size returns the length of the edited frame.
@@ -245,7 +298,7 @@ func (p *Publish) remaining(e *Edit) int {
 // propsLen returns the property length of the rebuilt frame.
 func (p *Publish) propsLen(e *Edit) int {
 	_, n := uvarint(p.B[p.propsOff:])
-	props := int(p.payloadOff-p.propsOff) - n + len(e.User)
+	props := int(p.payloadOff-p.propsOff) - n + len(e.User) - e.stripped(p.payloadOff)
 	if e.Alias != 0 {
 		props += 3
 	}
@@ -316,10 +369,14 @@ func (p *Publish) appendRebuilt(dst []byte, e *Edit, whole bool) (out, tail []by
 		dst = binary.BigEndian.AppendUint16(dst, e.Alias)
 	}
 	_, n := uvarint(p.B[p.propsOff:])
-	props := len(dst)
-	dst = append(dst, p.B[int(p.propsOff)+n:p.payloadOff]...)
+	props, from := len(dst), int32(int(p.propsOff)+n)
+	for _, s := range e.Strip {
+		dst = append(dst, p.B[from:s.From]...)
+		from = s.To
+	}
+	dst = append(dst, p.B[from:p.payloadOff]...)
 	if p.expiryOff >= 0 && e.Now > 0 {
-		at := props + int(p.expiryOff) - (int(p.propsOff) + n)
+		at := props + int(p.expiryOff) - (int(p.propsOff) + n) - e.stripped(p.expiryOff)
 		binary.BigEndian.PutUint32(dst[at:], p.remainingExpiry(e.Now))
 	}
 	dst = append(dst, e.User...)

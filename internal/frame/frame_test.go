@@ -75,8 +75,12 @@ func randomPacket(r *rand.Rand, version byte) (packets.Packet, int64) {
 			expiresAt = 1_700_000_000 + int64(r.IntN(1000))
 			p.MessageExpiryInterval = uint32(expiresAt - 1_700_000_000 + 5)
 		}
-		for range r.IntN(3) {
-			p.User = append(p.User, packets.UserProperty{Key: "k", Val: fmt.Sprint(r.IntN(100))})
+		for range r.IntN(4) {
+			key := "k"
+			if r.IntN(3) == 0 {
+				key = "dropped" // a publisher's own, which StripUser leaves out
+			}
+			p.User = append(p.User, packets.UserProperty{Key: key, Val: fmt.Sprint(r.IntN(100))})
 		}
 		for range r.IntN(3) {
 			p.SubscriptionIdentifier = append(p.SubscriptionIdentifier, r.IntN(300000)+1)
@@ -115,6 +119,10 @@ func TestEditsDecodeAsIntended(t *testing.T) {
 		}
 		if version == 5 && r.IntN(2) == 0 {
 			e.Alias, e.AliasOnly = uint16(r.IntN(100)+1), r.IntN(2) == 0
+		}
+		strip := version == 5 && r.IntN(2) == 0
+		if strip {
+			p.StripUser(&e, "dropped")
 		}
 		dropped := ""
 		if version == 5 && r.IntN(3) == 0 {
@@ -158,7 +166,12 @@ func TestEditsDecodeAsIntended(t *testing.T) {
 		if expiresAt > 0 && e.Now > 0 {
 			wantExpiry = uint32(max(1, expiresAt-e.Now))
 		}
-		wantUser := slices.Clone(pp.User)
+		var wantUser []packets.UserProperty
+		for _, u := range pp.User {
+			if !strip || u.Key != "dropped" {
+				wantUser = append(wantUser, u)
+			}
+		}
 		if dropped != "" {
 			wantUser = append(wantUser, packets.UserProperty{Key: "dropped", Val: dropped})
 		}

@@ -38,6 +38,7 @@ const (
 	TCP Transport = "tcp"
 	TLS Transport = "tls"
 	WS  Transport = "ws"
+	WSS Transport = "wss" // WebSocket over TLS
 )
 
 // Dial opens a raw connection to addr over transport. tlsConf is used for TLS.
@@ -53,10 +54,10 @@ func Dial(t testing.TB, transport Transport, addr string, tlsConf *tls.Config) n
 	case TLS:
 		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: Timeout}, Config: tlsConf}
 		c, err = d.Dial("tcp", addr)
-	case WS:
-		d := websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: Timeout}
+	case WS, WSS:
+		d := websocket.Dialer{Subprotocols: []string{"mqtt"}, HandshakeTimeout: Timeout, TLSClientConfig: tlsConf}
 		var ws *websocket.Conn
-		ws, _, err = d.Dial("ws://"+addr+"/", http.Header{})
+		ws, _, err = d.Dial(string(transport)+"://"+addr+"/", http.Header{})
 		if err == nil {
 			c = &wsConn{Conn: ws.UnderlyingConn(), ws: ws}
 		}
@@ -133,10 +134,13 @@ func TryConnectV5(conn net.Conn, cp *paho.Connect) (*V5, error) {
 	c.Client = paho.NewClient(paho.ClientConfig{
 		ClientID: cp.ClientID,
 		Conn:     conn,
-		// paho gives up on an acknowledgement after 10 s by default; a
-		// cluster node holds a PUBACK through a JetStream leader election,
-		// up to 15 s (cluster.DefaultPublishTimeout), before it answers.
-		PacketTimeout: 30 * time.Second,
+		// The caller's context bounds each request. paho's default (10 s)
+		// cut longer ones short whatever the context said: a cluster
+		// publish may take up to cluster.DefaultPublishTimeout (15 s) while
+		// JetStream elects a new stream leader, and TestClusterNATSServerKilled
+		// failed once under load with "context deadline exceeded" after 10 s
+		// of its 30 s.
+		PacketTimeout: time.Minute,
 		OnPublishReceived: []func(paho.PublishReceived) (bool, error){func(r paho.PublishReceived) (bool, error) {
 			c.Msgs <- r.Packet
 			return true, nil
@@ -218,6 +222,8 @@ func V3URL(transport Transport, addr string) string {
 		return "ssl://" + addr
 	case WS:
 		return "ws://" + addr + "/"
+	case WSS:
+		return "wss://" + addr + "/"
 	}
 	return "tcp://" + addr
 }

@@ -78,8 +78,10 @@ type WorkerOptions struct {
 	SessionExpiry  uint32 // seconds the session outlives the connection; 0: ends with it
 	CleanStart     bool   // discard any existing session
 	KeepAlive      uint16 // seconds; > 0 makes the worker send PINGREQ at half that interval; 0: no keep-alive
-	Username       string // sent when not empty
-	Password       string // sent when not empty
+	// MaximumPacketSize is the largest packet the worker takes; 0: not sent (no limit).
+	MaximumPacketSize uint32
+	Username          string // sent when not empty
+	Password          string // sent when not empty
 
 	// Timeout bounds the wait for CONNACK, SUBACK, UNSUBACK and a publish's
 	// acknowledgement (default Timeout, 10s).
@@ -94,6 +96,7 @@ type Connack struct {
 	SessionPresent   bool
 	ReasonCode       byte
 	ReceiveMaximum   uint16 // the broker's; 0 when not sent (65535)
+	TopicAliasMax    uint16 // the broker's Topic Alias Maximum; 0 when not sent
 	ServerKeepAlive  uint16 // 0 when not sent
 	MaximumQoS       byte   // 2 when not sent
 	AssignedClientID string
@@ -344,6 +347,7 @@ type Outgoing struct {
 	QoS           byte
 	Retain        bool
 	MessageExpiry uint32 // seconds; 0: none
+	TopicAlias    uint16 // 0: none
 	User          []UserProperty
 }
 

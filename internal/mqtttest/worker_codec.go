@@ -22,7 +22,7 @@ func encodeConnect(clientID string, o WorkerOptions) []byte {
 	return mqttwire.AppendConnect(nil, &mqttwire.Connect{
 		Version: mqttwire.Version5, ClientID: clientID, CleanStart: o.CleanStart, KeepAlive: o.KeepAlive,
 		Username: o.Username, Password: o.Password,
-		Props: mqttwire.Properties{SessionExpiry: o.SessionExpiry, ReceiveMaximum: o.ReceiveMaximum},
+		Props: mqttwire.Properties{SessionExpiry: o.SessionExpiry, ReceiveMaximum: o.ReceiveMaximum, MaximumPacketSize: o.MaximumPacketSize},
 	})
 }
 
@@ -41,7 +41,7 @@ func encodeUnsubscribe(id uint16, filter string) []byte {
 func encodePublish(o Outgoing, id uint16) []byte {
 	return mqttwire.AppendPublish(nil, mqttwire.Version5, &mqttwire.Publish{
 		Topic: o.Topic, QoS: o.QoS, Retain: o.Retain, PacketID: id, Payload: o.Payload,
-		Props: mqttwire.Properties{MessageExpiry: o.MessageExpiry, User: o.User},
+		Props: mqttwire.Properties{MessageExpiry: o.MessageExpiry, TopicAlias: o.TopicAlias, User: o.User},
 	})
 }
 
@@ -55,7 +55,7 @@ func decodeConnack(p mqttwire.Packet) (Connack, error) {
 		return Connack{}, err
 	}
 	ca := Connack{SessionPresent: c.SessionPresent, ReasonCode: c.ReasonCode, MaximumQoS: 2,
-		ReceiveMaximum: props.ReceiveMaximum, ServerKeepAlive: props.ServerKeepAlive,
+		ReceiveMaximum: props.ReceiveMaximum, TopicAliasMax: props.TopicAliasMaximum, ServerKeepAlive: props.ServerKeepAlive,
 		AssignedClientID: props.AssignedClientID, ReasonString: props.ReasonString, User: props.User}
 	if props.HasMaximumQoS {
 		ca.MaximumQoS = props.MaximumQoS

@@ -48,6 +48,44 @@ func (s *memStore) DeleteSession(string)           { clear(s.recs); s.meta = nil
 // Records implements Loader.
 func (s *memStore) Records(string) ([]Record, error) { return s.records(), nil }
 
+// Record implements Loader.
+func (s *memStore) Record(_ string, seq uint64) ([]byte, error) { return s.recs[seq], nil }
+
+// durableStore is a memStore that is a DurableStore: its records are
+// written at once and reported committed when commit runs (a commit of the
+// store's committer, later), in order.
+// Record reads committed records only, as the session store does.
+type durableStore struct {
+	*memStore
+	pending     []func(error)
+	uncommitted map[uint64]bool
+}
+
+func (s *durableStore) PutDurable(client string, m Stored, done func(error)) {
+	s.Put(client, m)
+	if s.uncommitted == nil {
+		s.uncommitted = map[uint64]bool{}
+	}
+	s.uncommitted[m.Seq] = true
+	s.pending = append(s.pending, done)
+}
+
+func (s *durableStore) Record(client string, seq uint64) ([]byte, error) {
+	if s.uncommitted[seq] {
+		return nil, nil
+	}
+	return s.memStore.Record(client, seq)
+}
+
+func (s *durableStore) commit() {
+	p := s.pending
+	s.pending = nil
+	clear(s.uncommitted)
+	for _, done := range p {
+		done(nil)
+	}
+}
+
 func (s *memStore) records() []Record {
 	var out []Record
 	for _, seq := range slices.Sorted(maps.Keys(s.recs)) {
@@ -158,16 +196,38 @@ func (m *model) checkSends() {
 	}
 }
 
-// checkStore compares the stored records with the messages held.
+// checkStore compares the stored records with the messages held, and the
+// spill file with the spilled messages (invariant 7).
 func (m *model) checkStore(run, step int) {
 	m.o.mu.Lock()
 	defer m.o.mu.Unlock()
 	held := map[uint64]bool{}
+	var mem int64
+	spilled := 0
 	for i := m.o.mu.head; i < len(m.o.mu.q); i++ {
-		if m.o.mu.q[i].pub != nil {
+		e := &m.o.mu.q[i]
+		if e.pub != nil {
 			held[m.o.mu.base+uint64(i)] = true
 		}
+		if e.inMemory() {
+			mem += int64(e.size)
+		}
+		if e.isSpilled() {
+			spilled++
+		}
 	}
+	if mem != m.o.mu.mem {
+		m.t.Fatalf("run %d step %d: frames in memory %d bytes, counted %d", run, step, mem, m.o.mu.mem)
+	}
+	if live := 0; m.o.mu.spill != nil || spilled > 0 {
+		if m.o.mu.spill != nil {
+			live = m.o.mu.spill.live
+		}
+		if live != spilled {
+			m.t.Fatalf("run %d step %d: %d messages spilled, %d records live in the spill file", run, step, spilled, live)
+		}
+	}
+
 	for seq := range m.store.recs {
 		if !held[seq] {
 			m.t.Fatalf("run %d step %d: record %d stored but not held", run, step, seq)
@@ -239,6 +299,12 @@ func TestOutboxModel(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -outbox.seed=%d)", seed, seed)
+	var spilledTotal, cooledTotal uint64
+	defer func() {
+		if !t.Failed() && (spilledTotal == 0 || cooledTotal == 0) {
+			t.Errorf("%d messages spilled, %d went cold: the spill is not exercised", spilledTotal, cooledTotal)
+		}
+	}()
 	for run := range 40 {
 		r := rand.New(rand.NewPCG(seed, uint64(run)))
 		store := &memStore{recs: map[uint64][]byte{}}
@@ -247,6 +313,18 @@ func TestOutboxModel(t *testing.T) {
 			steps, maxHeld = 8000, 1500
 		}
 		cfg := &Config{Max: maxHeld, Store: store, Now: func() int64 { return 1000 }}
+		var durable *durableStore
+		if run%4 >= 2 { // messages written with PutDurable, committed later: past the threshold they go cold
+			durable = &durableStore{memStore: store}
+			cfg.Store = durable
+		}
+		if run%2 == 1 { // frames past a few in memory go to a spill file
+			sp, err := NewSpill(t.TempDir(), int64(8+r.IntN(60)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.Spill = sp
+		}
 		m := &model{t: t, cfg: cfg, store: store, external: map[uint16]bool{},
 			qos: map[int]byte{}, relOf: map[uint16]int{}, sentOnce: map[int]bool{}, acked: map[int]bool{}, maybeDup: map[int]bool{}}
 		m.o = New("c", cfg)
@@ -259,11 +337,20 @@ func TestOutboxModel(t *testing.T) {
 			case op < 35:
 				q := byte(1 + r.IntN(2))
 				m.qos[next] = q
-				if !m.o.Add(publish(t, q, next), 1000, 0, 0) {
+				added := false
+				if durable != nil {
+					added, _ = m.o.AddDurable(publish(t, q, next), 1000, 0, 0, func(error) {})
+				} else {
+					added = m.o.Add(publish(t, q, next), 1000, 0, 0)
+				}
+				if !added {
 					m.dropped++
 					m.acked[next] = true // never to be delivered
 				}
 				next++
+				if durable != nil && r.IntN(4) == 0 {
+					durable.commit()
+				}
 			case op < 65 && m.conn != nil:
 				m.ack(r)
 			case op < 72 && m.conn != nil:
@@ -301,6 +388,15 @@ func TestOutboxModel(t *testing.T) {
 					if wasAttached && !m.acked[n] {
 						m.maybeDup[n] = true
 					}
+				}
+				m.o.mu.Lock()
+				if m.o.mu.spill != nil { // the process is gone: so is its spill file
+					m.o.mu.spill.close()
+					m.o.mu.spill = nil
+				}
+				m.o.mu.Unlock()
+				if durable != nil {
+					durable.commit() // what the store wrote before the crash (the fake writes at once)
 				}
 				m.o = New("c", cfg)
 				var errs []error
@@ -361,6 +457,17 @@ func TestOutboxModel(t *testing.T) {
 		}
 		if held, _ := m.o.Len(); held != 0 || len(store.recs) != 0 {
 			t.Fatalf("run %d: %d held, %d stored after draining", run, held, len(store.recs))
+		}
+		if sp := cfg.Spill; sp != nil {
+			spilledTotal += sp.Spilled.Load()
+			cooledTotal += sp.Cooled.Load()
+			if sp.Bytes.Load() != 0 {
+				t.Fatalf("run %d: spill holds %d bytes after draining (spilled %d)", run, sp.Bytes.Load(), sp.Spilled.Load())
+			}
+			m.o.Discard()
+			if n := sp.files.Load(); n != 0 {
+				t.Fatalf("run %d: %d spill files open after the outbox was discarded", run, n)
+			}
 		}
 	}
 }

@@ -19,9 +19,15 @@
 //  5. at most Max messages, MaxBytes bytes of frames, are held; an Add past
 //     either (or past MaxTotalBytes for all outboxes of a Config) is dropped
 //     and counted;
-//  6. a restored message is held cold (its frame on disk, only its figures in
-//     memory) until the session gets a connection or stops being
-//     persistent: then every cold message is loaded, in order.
+//  6. a restored message is held cold (its frame in the Store only, its
+//     figures in memory) until it is to be sent, or the session stops being
+//     persistent (then every cold message is loaded, in order);
+//  7. with a Spill, the frames held in memory exceed its threshold by at most
+//     what could not go elsewhere and what waits for its record to commit: a
+//     persistent session's frames go cold once their records are committed,
+//     the others' to the outbox's spill file (one live record per spilled
+//     message); either is read back when it is to be sent (again), or let go
+//     unread when it is acknowledged or dropped (offheap.go).
 package outbox
 
 import (
@@ -88,11 +94,14 @@ type DurableStore interface {
 }
 
 // Loader is a Store that reads a session's records back, for messages
-// restored cold (RestoreCold): they are loaded when the session resumes.
+// held cold (restored with RestoreCold, or past a Spill's threshold): they
+// are loaded when they are to be sent.
 type Loader interface {
 	Store
 	// Records returns the client's stored message records, in seq order.
 	Records(client string) ([]Record, error)
+	// Record returns the committed record of seq, nil when there is none.
+	Record(client string, seq uint64) ([]byte, error)
 }
 
 // Stats are totals across outboxes, updated with atomics. Info pointers,
@@ -125,6 +134,9 @@ type Config struct {
 	MaxBytes, MaxTotalBytes int64
 	Stats                   *Stats // may be nil
 	Store                   Store  // nil: the session is not persisted
+	// Spill, when set, takes the frames of queued messages an outbox cannot
+	// send now beyond Spill's threshold of bytes in memory (spill.go).
+	Spill *Spill
 	// Now returns the time in unix seconds (deadlines); nil: the wall clock.
 	Now func() int64
 }
@@ -136,24 +148,35 @@ const (
 	stReleased              // QoS 2: PUBREL sent, awaiting PUBCOMP
 )
 
-// entry is one message. A nil pub marks a finished (or dropped) slot, and
-// cold one whose frame is on disk, not loaded (invariant 6).
+// entry is one message. A nil pub marks a finished (or dropped) slot, cold
+// one whose frame is in the Store, not loaded (invariant 6), and spilled one
+// whose frame is in the outbox's spill file (invariant 7).
 type entry struct {
 	pub      *frame.Publish
 	ref      uint64 // the caller's reference of the message (Add)
 	created  int64  // unix seconds
 	deadline int64  // unix seconds past which an unsent message is dropped; 0: never
-	size     int32  // bytes of the frame, counted against the byte bounds
+	spillOff int64  // spilled: the record's place in the spill file
+	spillLen int32
+	size     int32 // bytes of the frame, counted against the byte bounds
 	id       uint16
 	state    uint8
 	sent     bool  // sent before: the next send carries DUP
-	qos      uint8 // of a cold entry (pub.QoS otherwise)
+	qos      uint8 // of a cold or spilled entry (pub.QoS otherwise)
+	// stored: a record holding the frame is committed in the Store (the
+	// frame may go cold).
+	stored bool
 }
 
-// cold marks an entry whose frame is on disk only.
-var cold = &frame.Publish{}
+// cold marks an entry whose frame is in the Store only, spilled one whose
+// frame is in the spill file only.
+var cold, spilled = &frame.Publish{}, &frame.Publish{}
 
-func (e *entry) isCold() bool { return e.pub == cold }
+func (e *entry) isCold() bool    { return e.pub == cold }
+func (e *entry) isSpilled() bool { return e.pub == spilled }
+
+// inMemory reports whether e holds its frame in memory.
+func (e *entry) inMemory() bool { return e.pub != nil && e.pub != cold && e.pub != spilled }
 
 // Outbox is one session's outgoing QoS 1/2 messages. Its methods are safe
 // for concurrent use.
@@ -169,9 +192,20 @@ type Outbox struct {
 		next uint64  // seq of the next message added
 		live int     // messages held
 		ids  idTable // packet id -> seq, of live messages with an id
-		// bytes is the frame bytes held; cold counts the entries not loaded.
+		// bytes is the frame bytes held; cold counts the entries not loaded;
+		// mem is the bytes of the frames held in memory (neither cold nor
+		// spilled), which a Spill bounds.
 		bytes int64
 		cold  int
+		mem   int64
+		spill *spillFile // nil until the outbox first spills
+		// spillScan: no frame on the wire before it is in memory (where
+		// spillLocked looks for the next one).
+		spillScan int
+		// committed are the records PutDurable reported committed, taken
+		// (into committedBuf) by spillLocked.
+		committed    committedSeqs
+		committedBuf []uint64
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -261,15 +295,23 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, ref uint6
 	if e.id != 0 {
 		o.mu.ids.put(e.id, seq)
 	}
+	o.mu.mem += size
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
 	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
-		ds.PutDurable(o.client, Stored{Seq: seq, Ref: ref, e: &o.mu.q[len(o.mu.q)-1]}, stored)
+		committed, note := &o.mu.committed, o.cfg.Spill != nil // spillLocked takes the notes
+		ds.PutDurable(o.client, Stored{Seq: seq, Ref: ref, e: &o.mu.q[len(o.mu.q)-1]}, func(err error) {
+			if err == nil && note {
+				committed.note(seq)
+			}
+			stored(err)
+		})
 		pending = true
 	} else {
 		o.persistLocked(seq)
 	}
 	o.pumpLocked()
+	o.spillLocked(pending)
 	return true, pending
 }
 
@@ -317,7 +359,6 @@ func (o *Outbox) Attach(conn Conn, window int) {
 	if window <= 0 {
 		window = o.cfg.Max
 	}
-	o.loadColdLocked()
 	o.mu.conn, o.mu.window = conn, window
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
 	if o.mu.missed > 0 {
@@ -338,6 +379,7 @@ func (o *Outbox) Detach(conn Conn) {
 	}
 	o.mu.conn = nil
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
+	o.mu.spillScan = o.mu.head // what was on the wire waits to be sent again
 	if !o.mu.gone {
 		o.putMetaLocked(false)
 	}
@@ -373,6 +415,24 @@ func (o *Outbox) pumpLocked() {
 		if e.pub == nil {
 			o.mu.cursor++
 			continue
+		}
+		if (e.isSpilled() || e.isCold()) && e.state != stReleased {
+			if e.state == stQueued && e.deadline > 0 {
+				if now == 0 {
+					now = o.now()
+				}
+				if now >= e.deadline {
+					o.cfg.Stats.Expired.Add(1)
+					o.finishLocked(o.mu.cursor)
+					o.mu.cursor++
+					continue
+				}
+			}
+			if !o.loadLocked(e, o.mu.base+uint64(o.mu.cursor)) {
+				o.finishLocked(o.mu.cursor)
+				o.mu.cursor++
+				continue
+			}
 		}
 		if e.id == 0 {
 			if e.id = o.allocLocked(); e.id == 0 {
@@ -430,19 +490,20 @@ func (o *Outbox) Ack(typ byte, id uint16, reason byte) bool {
 		return false
 	}
 	i := int(seq - o.mu.base)
-	if e.isCold() {
-		return true // ours; not sent on this connection (it was never loaded)
+	qos := e.qos // cold or spilled: kept in the entry
+	if e.inMemory() {
+		qos = e.pub.QoS
 	}
 	switch {
-	case typ == 4 && e.pub.QoS == 1 && e.state == stSent,
-		typ == 7 && e.pub.QoS == 2 && e.state == stReleased,
-		typ == 5 && e.pub.QoS == 2 && e.state == stSent && reason >= 0x80:
+	case typ == 4 && qos == 1 && e.state == stSent,
+		typ == 7 && qos == 2 && e.state == stReleased,
+		typ == 5 && qos == 2 && e.state == stSent && reason >= 0x80:
 		if i < o.mu.cursor { // on the wire (finishing may move the cursor)
 			o.mu.inflight--
 		}
 		o.finishLocked(i)
 		o.pumpLocked()
-	case typ == 5 && e.pub.QoS == 2 && (e.state == stSent || e.state == stReleased):
+	case typ == 5 && qos == 2 && (e.state == stSent || e.state == stReleased):
 		e.state = stReleased
 		o.persistLocked(seq)
 		if i < o.mu.cursor && o.mu.conn != nil {
@@ -476,14 +537,14 @@ func (o *Outbox) finishLocked(i int) {
 func (o *Outbox) compactLocked() {
 	if o.mu.live == 0 && o.mu.cursor == len(o.mu.q) {
 		o.mu.base += uint64(len(o.mu.q))
-		o.mu.q, o.mu.head, o.mu.cursor = nil, 0, 0
+		o.mu.q, o.mu.head, o.mu.cursor, o.mu.spillScan = nil, 0, 0, 0
 		return
 	}
 	if o.mu.head >= 1024 && o.mu.head*2 >= len(o.mu.q) {
 		n := o.mu.head
 		o.mu.q = append(o.mu.q[:0:0], o.mu.q[n:]...)
 		o.mu.base += uint64(n)
-		o.mu.head, o.mu.cursor = 0, o.mu.cursor-n
+		o.mu.head, o.mu.cursor, o.mu.spillScan = 0, o.mu.cursor-n, max(o.mu.spillScan-n, 0)
 	}
 }
 
@@ -515,8 +576,12 @@ func (o *Outbox) Discard() {
 		o.forgetBytesLocked(&o.mu.q[i])
 	}
 	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
+	if o.mu.spill != nil {
+		o.mu.spill.close()
+		o.mu.spill = nil
+	}
 	o.mu.external = nil // it reads the last client's in-flight map: let that go
-	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
+	o.mu.head, o.mu.cursor, o.mu.inflight, o.mu.spillScan = 0, 0, 0, 0
 	if o.cfg.Store != nil {
 		o.cfg.Store.DeleteSession(o.client)
 	}
@@ -546,8 +611,8 @@ type Info struct {
 	Created  int64 // unix seconds
 	InFlight bool  // on the current connection's wire
 	Released bool  // QoS 2: PUBREC received, PUBREL sent
-	// Cold: restored and not loaded yet (the frame is on disk; Topic is
-	// empty and Size the frame's).
+	// Cold: its frame is on disk only (restored and not loaded yet, or
+	// spilled); Topic is empty and Size the frame's.
 	Cold bool
 }
 
@@ -561,7 +626,7 @@ func (o *Outbox) Snapshot(n int) []Info {
 		if e.pub == nil {
 			continue
 		}
-		if e.isCold() {
+		if e.isCold() || e.isSpilled() {
 			out = append(out, Info{PacketID: e.id, QoS: e.qos, Size: int(e.size), Created: e.created, Released: e.state == stReleased, Cold: true})
 			continue
 		}
@@ -571,15 +636,23 @@ func (o *Outbox) Snapshot(n int) []Info {
 	return out
 }
 
-// forgetBytesLocked takes e out of the byte counts.
+// forgetBytesLocked takes e out of the byte counts (and its record out of
+// the spill file).
 func (o *Outbox) forgetBytesLocked(e *entry) {
 	if e.pub == nil {
 		return
 	}
 	o.mu.bytes -= int64(e.size)
 	o.cfg.Stats.Bytes.Add(-int64(e.size))
-	if e.isCold() {
+	switch {
+	case e.isCold():
 		o.mu.cold--
 		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+	case e.isSpilled():
+		if e.spillLen > 0 && o.mu.spill != nil {
+			o.mu.spill.release(e.spillOff, e.spillLen)
+		}
+	default:
+		o.mu.mem -= int64(e.size)
 	}
 }

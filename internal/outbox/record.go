@@ -137,8 +137,17 @@ func (o *Outbox) persistLocked(seq uint64) {
 	if !o.mu.persist {
 		return
 	}
-	if e := o.entryLocked(seq); e != nil && !e.isCold() { // a cold one is stored as it is
+	e := o.entryLocked(seq)
+	switch {
+	case e == nil:
+	case e.inMemory():
 		o.cfg.Store.Put(o.client, Stored{Seq: seq, Ref: e.ref, e: e})
+	default:
+		// Its id or state changed (SetPersistent, PUBREC): the record needs
+		// the frame, from the spill file or the record before.
+		if rec := o.frameLocked(e, seq); rec != nil {
+			o.cfg.Store.Put(o.client, Stored{Seq: seq, Ref: e.ref, e: rec})
+		}
 	}
 }
 
@@ -202,11 +211,13 @@ func (o *Outbox) restoreLocked(meta []byte, n int, rec func(i int) (uint64, entr
 			e.id = 0 // assigned again before it is sent
 		}
 		e.sent = e.sent || seq <= sentTo || attached
+		e.stored = true
 		if e.sent {
 			sentTo = max(sentTo, seq) // kept when the session record is next written
 		}
 		if !e.isCold() {
 			e.size = int32(len(e.pub.B))
+			o.mu.mem += int64(e.size)
 		} else {
 			o.mu.cold++
 			o.cfg.Stats.ColdBytes.Add(int64(e.size))
@@ -267,8 +278,8 @@ func PeekRecord(seq uint64, b []byte) (Cold, error) {
 }
 
 // RestoreCold is Restore for messages kept cold: only their figures are in
-// memory (the Store must be a Loader); their frames are read when the
-// session gets a connection (Attach) or stops being persistent. Records
+// memory (the Store must be a Loader); each frame is read when its message
+// is to be sent, or all when the session stops being persistent. Records
 // must come in seq order; one out of order is skipped and returned.
 func (o *Outbox) RestoreCold(meta []byte, recs []Cold) []error {
 	o.mu.Lock()
@@ -314,6 +325,7 @@ func (o *Outbox) loadColdLocked() {
 		}
 		o.mu.cold--
 		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
+		o.mu.mem += int64(len(loaded.pub.B))
 		o.mu.bytes += int64(len(loaded.pub.B)) - int64(e.size)
 		o.cfg.Stats.Bytes.Add(int64(len(loaded.pub.B)) - int64(e.size))
 		e.pub, e.size = loaded.pub, int32(len(loaded.pub.B))
@@ -360,11 +372,14 @@ func (o *Outbox) Requeue(msgs []Queued) int {
 		o.mu.q = append(o.mu.q, entry{pub: m.Pub, ref: m.Ref, created: m.Created, deadline: m.Deadline, size: int32(size), sent: m.Sent})
 		o.mu.live++
 		o.mu.bytes += size
+		o.mu.mem += size
 		o.cfg.Stats.Bytes.Add(size)
 		n++
 		o.cfg.Stats.Added.Add(1)
 		addInfo(o.cfg.Stats.InfoInflight, 1)
 		o.persistLocked(seq)
+		o.pumpLocked()
+		o.spillLocked(false) // as AddDurable: what cannot be sent now may go off the heap
 	}
 	o.pumpLocked()
 	return n

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -33,6 +34,7 @@ func Run(t *testing.T, new New) {
 	t.Run("Groups", func(t *testing.T) { testGroups(t, new(t)[0]) })
 	t.Run("Append", func(t *testing.T) { testAppend(t, new(t)[0]) })
 	t.Run("Backlog", func(t *testing.T) { testBacklog(t, new(t)[0]) })
+	t.Run("Committed", func(t *testing.T) { testCommitted(t, new(t)[0]) })
 	t.Run("Dispatch", func(t *testing.T) { testDispatch(t, new(t)[0]) })
 	t.Run("DeadLetters", func(t *testing.T) { testDeadLetters(t, new(t)) })
 }
@@ -109,6 +111,59 @@ func testGroups(t *testing.T, b keyshared.Backend) {
 // testAppend: one result per group in the order given, offsets from 1 that
 // only grow, a refusal does not stop the others, one key's appends complete
 // in the order made, and Pending lists what is unresolved.
+// testCommitted: a backend that says it tells the end of its commits
+// (OnCommitted true) calls fn after the done call of every append, on the
+// goroutine that ran it; one that says it does not never calls fn.
+func testCommitted(t *testing.T, b keyshared.Backend) {
+	ensure(t, b, "s/c/#", keyshared.GroupConfig{})
+	var mu sync.Mutex
+	undone := 0 // done calls not followed by fn yet
+	calls := 0
+	tells := b.OnCommitted(func() {
+		mu.Lock()
+		undone = 0
+		calls++
+		mu.Unlock()
+	})
+	const n = 50
+	all := make(chan struct{})
+	var left sync.WaitGroup
+	left.Add(n)
+	for i := range n {
+		b.AppendMultiAsync([]string{"s/c/#"}, msg("k", i), func(rs []keyshared.AppendResult) {
+			if rs[0].Err != nil {
+				t.Errorf("append %d: %v", i, rs[0].Err)
+			}
+			mu.Lock()
+			undone++
+			mu.Unlock()
+			left.Done()
+		})
+	}
+	go func() { left.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(Timeout):
+		t.Fatal("appends not done")
+	}
+	if err := b.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if !tells {
+		mu.Lock()
+		defer mu.Unlock()
+		if calls != 0 {
+			t.Fatalf("OnCommitted reported false, yet fn ran %d times", calls)
+		}
+		return
+	}
+	mqtttest.Eventually(t, Timeout, "fn after the last done call", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return undone == 0 && calls > 0
+	})
+}
+
 func testAppend(t *testing.T, b keyshared.Backend) {
 	ensure(t, b, "s/x/#", keyshared.GroupConfig{})
 	ensure(t, b, "s/y/#", keyshared.GroupConfig{})

@@ -17,13 +17,21 @@ import (
 // one message in flight), and one appender with 20 in flight:
 //
 //	go test -run '^$' -bench 'BenchmarkAppend' -benchtime 2s ./persistence/seglog
+//
+// Each runs with the default commit interval and without one (interval=off).
 func BenchmarkAppend(b *testing.B) {
 	for _, c := range []struct {
 		appenders, inflight int
 	}{{1, 1}, {16, 1}, {256, 1}, {1, 20}} {
-		b.Run(fmt.Sprintf("appenders=%d/inflight=%d", c.appenders, c.inflight), func(b *testing.B) {
-			benchAppend(b, c.appenders, c.inflight, 256)
-		})
+		for _, iv := range []time.Duration{0, -1} {
+			name := fmt.Sprintf("appenders=%d/inflight=%d/interval=%v", c.appenders, c.inflight, DefaultCommitInterval)
+			if iv < 0 {
+				name = fmt.Sprintf("appenders=%d/inflight=%d/interval=off", c.appenders, c.inflight)
+			}
+			b.Run(name, func(b *testing.B) {
+				benchAppendOpts(b, Options{CommitInterval: iv}, c.appenders, c.inflight, 256)
+			})
+		}
 	}
 }
 
@@ -32,10 +40,6 @@ func BenchmarkAppend(b *testing.B) {
 func BenchmarkAppendNoSync(b *testing.B) {
 	b.ReportAllocs()
 	benchAppendOpts(b, Options{NoSync: true}, 1, 64, 256)
-}
-
-func benchAppend(b *testing.B, appenders, inflight, size int) {
-	benchAppendOpts(b, Options{}, appenders, inflight, size)
 }
 
 func benchAppendOpts(b *testing.B, opts Options, appenders, inflight, size int) {

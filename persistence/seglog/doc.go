@@ -113,6 +113,19 @@
 // and then. A segment the compactor looked at and kept is looked at again
 // once its live references have halved.
 //
+// # Commits
+//
+// The writer takes what is queued and holds it back for more appends
+// (Options.CommitInterval, default 1 ms): until the batch holds as many
+// appends as the last commit answered plus those queued while it ran (an
+// appender with several appends in flight sends the next ones as it is
+// answered: one commit then carries its whole window), and at least
+// Options.CommitMinAppends, or the interval after its oldest append was
+// queued. An append is answered at most CommitInterval plus one commit after
+// it was queued, or after the commit running when it was queued ended.
+// Options.AfterCallbacks runs once a commit's callbacks ran, for work they
+// deferred (the broker writes the acknowledgements they released there).
+//
 // # Caveats
 //
 //   - Resolve is durable with the next commit (an append commit, or alone

@@ -46,6 +46,9 @@ type Log struct {
 		// pendingSince is when the oldest of them arrived.
 		pendingGroups []*group
 		pendingSince  time.Time
+		// resolveTimer wakes the writer ResolveDelay after resolutions
+		// began to wait, unless an append commit took them first.
+		resolveTimer *time.Timer
 		// cached lists the groups with cache entries; cacheBytes is their sum.
 		cached     []*group
 		cacheBytes int64
@@ -60,7 +63,7 @@ type Log struct {
 		commits, syncs, resolveCommits, commitFailures           atomic.Uint64
 		bytes, records, appends, moved, resolveRecs              atomic.Uint64
 		compactions, removed, cacheHits, cacheMisses, writeNanos atomic.Uint64
-		damaged                                                  atomic.Uint64
+		damaged, commitWaits                                     atomic.Uint64
 	}
 }
 
@@ -224,11 +227,16 @@ func (l *Log) Resolve(id uint64, offsets []uint64) {
 		l.resolveLocked(g, off, false)
 	}
 	g.advanceLocked()
-	first := !wasPending && len(l.mu.pendingGroups) > 0
-	l.mu.Unlock()
-	if first {
-		l.q.signal() // the writer arms its ResolveDelay timer
+	if !wasPending && len(l.mu.pendingGroups) > 0 {
+		// Not a wake-up now: the next append commit takes them, or the
+		// writer is woken when ResolveDelay has passed.
+		if l.mu.resolveTimer == nil {
+			l.mu.resolveTimer = time.AfterFunc(l.opts.ResolveDelay, l.q.signal)
+		} else {
+			l.mu.resolveTimer.Reset(l.opts.ResolveDelay)
+		}
 	}
+	l.mu.Unlock()
 }
 
 // Group returns a group's figures.
@@ -254,7 +262,8 @@ func (l *Log) Stats() Stats {
 		Compactions: l.stats.compactions.Load(), Removed: l.stats.removed.Load(),
 		CacheHits: l.stats.cacheHits.Load(), CacheMisses: l.stats.cacheMisses.Load(),
 		CommitFailures: l.stats.commitFailures.Load(), WriteTime: time.Duration(l.stats.writeNanos.Load()),
-		Damaged: l.stats.damaged.Load(),
+		CommitWaits: l.stats.commitWaits.Load(),
+		Damaged:     l.stats.damaged.Load(),
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -359,6 +368,11 @@ func (l *Log) close(fromCallback bool) error {
 		close(l.stop)
 		l.q.close()
 		l.wg.Wait()
+		l.mu.Lock()
+		if l.mu.resolveTimer != nil {
+			l.mu.resolveTimer.Stop()
+		}
+		l.mu.Unlock()
 		l.prep.close()
 		l.notify.Close(!fromCallback)
 		l.mu.Lock()

@@ -60,6 +60,7 @@ const (
 	DefaultCacheBytes       = 64 << 20
 	DefaultGroupCacheBytes  = 8 << 20
 	DefaultResolveDelay     = 5 * time.Millisecond
+	DefaultCommitInterval   = time.Millisecond
 	DefaultCompactLiveRatio = 0.25
 )
 
@@ -86,6 +87,21 @@ type Options struct {
 	// ResolveDelay is how long resolutions may wait for an append commit to
 	// ride along before they are committed alone (default 5 ms).
 	ResolveDelay time.Duration
+	// CommitInterval is the longest an append waits for others to share its
+	// commit (default 1 ms; negative: none). A commit starts once it holds as
+	// many appends as the last commit answered plus those queued while it ran
+	// (appenders with several appends in flight come back with their next
+	// ones as they are answered), and at least CommitMinAppends, or
+	// CommitInterval after its oldest append was queued, whichever comes
+	// first. An append is thus answered at most CommitInterval plus one
+	// commit (write and fdatasync) after it was queued, or after the commit
+	// running when it was queued ended, if that is later.
+	CommitInterval time.Duration
+	// CommitMinAppends is the fewest appends a commit waits for (within
+	// CommitInterval; default 1). Above 1, appends arriving apart at low
+	// rates share commits, fewer fdatasyncs per append, at the price of up
+	// to CommitInterval of latency each.
+	CommitMinAppends int
 	// CompactLiveRatio: a sealed segment whose live records fall below this
 	// fraction of its records is copied forward (default 0.25; negative
 	// disables compaction).
@@ -100,6 +116,10 @@ type Options struct {
 	// group, with the group's new head, on the notifier goroutine after that
 	// commit's callbacks.
 	OnAppend func(group, head uint64)
+	// AfterCallbacks, if set, is called on the notifier goroutine once a
+	// commit's callbacks (and OnAppend calls) have run, so that work they
+	// deferred can be done once per commit.
+	AfterCallbacks func()
 	// Logger receives the log's messages; nil discards them.
 	Logger *slog.Logger
 }
@@ -130,6 +150,18 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ResolveDelay < 0 {
 		return o, fmt.Errorf("%w: ResolveDelay %v", ErrBadOptions, o.ResolveDelay)
+	}
+	if o.CommitInterval == 0 {
+		o.CommitInterval = DefaultCommitInterval
+	}
+	if o.CommitMinAppends == 0 {
+		o.CommitMinAppends = 1
+	}
+	if o.CommitMinAppends < 0 || o.CommitMinAppends > maxBatchOps {
+		return o, fmt.Errorf("%w: CommitMinAppends %d (want 1..%d)", ErrBadOptions, o.CommitMinAppends, maxBatchOps)
+	}
+	if o.CommitInterval > time.Second {
+		return o, fmt.Errorf("%w: CommitInterval %v (want at most 1s)", ErrBadOptions, o.CommitInterval)
 	}
 	if o.CompactLiveRatio == 0 {
 		o.CompactLiveRatio = DefaultCompactLiveRatio
@@ -274,6 +306,9 @@ type Stats struct {
 	Damaged uint64
 	// WriteTime is the time spent in the commits' writes and fdatasyncs.
 	WriteTime time.Duration
+	// CommitWaits counts the times the writer held a batch back for more
+	// appends (Options.CommitInterval).
+	CommitWaits uint64
 }
 
 // Damage is one damaged stretch of a segment file.

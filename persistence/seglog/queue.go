@@ -1,7 +1,6 @@
 package seglog
 
 import (
-	"runtime"
 	"sync"
 	"time"
 )
@@ -29,8 +28,9 @@ const (
 // it after their callback ran.
 type op struct {
 	kind  opKind
-	bound int   // upper bound of the frame bytes the op writes
-	err   error // set before the writer sees it: the op fails without being written
+	bound int       // upper bound of the frame bytes the op writes
+	err   error     // set before the writer sees it: the op fails without being written
+	at    time.Time // when it was queued: the commit interval counts from the oldest op of a batch
 
 	// opAppend
 	groups []uint64
@@ -87,6 +87,9 @@ type queue struct {
 		bytes  int
 		closed bool
 		room   chan struct{} // closed when the writer takes ops; replaced
+		// want, while the writer gathers a batch, is the number of queued
+		// ops that makes a push wake it (0: every push does).
+		want int
 	}
 	wake chan struct{} // capacity 1
 }
@@ -118,10 +121,14 @@ func (q *queue) push(o *op) error {
 		q.mu.Unlock()
 		return ErrClosed
 	}
+	o.at = time.Now()
 	q.mu.ops = append(q.mu.ops, o)
 	q.mu.bytes += o.bound
+	wake := q.mu.want == 0 || len(q.mu.ops) >= q.mu.want || q.mu.bytes >= maxBatchBytes || o.kind != opAppend
 	q.mu.Unlock()
-	q.signal()
+	if wake {
+		q.signal()
+	}
 	return nil
 }
 
@@ -165,35 +172,12 @@ func (q *queue) close() {
 	q.signal()
 }
 
-// lingerFraction bounds how long the writer waits for released appenders to
-// come back, as a fraction of the last commit's duration.
-const lingerFraction = 4
-
-// linger gives the appenders the last commit released a moment to submit
-// their next append before the writer takes the next batch (see
-// persistence's committer): without it, N blocking appenders split into two
-// cohorts that alternate. It yields the processor until released more ops
-// are queued than on entry, a few yields in a row bring nothing new, or the
-// deadline passes.
-func (q *queue) linger(released int, deadline time.Time) {
-	const maxIdleYields = 3
-	want, last, idle := -1, -1, 0
-	for {
-		q.mu.Lock()
-		n, closed := len(q.mu.ops), q.mu.closed
-		q.mu.Unlock()
-		if want < 0 {
-			want = n + released
-		}
-		if n == last {
-			idle++
-		} else {
-			idle = 0
-		}
-		last = n
-		if n >= want || closed || idle > maxIdleYields || !time.Now().Before(deadline) {
-			return
-		}
-		runtime.Gosched()
-	}
+// expect makes a push wake the writer only once n ops are queued (or the
+// batch bytes are reached, or an op other than an append arrives); 0 wakes it
+// on every push again. It reports how many ops are queued now.
+func (q *queue) expect(n int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.mu.want = n
+	return len(q.mu.ops)
 }

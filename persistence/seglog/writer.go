@@ -53,6 +53,8 @@ func (l *Log) runWriter() {
 	w := &l.w
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
+	released := 0         // appenders the last commit answered
+	var lastEnd time.Time // when it ended
 	for {
 		ops, closed := l.q.take(append(w.ops[:0], w.carry...))
 		w.ops, w.carry = ops, w.carry[:0]
@@ -79,11 +81,65 @@ func (l *Log) runWriter() {
 			}
 			continue
 		}
-		start := time.Now()
-		released := l.commit(ops)
-		took := time.Since(start)
-		if released > 1 && w.fail == nil {
-			l.q.linger(released, start.Add(took+took/lingerFraction))
+		if !closed && w.fail == nil {
+			w.ops = l.gather(ops, released, lastEnd, timer)
+			ops = w.ops
+		}
+		released = l.commit(ops)
+		lastEnd = time.Now()
+	}
+}
+
+// gather holds a batch back for more appends (Options.CommitInterval): a
+// publisher pipelining its messages sends the next ones as the last commit's
+// acknowledgements reach it, so the batch waits for as many appends as the
+// last commit answered plus those queued while it ran (the window of
+// messages in flight: one commit then carries all of it instead of two halves
+// taking turns), and at least Options.CommitMinAppends, for at most
+// CommitInterval after its oldest op was queued. A batch holding anything
+// but appends, or full, goes at once.
+func (l *Log) gather(ops []*op, released int, lastEnd time.Time, timer *time.Timer) []*op {
+	iv := l.opts.CommitInterval
+	if iv <= 0 {
+		return ops
+	}
+	want := released
+	for _, o := range ops {
+		if o.at.Before(lastEnd) {
+			want++ // queued while the last commit ran: not one of those it answered
+		}
+	}
+	want = min(max(want, l.opts.CommitMinAppends), maxBatchOps)
+	deadline := ops[0].at.Add(iv) // the oldest: carried ops come first
+	bytes, seen := 0, 0
+	for {
+		for _, o := range ops[seen:] {
+			if o.kind != opAppend {
+				return ops
+			}
+			bytes += o.bound
+		}
+		seen = len(ops)
+		if len(ops) >= want || bytes >= maxBatchBytes {
+			return ops
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return ops
+		}
+		if queued := l.q.expect(want - len(ops)); queued < want-len(ops) {
+			l.stats.commitWaits.Add(1)
+			timer.Reset(wait)
+			select {
+			case <-l.q.wake:
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
+		l.q.expect(0)
+		var closed bool
+		if ops, closed = l.q.take(ops); closed {
+			return ops
 		}
 	}
 }
@@ -393,6 +449,9 @@ func (l *Log) takeResolvesLocked(room int) {
 	l.mu.pendingGroups = l.mu.pendingGroups[:n]
 	if n == 0 {
 		l.mu.pendingSince = time.Time{}
+		if l.mu.resolveTimer != nil {
+			l.mu.resolveTimer.Stop()
+		}
 	}
 }
 
@@ -504,7 +563,7 @@ func (l *Log) finish(ops []*op, heads []groupHead) int {
 	if len(done) == 0 && len(syncs) == 0 && len(heads) == 0 {
 		return 0
 	}
-	onAppend := l.opts.OnAppend
+	onAppend, after := l.opts.OnAppend, l.opts.AfterCallbacks
 	l.notify.Push(func() {
 		for _, o := range done {
 			if o.done != nil {
@@ -516,6 +575,9 @@ func (l *Log) finish(ops []*op, heads []groupHead) int {
 			for _, h := range heads {
 				onAppend(h.group, h.head)
 			}
+		}
+		if after != nil {
+			after()
 		}
 		for _, o := range syncs {
 			close(o.ch)

@@ -92,7 +92,8 @@ func (cl *Clients) Delete(id string) {
 func (cl *Clients) GetByListener(id string) []*Client {
 	cl.RLock()
 	defer cl.RUnlock()
-	clients := make([]*Client, 0, cl.Len())
+	// len, not cl.Len: a second RLock while a writer waits deadlocks (mochi-mqtt/server#488).
+	clients := make([]*Client, 0, len(cl.internal))
 	for _, client := range cl.internal {
 		if client.Net.Listener == id && !client.Closed() {
 			clients = append(clients, client)
@@ -157,11 +158,19 @@ type ClientState struct {
 	outboundQty     int32                // number of messages currently in the outbound queue
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
+	connected       atomic.Bool          // counted in Info.ClientsConnected (attach to detach)
 }
 
 // newClient returns a new instance of Client. This is almost exclusively used by Server
 // for creating new clients, but it lives here because it's not dependent.
 func newClient(c net.Conn, o *ops) *Client {
+	return newClientReading(c, o, true)
+}
+
+// newClientReading is newClient; reads says whether the client reads its
+// connection itself (Read, with a buffered reader) or is fed the bytes its
+// owner reads (Conn.Feed: no reader is allocated).
+func newClientReading(c net.Conn, o *ops, reads bool) *Client {
 	ctx, cancel := context.WithCancel(context.Background())
 	cl := &Client{
 		State: ClientState{
@@ -171,19 +180,23 @@ func newClient(c net.Conn, o *ops) *Client {
 			open:          ctx,
 			cancelOpen:    cancel,
 			Keepalive:     defaultKeepalive,
-			outbound:      make(chan *packets.Packet, o.options.Capabilities.MaximumClientWritesPending),
 		},
 		Properties: ClientProperties{
 			ProtocolVersion: defaultClientProtocolVersion, // default protocol version
 		},
 		ops: o,
 	}
+	if !o.options.DirectWrites {
+		cl.State.outbound = make(chan *packets.Packet, o.options.Capabilities.MaximumClientWritesPending)
+	}
 
 	if c != nil {
 		cl.Net = ClientConnection{
 			Conn:   c,
-			bconn:  bufio.NewReaderSize(c, o.options.ClientNetReadBufferSize),
 			Remote: c.RemoteAddr().String(),
+		}
+		if reads {
+			cl.Net.bconn = bufio.NewReaderSize(c, o.options.ClientNetReadBufferSize)
 		}
 	}
 
@@ -211,7 +224,11 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.Net.Listener = lid
 
 	cl.Properties.ProtocolVersion = pk.ProtocolVersion
-	cl.Properties.Username = pk.Connect.Username
+	// Copies, here and for the will's payload below: the decoded []byte
+	// fields are views into the CONNECT, which would otherwise stay in
+	// memory, password included, for the session's life (Keyline's fork:
+	// PATCHES.md; decoded strings are copies already).
+	cl.Properties.Username = bytes.Clone(pk.Connect.Username)
 	cl.Properties.Clean = pk.Connect.Clean
 	cl.Properties.Props = pk.Properties.Copy(false)
 
@@ -243,7 +260,7 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 		cl.Properties.Will = Will{
 			Qos:               pk.Connect.WillQos,
 			Retain:            pk.Connect.WillRetain,
-			Payload:           pk.Connect.WillPayload,
+			Payload:           bytes.Clone(pk.Connect.WillPayload),
 			TopicName:         pk.Connect.WillTopic,
 			WillDelayInterval: pk.Connect.WillProperties.WillDelayInterval,
 			User:              pk.Connect.WillProperties.User,
@@ -405,6 +422,10 @@ func (cl *Client) Stop(err error) {
 			cl.State.cancelOpen()
 		}
 
+		if cl.State.TopicAliases.Inbound != nil {
+			cl.State.TopicAliases.Inbound.Reset() // aliases end with the connection; an offline session must not keep them
+		}
+
 		atomic.StoreInt64(&cl.State.disconnected, time.Now().Unix())
 	})
 }
@@ -478,6 +499,15 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	// Decode the remaining packet values using a fresh copy of the bytes,
 	// otherwise the next packet will change the data of this one.
 	px := append([]byte{}, p[:]...)
+	err = cl.decodePacket(&pk, px)
+	return pk, err
+}
+
+// decodePacket decodes the body px (which the packet keeps: views into it
+// stay valid) of a packet whose fixed header pk holds, and runs the
+// OnPacketRead hooks. It counts the packet in the server's figures; the
+// bytes are counted by the caller.
+func (cl *Client) decodePacket(pk *packets.Packet, px []byte) (err error) {
 	switch pk.FixedHeader.Type {
 	case packets.Connect:
 		err = pk.ConnectDecode(px)
@@ -515,11 +545,11 @@ func (cl *Client) ReadPacket(fh *packets.FixedHeader) (pk packets.Packet, err er
 	}
 
 	if err != nil {
-		return pk, err
+		return err
 	}
 
-	pk, err = cl.ops.hooks.OnPacketRead(cl, pk)
-	return
+	*pk, err = cl.ops.hooks.OnPacketRead(cl, *pk)
+	return err
 }
 
 // WritePacket encodes and writes a packet to the client.

@@ -20,13 +20,12 @@ type Inflight struct {
 	sendQuota           int32                     // remaining outbound qos quota for flow control
 	maximumReceiveQuota int32                     // maximum allowed receive quota
 	maximumSendQuota    int32                     // maximum allowed send quota
+	held                atomic.Int32              // entries of internal, for a look without the lock (Keyline's fork)
 }
 
 // NewInflights returns a new instance of an Inflight packets map.
 func NewInflights() *Inflight {
-	return &Inflight{
-		internal: map[uint16]packets.Packet{},
-	}
+	return &Inflight{} // its map is made by the first Set (Keyline's fork: most clients never hold one)
 }
 
 // Set adds or updates an inflight packet by packet id.
@@ -34,8 +33,14 @@ func (i *Inflight) Set(m packets.Packet) bool {
 	i.Lock()
 	defer i.Unlock()
 
+	if i.internal == nil {
+		i.internal = map[uint16]packets.Packet{}
+	}
 	_, ok := i.internal[m.PacketID]
 	i.internal[m.PacketID] = m
+	if !ok {
+		i.held.Add(1)
+	}
 	return !ok
 }
 
@@ -64,9 +69,13 @@ func (i *Inflight) Clone() *Inflight {
 	c := NewInflights()
 	i.RLock()
 	defer i.RUnlock()
+	if len(i.internal) > 0 {
+		c.internal = make(map[uint16]packets.Packet, len(i.internal))
+	}
 	for k, v := range i.internal {
 		c.internal[k] = v
 	}
+	c.held.Store(int32(len(c.internal)))
 	return c
 }
 
@@ -111,6 +120,9 @@ func (i *Inflight) Delete(id uint16) bool {
 
 	_, ok := i.internal[id]
 	delete(i.internal, id)
+	if ok {
+		i.held.Add(-1)
+	}
 
 	return ok
 }

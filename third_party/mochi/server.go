@@ -51,16 +51,21 @@ type Capabilities struct {
 	MaximumSessionExpiryInterval uint32          `yaml:"maximum_session_expiry_interval" json:"maximum_session_expiry_interval"` // maximum number of seconds to keep disconnected sessions
 	MaximumPacketSize            uint32          `yaml:"maximum_packet_size" json:"maximum_packet_size"`                         // maximum packet size, no limit if 0
 	maximumPacketID              uint32          // unexported, used for testing only
-	ReceiveMaximum               uint16          `yaml:"receive_maximum" json:"receive_maximum"`                   // maximum number of concurrent qos messages per client
-	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                 // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
-	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`           // maximum topic alias value
-	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`         // support of shared subscriptions
-	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"` // minimum supported mqtt version
-	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                   // version compatibilities the server provides
-	MaximumQos                   byte            `yaml:"maximum_qos" json:"maximum_qos"`                           // maximum qos value available to clients
-	RetainAvailable              byte            `yaml:"retain_available" json:"retain_available"`                 // support of retain messages
-	WildcardSubAvailable         byte            `yaml:"wildcard_sub_available" json:"wildcard_sub_available"`     // support of wildcard subscriptions
-	SubIDAvailable               byte            `yaml:"sub_id_available" json:"sub_id_available"`                 // support of subscription identifiers
+	ReceiveMaximum               uint16          `yaml:"receive_maximum" json:"receive_maximum"`                           // maximum number of concurrent qos messages per client
+	MaximumInflight              uint16          `yaml:"maximum_inflight" json:"maximum_inflight"`                         // maximum number of qos > 0 messages can be stored, 0(=8192)-65535
+	TopicAliasMaximum            uint16          `yaml:"topic_alias_maximum" json:"topic_alias_maximum"`                   // maximum topic alias value
+	TopicAliasBytes              int             `yaml:"topic_alias_bytes" json:"topic_alias_bytes"`                       // bytes of topics one connection's inbound aliases may hold; 0: no limit
+	MaximumTopicLevels           int             `yaml:"maximum_topic_levels" json:"maximum_topic_levels"`                 // levels a client's topic or filter may have; 0: no limit
+	MaximumClientIDLength        int             `yaml:"maximum_client_id_length" json:"maximum_client_id_length"`         // bytes of a client id; 0: no limit
+	MaximumClientSubscriptions   int             `yaml:"maximum_client_subscriptions" json:"maximum_client_subscriptions"` // subscriptions one client may hold; 0: no limit
+	MaximumSubscriptions         int64           `yaml:"maximum_subscriptions" json:"maximum_subscriptions"`               // subscriptions all clients may hold together; 0: no limit
+	SharedSubAvailable           byte            `yaml:"shared_sub_available" json:"shared_sub_available"`                 // support of shared subscriptions
+	MinimumProtocolVersion       byte            `yaml:"minimum_protocol_version" json:"minimum_protocol_version"`         // minimum supported mqtt version
+	Compatibilities              Compatibilities `yaml:"compatibilities" json:"compatibilities"`                           // version compatibilities the server provides
+	MaximumQos                   byte            `yaml:"maximum_qos" json:"maximum_qos"`                                   // maximum qos value available to clients
+	RetainAvailable              byte            `yaml:"retain_available" json:"retain_available"`                         // support of retain messages
+	WildcardSubAvailable         byte            `yaml:"wildcard_sub_available" json:"wildcard_sub_available"`             // support of wildcard subscriptions
+	SubIDAvailable               byte            `yaml:"sub_id_available" json:"sub_id_available"`                         // support of subscription identifiers
 }
 
 // NewDefaultServerCapabilities defines the default features and capabilities provided by the server.
@@ -75,6 +80,7 @@ func NewDefaultServerCapabilities() *Capabilities {
 		ReceiveMaximum:               1024,           // maximum number of concurrent qos messages per client
 		MaximumInflight:              1024 * 8,       // maximum number of qos > 0 messages can be stored
 		TopicAliasMaximum:            math.MaxUint16, // maximum topic alias value
+		TopicAliasBytes:              1 << 20,        // bytes of topics one connection's inbound aliases may hold
 		SharedSubAvailable:           1,              // shared subscriptions are available
 		MinimumProtocolVersion:       3,              // minimum supported mqtt version (3.0.0)
 		MaximumQos:                   2,              // maximum qos value available to clients
@@ -90,7 +96,7 @@ type Compatibilities struct {
 	PassiveClientDisconnect    bool `yaml:"passive_client_disconnect" json:"passive_client_disconnect"`           // don't disconnect the client forcefully after sending disconnect packet (paho - spec violation)
 	AlwaysReturnResponseInfo   bool `yaml:"always_return_response_info" json:"always_return_response_info"`       // always return response info (useful for testing)
 	RestoreSysInfoOnRestart    bool `yaml:"restore_sys_info_on_restart" json:"restore_sys_info_on_restart"`       // restore system info from store as if server never stopped
-	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // don't allow inherited user properties on ack (paho - spec violation)
+	NoInheritedPropertiesOnAck bool `yaml:"no_inherited_properties_on_ack" json:"no_inherited_properties_on_ack"` // acks never inherit properties now (Keyline's fork); kept for compatibility
 	NoRetainedOnSubscribe      bool `yaml:"no_retained_on_subscribe" json:"no_retained_on_subscribe"`             // don't send retained messages on SUBSCRIBE: a hook delivers them (Keyline: PATCHES.md)
 }
 
@@ -130,6 +136,18 @@ type Options struct {
 	// Enable Inline client to allow direct subscribing and publishing from the parent codebase,
 	// with negligible performance difference (disabled by default to prevent confusion in statistics).
 	InlineClient bool `yaml:"inline_client" json:"inline_client"`
+
+	// DirectWrites says that writing to a client's connection never blocks
+	// (the listeners' connections queue what is written, as Keyline's do):
+	// a publish routed to a client is then written from the publishing
+	// goroutine, and clients get no outbound channel and no write goroutine
+	// (Keyline's fork: PATCHES.md).
+	DirectWrites bool `yaml:"-" json:"-"`
+
+	// CompactSessions keeps a disconnected persistent session as a compact
+	// client (Client.offline: its session state, none of its connection's)
+	// in place of the client that was connected (Keyline's fork: PATCHES.md).
+	CompactSessions bool `yaml:"-" json:"-"`
 }
 
 // Server is an MQTT broker server. It should be created with server.New()
@@ -377,6 +395,17 @@ func (s *Server) eventLoop() {
 	s.Log.Debug("system event loop started")
 	defer s.Log.Debug("system event loop halted")
 
+	// The two sweeps over every client (expired sessions, expired in-flight
+	// messages) take one pass, and run less often as clients grow (every
+	// second up to 100,000 clients, every 10 s from 1,000,000): each costs
+	// a visit per client (Keyline's fork, PATCHES.md).
+	var lastSweep time.Time
+	sweep := func(now time.Time) {
+		if now.Sub(lastSweep) >= sweepInterval(s.Clients.Len()) {
+			lastSweep = now
+			s.sweepClients(now.Unix())
+		}
+	}
 	for {
 		select {
 		case <-s.done:
@@ -384,16 +413,40 @@ func (s *Server) eventLoop() {
 			return
 		case <-s.loop.sysTopics.C:
 			s.publishSysTopics()
-		case <-s.loop.clientExpiry.C:
-			s.clearExpiredClients(time.Now().Unix())
+		case now := <-s.loop.clientExpiry.C:
+			sweep(now)
 		case <-s.loop.retainedExpiry.C:
 			s.clearExpiredRetainedMessages(time.Now().Unix())
 		case <-s.loop.willDelaySend.C:
 			s.sendDelayedLWT(time.Now().Unix())
-		case <-s.loop.inflightExpiry.C:
-			s.clearExpiredInflights(time.Now().Unix())
+		case now := <-s.loop.inflightExpiry.C:
+			sweep(now)
 		}
 	}
+}
+
+// sweepInterval is how often the clients are swept for expired sessions and
+// in-flight messages, given how many there are.
+func sweepInterval(clients int) time.Duration {
+	return min(max(time.Second, time.Duration(clients)*time.Second/100_000), 10*time.Second)
+}
+
+// sweepClients expires the sessions and in-flight messages due at now, in
+// one pass over the clients.
+func (s *Server) sweepClients(now int64) {
+	var expired, holding []*Client
+	s.Clients.RLock()
+	for _, client := range s.Clients.internal {
+		if s.sessionExpired(client, now) {
+			expired = append(expired, client)
+		}
+		if client.State.Inflight.held.Load() > 0 {
+			holding = append(holding, client)
+		}
+	}
+	s.Clients.RUnlock()
+	s.expireClients(expired)
+	s.expireInflights(holding, now)
 }
 
 // EstablishConnection establishes a new client when a listener accepts a new connection.
@@ -408,7 +461,9 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	defer s.Listeners.ClientsWg.Done()
 	s.Listeners.ClientsWg.Add(1)
 
-	go cl.WriteLoop()
+	if !s.Options.DirectWrites {
+		go cl.WriteLoop()
+	}
 	defer cl.Stop(nil)
 
 	pk, err := s.readConnectionPacket(cl)
@@ -416,6 +471,18 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return fmt.Errorf("read connection: %w", err)
 	}
 
+	if err := s.attach(cl, listener, pk); err != nil {
+		return err
+	}
+
+	err = cl.Read(s.receivePacket)
+	return s.detach(cl, listener, err)
+}
+
+// attach handles a connection's CONNECT: it validates it, authenticates the
+// client, takes over or starts its session and sends the CONNACK. An error
+// ends the connection before it was attached (no will, no OnDisconnect).
+func (s *Server) attach(cl *Client, listener string, pk packets.Packet) error {
 	cl.ParseConnect(listener, pk)
 	if atomic.LoadInt64(&s.Info.ClientsConnected) >= s.Options.Capabilities.MaximumClients {
 		if cl.Properties.ProtocolVersion < 5 {
@@ -435,7 +502,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		return code // [MQTT-3.2.2-7] [MQTT-3.1.4-6]
 	}
 
-	err = s.hooks.OnConnect(cl, pk)
+	err := s.hooks.OnConnect(cl, pk)
 	if err != nil {
 		return err
 	}
@@ -451,7 +518,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	}
 
 	atomic.AddInt64(&s.Info.ClientsConnected, 1)
-	defer atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	cl.State.connected.Store(true) // detach (or End) counts it out
 
 	s.hooks.OnSessionEstablish(cl, pk)
 
@@ -460,6 +527,7 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
+		s.disconnected(cl)
 		return fmt.Errorf("ack connection packet: %w", err)
 	}
 
@@ -468,13 +536,29 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 	if sessionPresent {
 		err = cl.ResendInflightMessages(true)
 		if err != nil {
+			s.disconnected(cl)
 			return fmt.Errorf("resend inflight: %w", err)
 		}
 	}
 
 	s.hooks.OnSessionEstablished(cl, pk)
+	return nil
+}
 
-	err = cl.Read(s.receivePacket)
+// disconnected counts a connected client out of ClientsConnected, once.
+func (s *Server) disconnected(cl *Client) {
+	if cl.State.connected.CompareAndSwap(true, false) {
+		atomic.AddInt64(&s.Info.ClientsConnected, -1)
+	}
+}
+
+// detach ends an attached client's connection after its reading ended with
+// err (nil: the client disconnected normally or was stopped): the will,
+// the OnDisconnect hooks, and the end of a session that does not outlive
+// its connection. A session that does is kept as a compact record
+// (Client.offline) in place of the connection's client.
+func (s *Server) detach(cl *Client, listener string, err error) error {
+	defer s.disconnected(cl)
 	if err != nil {
 		s.sendLWT(cl)
 		cl.Stop(err)
@@ -490,6 +574,8 @@ func (s *Server) attachClient(cl *Client, listener string) error {
 		cl.ClearInflights()
 		s.UnsubscribeClient(cl)
 		s.Clients.Delete(cl.ID) // [MQTT-4.1.0-2] ![MQTT-3.1.2-23]
+	} else if !expire && s.Options.CompactSessions {
+		s.Clients.replace(cl, cl.offline())
 	}
 
 	return err
@@ -552,6 +638,10 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 		return packets.ErrQosNotSupported // [MQTT-3.2.2-12]
 	} else if cl.Properties.Will.Retain && s.Options.Capabilities.RetainAvailable == 0x00 {
 		return packets.ErrRetainNotSupported // [MQTT-3.2.2-13]
+	} else if s.tooDeep(cl.Properties.Will.TopicName) {
+		return packets.ErrTopicNameInvalid
+	} else if max := s.Options.Capabilities.MaximumClientIDLength; max > 0 && len(cl.ID) > max {
+		return packets.ErrClientIdentifierTooLong // keyline: an id the session store could not hold
 	}
 
 	return code
@@ -636,6 +726,8 @@ func (s *Server) SendConnack(cl *Client, reason packets.Code, present bool, prop
 		}
 		return cl.WritePacket(ack)
 	}
+
+	properties.TopicAliasMaximum = s.Options.Capabilities.TopicAliasMaximum // [MQTT-3.2.2-17]: absent means 0, and a client then sends none
 
 	if s.Options.Capabilities.MaximumQos < 2 {
 		properties.MaximumQos = s.Options.Capabilities.MaximumQos // [MQTT-3.2.2-9]
@@ -865,6 +957,20 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		return s.DisconnectClient(cl, packets.ErrReceiveMaximum) // ~[MQTT-3.3.4-7] ~[MQTT-3.3.4-8]
 	}
 
+	// The alias is resolved before the ACL check, which must see the topic
+	// (v2.7.9 checked an alias-only publish against the empty topic).
+	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
+		var code packets.Code
+		pk.TopicName, code = cl.State.TopicAliases.Inbound.Resolve(pk.Properties.TopicAlias, pk.TopicName, s.Options.Capabilities.TopicAliasBytes)
+		if code != packets.CodeSuccess {
+			return code
+		}
+	}
+
+	if !cl.Net.Inline && s.tooDeep(pk.TopicName) {
+		return s.refusePublish(cl, pk, packets.ErrTopicNameInvalid)
+	}
+
 	if !cl.Net.Inline && !s.hooks.OnACLCheck(cl, pk.TopicName, true) {
 		if pk.FixedHeader.Qos == 0 {
 			return nil
@@ -894,17 +1000,22 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	if !cl.Net.Inline {
 		if pki, ok := cl.State.Inflight.Get(pk.PacketID); ok {
 			if pki.FixedHeader.Type == packets.Pubrec { // [MQTT-4.3.3-10]
-				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.ErrPacketIdentifierInUse)
+				code := packets.ErrPacketIdentifierInUse
+				if pk.FixedHeader.Qos == 2 {
+					// keyline: a QoS 2 PUBLISH whose PUBREC was sent and whose
+					// PUBREL has not come is a retransmission (DUP set): it gets
+					// the same PUBREC again, success, and is not delivered twice.
+					// v2.7.9 answered 0x91 (packet identifier in use), which says
+					// the message was not accepted.
+					code = packets.CodeSuccess
+				}
+				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, code)
 				return cl.WritePacket(ack)
 			}
 			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
 				atomic.AddInt64(&s.Info.Inflight, -1)
 			}
 		}
-	}
-
-	if pk.Properties.TopicAliasFlag && pk.Properties.TopicAlias > 0 { // [MQTT-3.3.2-11]
-		pk.TopicName = cl.State.TopicAliases.Inbound.Set(pk.Properties.TopicAlias, pk.TopicName)
 	}
 
 	if pk.FixedHeader.Qos > s.Options.Capabilities.MaximumQos {
@@ -940,33 +1051,69 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	cl.State.Inflight.DecreaseReceiveQuota()
-	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.QosCodes[pk.FixedHeader.Qos]) // [MQTT-4.3.2-4]
+	ack := s.buildAck(pk.PacketID, packets.Puback, 0, pk.Properties, packets.CodeSuccess) // [MQTT-4.3.2-4]; 0x01 is no PUBACK reason code
 	if pk.FixedHeader.Qos == 2 {
 		ack = s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, packets.CodeSuccess) // [MQTT-3.3.4-1] [MQTT-4.3.3-8]
 	}
 
-	if ok := cl.State.Inflight.Set(ack); ok {
-		atomic.AddInt64(&s.Info.Inflight, 1)
-		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
-	}
-
-	err = cl.WritePacket(ack)
-	if err != nil {
-		return err
-	}
-
 	if pk.FixedHeader.Qos == 1 {
-		if ok := cl.State.Inflight.Delete(ack.PacketID); ok {
-			atomic.AddInt64(&s.Info.Inflight, -1)
+		// Keyline's fork (PATCHES.md): the PUBACK is complete once written,
+		// so it is not put in the in-flight table only to be taken out
+		// again: that cost an 808-byte Packet allocated, typed and freed
+		// per QoS 1 publish. Any in-flight entry with this id was deleted
+		// above; the hooks see the same calls as before.
+		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		if err = cl.WritePacket(ack); err != nil {
+			return err
 		}
 		cl.State.Inflight.IncreaseReceiveQuota()
 		s.hooks.OnQosComplete(cl, ack)
+	} else {
+		if ok := cl.State.Inflight.Set(ack); ok {
+			atomic.AddInt64(&s.Info.Inflight, 1)
+			s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		}
+		if err = cl.WritePacket(ack); err != nil {
+			return err
+		}
 	}
 
 	s.publishToSubscribers(pk)
 	s.hooks.OnPublished(cl, pk)
 
 	return nil
+}
+
+// tooDeep reports whether a client's topic or filter has more levels than
+// Capabilities.MaximumTopicLevels allows (a shared subscription's are its
+// filter's, after $share/<group>/).
+func (s *Server) tooDeep(topic string) bool {
+	max := s.Options.Capabilities.MaximumTopicLevels
+	if max <= 0 || len(topic) < max {
+		return false // each level after the first takes a '/'
+	}
+	levels := TopicLevels(topic)
+	if IsSharedFilter(topic) {
+		levels -= 2
+	}
+	return levels > max
+}
+
+// refusePublish answers a PUBLISH the server will not take: dropped at QoS
+// 0, PUBACK/PUBREC with code for MQTT 5, and for MQTT 3.1.1, which cannot
+// refuse a publish, the connection is closed.
+func (s *Server) refusePublish(cl *Client, pk packets.Packet, code packets.Code) error {
+	if pk.FixedHeader.Qos == 0 {
+		return nil
+	}
+	if cl.Properties.ProtocolVersion != 5 {
+		return s.DisconnectClient(cl, code)
+	}
+	ackType := packets.Puback
+	if pk.FixedHeader.Qos == 2 {
+		ackType = packets.Pubrec
+	}
+	return cl.WritePacket(s.buildAck(pk.PacketID, ackType, 0, pk.Properties, code))
 }
 
 // retainMessage adds a message to a topic, and if a persistent store is provided,
@@ -1098,6 +1245,14 @@ func (s *Server) publishToClient(cl *Client, sub packets.Subscription, pk packet
 		return out, packets.CodeDisconnect
 	}
 
+	if s.Options.DirectWrites {
+		if err := cl.WritePacket(out); err != nil {
+			// As WriteLoop does: the packet stays in flight (QoS > 0) for a resend.
+			cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", out)
+		}
+		return out, nil
+	}
+
 	select {
 	case cl.State.outbound <- &out:
 		atomic.AddInt32(&cl.State.outboundQty, 1)
@@ -1135,10 +1290,12 @@ func (s *Server) publishRetainedToClient(cl *Client, sub packets.Subscription, e
 }
 
 // buildAck builds a standardised ack message for Puback, Pubrec, Pubrel, Pubcomp packets.
-func (s *Server) buildAck(packetID uint16, pkt, qos byte, properties packets.Properties, reason packets.Code) packets.Packet {
-	if s.Options.Capabilities.Compatibilities.NoInheritedPropertiesOnAck {
-		properties = packets.Properties{}
-	}
+// The ack carries none of the properties of the packet it answers (v2.7.9
+// copied them, user properties included, unless NoInheritedPropertiesOnAck
+// was set: a publisher's user properties came back on its PUBACK, with the
+// granted QoS as an invalid reason code), only a reason string on failure.
+func (s *Server) buildAck(packetID uint16, pkt, qos byte, _ packets.Properties, reason packets.Code) packets.Packet {
+	properties := packets.Properties{}
 	if reason.Code >= packets.ErrUnspecifiedError.Code {
 		properties.ReasonString = reason.Reason
 	}
@@ -1252,10 +1409,12 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 		if code != packets.CodeSuccess {
 			reasonCodes[i] = code.Code // NB 3.9.3 Non-normative 0x91
 			continue
-		} else if !IsValidFilter(sub.Filter, false) {
+		} else if !IsValidFilter(sub.Filter, false) || s.tooDeep(sub.Filter) {
 			reasonCodes[i] = packets.ErrTopicFilterInvalid.Code
 		} else if sub.NoLocal && IsSharedFilter(sub.Filter) {
 			reasonCodes[i] = packets.ErrProtocolViolationInvalidSharedNoLocal.Code // [MQTT-3.8.3-4]
+		} else if s.overSubscriptionQuota(cl, sub.Filter) {
+			reasonCodes[i] = packets.ErrQuotaExceeded.Code
 		} else if !s.hooks.OnACLCheck(cl, sub.Filter, false) {
 			reasonCodes[i] = packets.ErrNotAuthorized.Code
 			if s.Options.Capabilities.Compatibilities.ObscureNotAuthorized {
@@ -1314,6 +1473,22 @@ func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 	}
 
 	return nil
+}
+
+// overSubscriptionQuota reports whether a new subscription to filter would
+// take cl past Capabilities.MaximumClientSubscriptions, or all clients past
+// MaximumSubscriptions (keyline: v2.7.9 had no bound; 100,000 filters of one
+// client held 121 MB). A filter cl holds already is replaced, not added.
+func (s *Server) overSubscriptionQuota(cl *Client, filter string) bool {
+	perClient, all := s.Options.Capabilities.MaximumClientSubscriptions, s.Options.Capabilities.MaximumSubscriptions
+	if perClient <= 0 && all <= 0 {
+		return false
+	}
+	if _, ok := cl.State.Subscriptions.Get(filter); ok {
+		return false
+	}
+	return (perClient > 0 && cl.State.Subscriptions.Len() >= perClient) ||
+		(all > 0 && atomic.LoadInt64(&s.Info.Subscriptions) >= all)
 }
 
 // processUnsubscribe processes an unsubscribe packet.
@@ -1430,7 +1605,12 @@ func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {
 
 	// We already have a code we are using to disconnect the client, so we are not
 	// interested if the write packet fails due to a closed connection (as we are closing it).
-	err := cl.WritePacket(out)
+	// MQTT 3.1.1 has no server-to-client DISCONNECT: the connection is just closed
+	// (keyline: v2.7.9 sent one, with an MQTT 5 reason code).
+	var err error
+	if cl.Properties.ProtocolVersion == 5 {
+		err = cl.WritePacket(out)
+	}
 	if !s.Options.Capabilities.Compatibilities.PassiveClientDisconnect {
 		cl.Stop(code)
 		if code.Code >= packets.ErrUnspecifiedError.Code {
@@ -1543,6 +1723,14 @@ func (s *Server) sendLWT(cl *Client) {
 		pk.Connect.WillProperties.WillDelayInterval = cl.Properties.Will.WillDelayInterval
 		pk.Expiry = time.Now().Unix() + int64(pk.Connect.WillProperties.WillDelayInterval)
 		s.loop.willDelayed.Add(cl.ID, pk)
+		// Keyline: a new connection to the session cancels the delayed will
+		// when it is established [MQTT-3.1.3-9], but on a takeover this
+		// (the old connection's) goroutine may get here after that: it then
+		// finds the new client in Clients and takes its will back. (Added
+		// first, checked second, so one of the two always removes it.)
+		if existing, ok := s.Clients.Get(cl.ID); ok && existing != cl && !existing.Closed() {
+			s.loop.willDelayed.Delete(cl.ID)
+		}
 		return
 	}
 
@@ -1674,6 +1862,8 @@ func (s *Server) loadClients(v []storage.Client) {
 		if expire {
 			cl.ClearInflights()
 			s.UnsubscribeClient(cl)
+		} else if s.Options.CompactSessions {
+			s.Clients.Add(cl.offline()) // a stored session is an offline one
 		} else {
 			s.Clients.Add(cl)
 		}
@@ -1699,21 +1889,36 @@ func (s *Server) loadRetained(v []storage.Message) {
 // clearExpiredClients deletes all clients which have been disconnected for longer
 // than their given expiry intervals.
 func (s *Server) clearExpiredClients(dt int64) {
-	for id, client := range s.Clients.GetAll() {
-		disconnected := client.StopTime()
-		if disconnected == 0 {
-			continue
-		}
+	// Only the expired ones are copied out (v2.7.9 copied the whole map of
+	// clients every second: Keyline's fork, PATCHES.md).
+	s.expireClients(s.Clients.collect(func(client *Client) bool { return s.sessionExpired(client, dt) }))
+}
 
-		expire := s.Options.Capabilities.MaximumSessionExpiryInterval
-		if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
-			expire = client.Properties.Props.SessionExpiryInterval
-		}
+// sessionExpired reports whether client's session has been disconnected
+// for longer than its expiry interval at dt.
+func (s *Server) sessionExpired(client *Client, dt int64) bool {
+	disconnected := client.StopTime()
+	if disconnected == 0 {
+		return false
+	}
+	expire := s.Options.Capabilities.MaximumSessionExpiryInterval
+	if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
+		expire = client.Properties.Props.SessionExpiryInterval
+	}
+	return disconnected+int64(expire) < dt
+}
 
-		if disconnected+int64(expire) < dt {
-			s.hooks.OnClientExpired(client)
-			s.Clients.Delete(id) // [MQTT-4.1.0-2]
+// expireClients ends the sessions of expired clients.
+func (s *Server) expireClients(expired []*Client) {
+	for _, client := range expired {
+		if cur, ok := s.Clients.Get(client.ID); !ok || cur != client {
+			continue // resumed (or taken over) since it was found expired
 		}
+		s.hooks.OnClientExpired(client)
+		// Its subscriptions leave the topic index with it: v2.7.9 left them
+		// there (and the index nodes under them) for the server's life.
+		s.UnsubscribeClient(client)
+		s.Clients.deleteIf(client) // [MQTT-4.1.0-2]
 	}
 }
 
@@ -1736,7 +1941,14 @@ func (s *Server) clearExpiredRetainedMessages(now int64) {
 
 // clearExpiredInflights deletes any inflight messages which have expired.
 func (s *Server) clearExpiredInflights(now int64) {
-	for _, client := range s.Clients.GetAll() {
+	// Only clients with messages in flight are looked at (v2.7.9 copied the
+	// map of clients and each client's in-flight messages every second).
+	s.expireInflights(s.Clients.collect(func(client *Client) bool { return client.State.Inflight.held.Load() > 0 }), now)
+}
+
+// expireInflights drops the expired in-flight messages of clients.
+func (s *Server) expireInflights(clients []*Client, now int64) {
+	for _, client := range clients {
 		if deleted := client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval); len(deleted) > 0 {
 			for _, id := range deleted {
 				s.hooks.OnQosDropped(client, packets.Packet{PacketID: id})

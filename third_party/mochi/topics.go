@@ -33,34 +33,79 @@ func NewTopicAliases(topicAliasMaximum uint16) TopicAliases {
 
 // NewInboundTopicAliases returns a pointer to InboundTopicAliases.
 func NewInboundTopicAliases(topicAliasMaximum uint16) *InboundTopicAliases {
-	return &InboundTopicAliases{
-		maximum:  topicAliasMaximum,
-		internal: map[uint16]string{},
-	}
+	return &InboundTopicAliases{maximum: topicAliasMaximum} // the map is made by the first Set (Keyline's fork)
 }
+
+var (
+	// ErrTopicAliasUnknown refuses a PUBLISH with no topic and an alias the
+	// connection has not given a topic.
+	ErrTopicAliasUnknown = packets.Code{Code: packets.ErrProtocolViolation.Code, Reason: "protocol violation: unknown topic alias"}
+	// ErrTopicAliasBytes refuses a PUBLISH whose topic would take the
+	// connection's aliases past Capabilities.TopicAliasBytes.
+	ErrTopicAliasBytes = packets.Code{Code: packets.ErrQuotaExceeded.Code, Reason: "quota exceeded: topic aliases hold too many bytes"}
+)
 
 // InboundTopicAliases contains a map of topic aliases received from the client.
 type InboundTopicAliases struct {
 	internal map[uint16]string
 	sync.RWMutex
 	maximum uint16
+	bytes   int // bytes of the topics in internal
 }
 
 // Set sets a new alias for a specific topic.
 func (a *InboundTopicAliases) Set(id uint16, topic string) string {
+	topic, _ = a.Resolve(id, topic, 0)
+	return topic
+}
+
+// Resolve applies the Topic Alias id of a PUBLISH whose topic is topic: an
+// empty topic takes the one recorded for id, any other is recorded for id
+// (a copy: topic is a view into the packet, payload included, which the
+// table would otherwise keep alive). It refuses an empty topic for an alias
+// it has no topic for (a protocol error, [MQTT-3.3.2-12] ~[MQTT-3.3.4]) and
+// a topic that would take the table past maxBytes bytes of topics (0: no
+// limit), so a connection's aliases hold at most maxBytes.
+func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (string, packets.Code) {
 	a.Lock()
 	defer a.Unlock()
 
 	if a.maximum == 0 {
-		return topic // ?
+		return topic, packets.CodeSuccess // ?
 	}
 
-	if existing, ok := a.internal[id]; ok && topic == "" {
-		return existing
+	existing, ok := a.internal[id]
+	if topic == "" {
+		if !ok {
+			return "", ErrTopicAliasUnknown
+		}
+		return existing, packets.CodeSuccess
 	}
 
+	if ok && existing == topic {
+		return existing, packets.CodeSuccess
+	}
+
+	if maxBytes > 0 && a.bytes-len(existing)+len(topic) > maxBytes {
+		return topic, ErrTopicAliasBytes
+	}
+
+	topic = strings.Clone(topic)
+	a.bytes += len(topic) - len(existing)
+	if a.internal == nil {
+		a.internal = map[uint16]string{}
+	}
 	a.internal[id] = topic
-	return topic
+	return topic, packets.CodeSuccess
+}
+
+// Reset forgets every alias: topic aliases last as long as the network
+// connection [MQTT-3.3.2-7], while the client (an offline session) may stay.
+func (a *InboundTopicAliases) Reset() {
+	a.Lock()
+	defer a.Unlock()
+	a.internal = nil // made again by the next Set
+	a.bytes = 0
 }
 
 // OutboundTopicAliases contains a map of topic aliases sent from the broker to the client.
@@ -73,10 +118,7 @@ type OutboundTopicAliases struct {
 
 // NewOutboundTopicAliases returns a pointer to OutboundTopicAliases.
 func NewOutboundTopicAliases(topicAliasMaximum uint16) *OutboundTopicAliases {
-	return &OutboundTopicAliases{
-		maximum:  topicAliasMaximum,
-		internal: map[string]uint16{},
-	}
+	return &OutboundTopicAliases{maximum: topicAliasMaximum} // the map is made by the first Set (Keyline's fork)
 }
 
 // Set sets a new topic alias for a topic and returns the alias value, and a boolean
@@ -99,6 +141,9 @@ func (a *OutboundTopicAliases) Set(topic string) (uint16, bool) {
 		return 0, false
 	}
 
+	if a.internal == nil {
+		a.internal = map[string]uint16{}
+	}
 	a.internal[topic] = uint16(i) + 1
 	atomic.StoreUint32(&a.cursor, i+1)
 	return uint16(i) + 1, false
@@ -111,17 +156,19 @@ type SharedSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewSharedSubscriptions returns a new instance of Subscriptions.
+// NewSharedSubscriptions returns a new instance of Subscriptions. Its map is
+// made by the first Add (Keyline's fork: most index nodes have none).
 func NewSharedSubscriptions() *SharedSubscriptions {
-	return &SharedSubscriptions{
-		internal: map[string]map[string]packets.Subscription{},
-	}
+	return &SharedSubscriptions{}
 }
 
 // Add creates a new shared subscription for a group and client id pair.
 func (s *SharedSubscriptions) Add(group, id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[string]map[string]packets.Subscription{}
+	}
 	if _, ok := s.internal[group]; !ok {
 		s.internal[group] = map[string]packets.Subscription{}
 	}
@@ -170,6 +217,17 @@ func (s *SharedSubscriptions) Len() int {
 }
 
 // GetAll returns all shared subscription groups and their subscriptions.
+// each calls f for every shared subscription, under the read lock.
+func (s *SharedSubscriptions) each(f func(group, id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for group, subs := range s.internal {
+		for id, sub := range subs {
+			f(group, id, sub)
+		}
+	}
+}
+
 func (s *SharedSubscriptions) GetAll() map[string]map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -197,21 +255,32 @@ type InlineSubscriptions struct {
 	sync.RWMutex
 }
 
-// NewInlineSubscriptions returns a new instance of InlineSubscriptions.
+// NewInlineSubscriptions returns a new instance of InlineSubscriptions. Its
+// map is made by the first Add (Keyline's fork: most index nodes have none).
 func NewInlineSubscriptions() *InlineSubscriptions {
-	return &InlineSubscriptions{
-		internal: map[int]InlineSubscription{},
-	}
+	return &InlineSubscriptions{}
 }
 
 // Add adds a new internal subscription for a client id.
 func (s *InlineSubscriptions) Add(val InlineSubscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal == nil {
+		s.internal = map[int]InlineSubscription{}
+	}
 	s.internal[val.Identifier] = val
 }
 
 // GetAll returns all internal subscriptions.
+// each calls f for every inline subscription, under the read lock.
+func (s *InlineSubscriptions) each(f func(id int, sub InlineSubscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+}
+
 func (s *InlineSubscriptions) GetAll() map[int]InlineSubscription {
 	s.RLock()
 	defer s.RUnlock()
@@ -246,16 +315,28 @@ func (s *InlineSubscriptions) Delete(id int) {
 }
 
 // Subscriptions is a map of subscriptions keyed on client.
+//
+// Keyline's fork: up to smallSubscriptions entries are kept in a small
+// slice, a map only beyond (a Go map with one entry of this size takes
+// some 700 bytes; a client with one subscription, and the topic index node
+// it subscribes to, had one each). See PATCHES.md.
 type Subscriptions struct {
-	internal map[string]packets.Subscription
+	internal map[string]packets.Subscription // nil while small holds every entry
+	small    []subscriptionEntry             // the entries while there are at most smallSubscriptions
 	sync.RWMutex
 }
 
+type subscriptionEntry struct {
+	id  string
+	sub packets.Subscription
+}
+
+// smallSubscriptions is how many entries Subscriptions keeps without a map.
+const smallSubscriptions = 4
+
 // NewSubscriptions returns a new instance of Subscriptions.
 func NewSubscriptions() *Subscriptions {
-	return &Subscriptions{
-		internal: map[string]packets.Subscription{},
-	}
+	return &Subscriptions{}
 }
 
 // Add adds a new subscription for a client. ID can be a filter in the
@@ -263,16 +344,54 @@ func NewSubscriptions() *Subscriptions {
 func (s *Subscriptions) Add(id string, val packets.Subscription) {
 	s.Lock()
 	defer s.Unlock()
+	if s.internal != nil {
+		s.internal[id] = val
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			s.small[i].sub = val
+			return
+		}
+	}
+	if len(s.small) < smallSubscriptions {
+		if len(s.small) == cap(s.small) { // grow by one: most hold one entry for good
+			s.small = append(make([]subscriptionEntry, 0, len(s.small)+1), s.small...)
+		}
+		s.small = append(s.small, subscriptionEntry{id: id, sub: val})
+		return
+	}
+	s.internal = make(map[string]packets.Subscription, len(s.small)+1)
+	for _, e := range s.small {
+		s.internal[e.id] = e.sub
+	}
 	s.internal[id] = val
+	s.small = nil
+}
+
+// each calls f for every subscription, under the read lock (Keyline's
+// fork: the topic walk reads the entries without a copy of them).
+func (s *Subscriptions) each(f func(id string, sub packets.Subscription)) {
+	s.RLock()
+	defer s.RUnlock()
+	for k, v := range s.internal {
+		f(k, v)
+	}
+	for _, e := range s.small {
+		f(e.id, e.sub)
+	}
 }
 
 // GetAll returns all subscriptions.
 func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 	s.RLock()
 	defer s.RUnlock()
-	m := map[string]packets.Subscription{}
+	m := make(map[string]packets.Subscription, len(s.internal)+len(s.small))
 	for k, v := range s.internal {
 		m[k] = v
+	}
+	for _, e := range s.small {
+		m[e.id] = e.sub
 	}
 	return m
 }
@@ -281,23 +400,45 @@ func (s *Subscriptions) GetAll() map[string]packets.Subscription {
 func (s *Subscriptions) Get(id string) (val packets.Subscription, ok bool) {
 	s.RLock()
 	defer s.RUnlock()
-	val, ok = s.internal[id]
-	return val, ok
+	if s.internal != nil {
+		val, ok = s.internal[id]
+		return val, ok
+	}
+	for _, e := range s.small {
+		if e.id == id {
+			return e.sub, true
+		}
+	}
+	return val, false
 }
 
 // Len returns the number of subscriptions.
 func (s *Subscriptions) Len() int {
 	s.RLock()
 	defer s.RUnlock()
-	val := len(s.internal)
-	return val
+	return len(s.internal) + len(s.small)
 }
 
 // Delete removes a subscription by client or filter id.
 func (s *Subscriptions) Delete(id string) {
 	s.Lock()
 	defer s.Unlock()
-	delete(s.internal, id)
+	if s.internal != nil {
+		delete(s.internal, id)
+		return
+	}
+	for i := range s.small {
+		if s.small[i].id == id {
+			last := len(s.small) - 1
+			s.small[i] = s.small[last]
+			s.small[last] = subscriptionEntry{}
+			s.small = s.small[:last]
+			if last == 0 {
+				s.small = nil
+			}
+			return
+		}
+	}
 }
 
 // ClientSubscriptions is a map of aggregated subscriptions for a client.
@@ -479,10 +620,10 @@ func (x *TopicsIndex) RetainMessage(pk packets.Packet) int64 {
 func (x *TopicsIndex) set(topic string, d int) *particle {
 	var key string
 	var hasNext = true
+	rest := skipParticles(topic, d)
 	n := x.root
 	for hasNext {
-		key, hasNext = isolateParticle(topic, d)
-		d++
+		key, rest, hasNext = strings.Cut(rest, "/")
 
 		p := n.particles.get(key)
 		if p == nil {
@@ -499,11 +640,11 @@ func (x *TopicsIndex) set(topic string, d int) *particle {
 func (x *TopicsIndex) seek(filter string, d int) *particle {
 	var key string
 	var hasNext = true
+	rest := skipParticles(filter, d)
 	n := x.root
 	for hasNext {
-		key, hasNext = isolateParticle(filter, d)
+		key, rest, hasNext = strings.Cut(rest, "/")
 		n = n.particles.get(key)
-		d++
 		if n == nil {
 			return nil
 		}
@@ -543,10 +684,21 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 		return pks
 	}
 
-	key, hasNext := isolateParticle(filter, d)
-	if key == "+" || key == "#" || d == -1 {
+	return x.scanRetained(skipParticles(filter, d), d == 0, n, pks)
+}
+
+// scanRetained is scanMessages from particle n, where rest is what is left
+// of the filter (top: n is the root). It takes each level off rest once: the
+// walk is linear in the filter's length (v2.7.9 rescanned the filter from
+// its start for every level, quadratic in its depth).
+func (x *TopicsIndex) scanRetained(rest string, top bool, n *particle, pks []packets.Packet) []packets.Packet {
+	key, next, hasNext := strings.Cut(rest, "/")
+	if key == "+" || key == "#" {
+		if !hasNext && key == "#" {
+			next = "#" // # matches every level below too
+		}
 		for _, adjacent := range n.particles.getAll() {
-			if d == 0 && adjacent.key == SysPrefix {
+			if top && adjacent.key == SysPrefix {
 				continue
 			}
 
@@ -558,8 +710,8 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 				}
 			}
 
-			if hasNext || (d >= 0 && key == "#") {
-				pks = x.scanMessages(filter, d+1, adjacent, pks)
+			if hasNext || key == "#" {
+				pks = x.scanRetained(next, false, adjacent, pks)
 			}
 		}
 		return pks
@@ -567,7 +719,7 @@ func (x *TopicsIndex) scanMessages(filter string, d int, n *particle, pks []pack
 
 	if particle := n.particles.get(key); particle != nil {
 		if hasNext {
-			return x.scanMessages(filter, d+1, particle, pks)
+			return x.scanRetained(next, false, particle, pks)
 		}
 
 		if pk, ok := x.Retained.Get(particle.retainPath); ok {
@@ -599,11 +751,18 @@ func (x *TopicsIndex) scanSubscribers(topic string, d int, n *particle, subs *Su
 		return subs
 	}
 
-	key, hasNext := isolateParticle(topic, d)
-	for _, partKey := range []string{key, "+"} {
+	return x.scanTopic(topic, skipParticles(topic, d), n, subs)
+}
+
+// scanTopic is scanSubscribers from particle n, where rest is what is left
+// of topic: each level is taken off rest once, so the walk is linear in the
+// topic's length (v2.7.9 rescanned the topic from its start for every level).
+func (x *TopicsIndex) scanTopic(topic, rest string, n *particle, subs *Subscribers) *Subscribers {
+	key, next, hasNext := strings.Cut(rest, "/")
+	for _, partKey := range [2]string{key, "+"} {
 		if particle := n.particles.get(partKey); particle != nil { // [MQTT-3.3.2-3]
 			if hasNext {
-				x.scanSubscribers(topic, d+1, particle, subs)
+				x.scanTopic(topic, next, particle, subs)
 			} else {
 				x.gatherSubscriptions(topic, particle, subs)
 				x.gatherSharedSubscriptions(particle, subs)
@@ -633,9 +792,9 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		subs.Subscriptions = map[string]packets.Subscription{}
 	}
 
-	for client, sub := range particle.subscriptions.GetAll() {
+	particle.subscriptions.each(func(client string, sub packets.Subscription) {
 		if len(sub.Filter) > 0 && topic[0] == '$' && (sub.Filter[0] == '+' || sub.Filter[0] == '#') { // don't match $ topics with top level wildcards [MQTT-4.7.1-1] [MQTT-4.7.1-2]
-			continue
+			return
 		}
 
 		cls, ok := subs.Subscriptions[client]
@@ -644,7 +803,7 @@ func (x *TopicsIndex) gatherSubscriptions(topic string, particle *particle, subs
 		}
 
 		subs.Subscriptions[client] = cls.Merge(sub)
-	}
+	})
 }
 
 // gatherSharedSubscriptions gathers all shared subscriptions for a particle.
@@ -653,15 +812,13 @@ func (x *TopicsIndex) gatherSharedSubscriptions(particle *particle, subs *Subscr
 		subs.Shared = map[string]map[string]packets.Subscription{}
 	}
 
-	for _, shares := range particle.shared.GetAll() {
-		for client, sub := range shares {
-			if _, ok := subs.Shared[sub.Filter]; !ok {
-				subs.Shared[sub.Filter] = map[string]packets.Subscription{}
-			}
-
-			subs.Shared[sub.Filter][client] = sub
+	particle.shared.each(func(_, client string, sub packets.Subscription) {
+		if _, ok := subs.Shared[sub.Filter]; !ok {
+			subs.Shared[sub.Filter] = map[string]packets.Subscription{}
 		}
-	}
+
+		subs.Shared[sub.Filter][client] = sub
+	})
 }
 
 // gatherSharedSubscriptions gathers all inline subscriptions for a particle.
@@ -670,10 +827,21 @@ func (x *TopicsIndex) gatherInlineSubscriptions(particle *particle, subs *Subscr
 		subs.InlineSubscriptions = map[int]InlineSubscription{}
 	}
 
-	for id, inline := range particle.inlineSubscriptions.GetAll() {
+	particle.inlineSubscriptions.each(func(id int, inline InlineSubscription) {
 		subs.InlineSubscriptions[id] = inline
-	}
+	})
 }
+
+// skipParticles returns what follows the first d levels of topic.
+func skipParticles(topic string, d int) string {
+	for ; d > 0; d-- {
+		_, topic, _ = strings.Cut(topic, "/")
+	}
+	return topic
+}
+
+// TopicLevels returns the number of levels of a topic or filter.
+func TopicLevels(topic string) int { return strings.Count(topic, "/") + 1 }
 
 // isolateParticle extracts a particle between d / and d+1 / without allocations.
 func isolateParticle(filter string, d int) (particle string, hasNext bool) {
@@ -775,15 +943,18 @@ type particles struct {
 }
 
 // newParticles returns a map of particles.
+// newParticles returns an empty set of particles; its map is made by the
+// first add (Keyline's fork: leaf nodes have none).
 func newParticles() particles {
-	return particles{
-		internal: map[string]*particle{},
-	}
+	return particles{}
 }
 
 // add adds a new particle.
 func (p *particles) add(val *particle) {
 	p.Lock()
+	if p.internal == nil {
+		p.internal = map[string]*particle{}
+	}
 	p.internal[val.key] = val
 	p.Unlock()
 }

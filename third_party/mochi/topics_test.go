@@ -7,6 +7,7 @@ package mqtt
 import (
 	"fmt"
 	"testing"
+	"unsafe"
 
 	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/stretchr/testify/require"
@@ -19,7 +20,8 @@ const (
 
 func TestNewSharedSubscriptions(t *testing.T) {
 	s := NewSharedSubscriptions()
-	require.NotNil(t, s.internal)
+	require.NotNil(t, s)
+	require.Equal(t, 0, s.Len()) // Keyline's fork: the map is made by the first Add
 }
 
 func TestSharedSubscriptionsAdd(t *testing.T) {
@@ -100,23 +102,27 @@ func TestSharedSubscriptionsDelete(t *testing.T) {
 	require.Equal(t, 0, s.Len())
 }
 
+// Keyline's fork: Subscriptions keeps a few entries without a map, so these
+// tests look through its methods (Get, GetAll, Len) instead of its map.
+
 func TestNewSubscriptions(t *testing.T) {
 	s := NewSubscriptions()
-	require.NotNil(t, s.internal)
+	require.NotNil(t, s)
+	require.Equal(t, 0, s.Len())
 }
 
 func TestSubscriptionsAdd(t *testing.T) {
 	s := NewSubscriptions()
 	s.Add("cl1", packets.Subscription{})
-	require.Contains(t, s.internal, "cl1")
+	require.Contains(t, s.GetAll(), "cl1")
 }
 
 func TestSubscriptionsGet(t *testing.T) {
 	s := NewSubscriptions()
 	s.Add("cl1", packets.Subscription{Qos: 2})
 	s.Add("cl2", packets.Subscription{Qos: 2})
-	require.Contains(t, s.internal, "cl1")
-	require.Contains(t, s.internal, "cl2")
+	require.Contains(t, s.GetAll(), "cl1")
+	require.Contains(t, s.GetAll(), "cl2")
 
 	sub, ok := s.Get("cl1")
 	require.True(t, ok)
@@ -128,9 +134,9 @@ func TestSubscriptionsGetAll(t *testing.T) {
 	s.Add("cl1", packets.Subscription{Qos: 0})
 	s.Add("cl2", packets.Subscription{Qos: 1})
 	s.Add("cl3", packets.Subscription{Qos: 2})
-	require.Contains(t, s.internal, "cl1")
-	require.Contains(t, s.internal, "cl2")
-	require.Contains(t, s.internal, "cl3")
+	require.Contains(t, s.GetAll(), "cl1")
+	require.Contains(t, s.GetAll(), "cl2")
+	require.Contains(t, s.GetAll(), "cl3")
 
 	subs := s.GetAll()
 	require.Len(t, subs, 3)
@@ -140,15 +146,15 @@ func TestSubscriptionsLen(t *testing.T) {
 	s := NewSubscriptions()
 	s.Add("cl1", packets.Subscription{Qos: 0})
 	s.Add("cl2", packets.Subscription{Qos: 1})
-	require.Contains(t, s.internal, "cl1")
-	require.Contains(t, s.internal, "cl2")
+	require.Contains(t, s.GetAll(), "cl1")
+	require.Contains(t, s.GetAll(), "cl2")
 	require.Equal(t, 2, s.Len())
 }
 
 func TestSubscriptionsDelete(t *testing.T) {
 	s := NewSubscriptions()
 	s.Add("cl1", packets.Subscription{Qos: 1})
-	require.Contains(t, s.internal, "cl1")
+	require.Contains(t, s.GetAll(), "cl1")
 
 	s.Delete("cl1")
 	_, ok := s.Get("cl1")
@@ -699,7 +705,7 @@ func BenchmarkMessages(b *testing.B) {
 
 func TestNewParticles(t *testing.T) {
 	cl := newParticles()
-	require.NotNil(t, cl.internal)
+	require.Equal(t, 0, cl.len()) // Keyline's fork: the map is made by the first add
 }
 
 func TestParticlesAdd(t *testing.T) {
@@ -785,7 +791,7 @@ func TestIsSharedFilter(t *testing.T) {
 func TestNewInboundAliases(t *testing.T) {
 	a := NewInboundTopicAliases(5)
 	require.NotNil(t, a)
-	require.NotNil(t, a.internal)
+	require.Nil(t, a.internal) // Keyline's fork: made by the first Set
 	require.Equal(t, uint16(5), a.maximum)
 }
 
@@ -808,10 +814,58 @@ func TestInboundAliasesSetMaxZero(t *testing.T) {
 	require.NotContains(t, a.internal, id)
 }
 
+// keyline: an alias keeps a copy of its topic, never a view into the packet.
+func TestInboundAliasesResolveCopies(t *testing.T) {
+	packet := []byte("a/b/c and a large payload after it")
+	topic := unsafe.String(&packet[0], 5) // what the decoder hands over
+	a := NewInboundTopicAliases(5)
+	got, code := a.Resolve(1, topic, 0)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, "a/b/c", got)
+	view := uintptr(unsafe.Pointer(unsafe.StringData(topic)))
+	require.NotEqual(t, view, uintptr(unsafe.Pointer(unsafe.StringData(a.internal[1]))))
+	require.NotEqual(t, view, uintptr(unsafe.Pointer(unsafe.StringData(got))))
+}
+
+// keyline: the table is bounded in bytes; an alias for no topic is refused.
+func TestInboundAliasesResolveBounds(t *testing.T) {
+	a := NewInboundTopicAliases(5)
+	_, code := a.Resolve(1, "", 0)
+	require.Equal(t, ErrTopicAliasUnknown, code)
+
+	_, code = a.Resolve(1, "aaaa", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(2, "bbbb", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(3, "c", 8)
+	require.Equal(t, ErrTopicAliasBytes, code)
+	require.NotContains(t, a.internal, uint16(3))
+	_, code = a.Resolve(2, "bb", 8) // replacing frees what it held
+	require.Equal(t, packets.CodeSuccess, code)
+	_, code = a.Resolve(3, "cc", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, 8, a.bytes)
+	got, code := a.Resolve(3, "", 8)
+	require.Equal(t, packets.CodeSuccess, code)
+	require.Equal(t, "cc", got)
+
+	a.Reset()
+	require.Empty(t, a.internal)
+	require.Equal(t, 0, a.bytes)
+}
+
+// keyline: a client's inbound aliases end with its connection.
+func TestClientStopResetsInboundAliases(t *testing.T) {
+	cl, _, _ := newTestClient()
+	cl.State.TopicAliases.Inbound.Set(1, "a/b/c")
+	cl.Stop(nil)
+	require.Empty(t, cl.State.TopicAliases.Inbound.internal)
+}
+
 func TestNewOutboundAliases(t *testing.T) {
 	a := NewOutboundTopicAliases(5)
 	require.NotNil(t, a)
-	require.NotNil(t, a.internal)
+	require.Nil(t, a.internal) // Keyline's fork: made by the first Set
 	require.Equal(t, uint16(5), a.maximum)
 	require.Equal(t, uint32(0), a.cursor)
 }
@@ -858,8 +912,7 @@ func TestNewTopicAliases(t *testing.T) {
 func TestNewInlineSubscriptions(t *testing.T) {
 	subscriptions := NewInlineSubscriptions()
 	require.NotNil(t, subscriptions)
-	require.NotNil(t, subscriptions.internal)
-	require.Equal(t, 0, subscriptions.Len())
+	require.Equal(t, 0, subscriptions.Len()) // Keyline's fork: the map is made by the first Add
 }
 
 func TestInlineSubscriptionAdd(t *testing.T) {

@@ -157,8 +157,12 @@
     es.addEventListener('open', function () { state.textContent = 'live'; });
     es.addEventListener('error', function () {
       state.textContent = es.readyState === EventSource.CLOSED
-        ? 'closed: reload to retry (too many viewers, a bad filter or an expired session)'
+        ? 'closed: reload to retry (a bad filter, an expired session, or the stream is off: with auth it needs the HTTP token or http-topic-user)'
         : 'reconnecting…';
+    });
+    es.addEventListener('closed', function (e) {
+      es.close(); // a newer viewer took this one's place: reconnecting would take another's
+      state.textContent = 'closed: ' + JSON.parse(e.data).error + '; reload to watch again';
     });
     es.addEventListener('stats', function (e) {
       const s = JSON.parse(e.data);

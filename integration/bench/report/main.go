@@ -102,6 +102,9 @@ type rec struct {
 		RSSAfterKB   int64   `json:"rss_after_kb"`
 		RSSPerConnKB float64 `json:"rss_per_conn_kb"`
 		FDLimit      int     `json:"fd_limit"`
+		Subscribed   bool    `json:"subscribed"`
+		UsPerConn    float64 `json:"broker_us_per_conn"`
+		Go           *goCost `json:"go"`
 	} `json:"connections"`
 	Conflate *struct {
 		Topics         int     `json:"topics"`
@@ -110,7 +113,25 @@ type rec struct {
 		FinalValues    int     `json:"final_values"`
 		FinalDelayMS   float64 `json:"final_delay_ms"`
 	} `json:"conflate"`
-	Sessions *struct {
+	Stall *struct {
+		Readers        int     `json:"readers"`
+		Published      uint64  `json:"published"`
+		Received       uint64  `json:"received"`
+		Missing        uint64  `json:"missing"`
+		FirstLossAfter uint64  `json:"first_loss_after"`
+		DrainS         float64 `json:"drain_s"`
+	} `json:"stalled_readers"`
+	// loadgen probe lines (scenario "probe")
+	SyscallNS float64 `json:"syscall_ns"`
+	Fdatasync *struct {
+		P50 float64 `json:"p50"`
+		P90 float64 `json:"p90"`
+		P99 float64 `json:"p99"`
+	} `json:"fdatasync_us"`
+	WriteBytes int     `json:"write_bytes"`
+	Inflight   int     `json:"inflight"`
+	FsyncBound float64 `json:"fsync_bound_per_s"`
+	Sessions   *struct {
 		Requested       int     `json:"requested"`
 		Stored          int     `json:"stored"`
 		CreateS         float64 `json:"create_s"`
@@ -119,13 +140,36 @@ type rec struct {
 		RSSBeforeKB     int64   `json:"rss_before_kb"`
 		RSSAfterKB      int64   `json:"rss_after_kb"`
 		RSSPerSessionKB float64 `json:"rss_per_session_kb"`
+		Go              *goCost `json:"go"`
 	} `json:"sessions"`
+	Wake *struct {
+		Opened         int     `json:"opened"`
+		PeriodS        float64 `json:"period_s"`
+		WindowS        float64 `json:"window_s"`
+		Published      uint64  `json:"published"`
+		Acked          uint64  `json:"acked"`
+		BrokerCPUS     float64 `json:"broker_cpu_s"`
+		BrokerUsPerMsg float64 `json:"broker_us_per_msg"`
+		AckLatency     struct {
+			P50 float64 `json:"p50"`
+			P99 float64 `json:"p99"`
+		} `json:"ack_latency_us"`
+		RSSAfterKB int64 `json:"rss_after_kb"`
+	} `json:"wake"`
+}
+
+// goCost is what each connection or session cost a Go broker (loadgen -broker-pprof).
+type goCost struct {
+	HeapKB     float64 `json:"heap_kb"`
+	StackKB    float64 `json:"stack_kb"`
+	Goroutines float64 `json:"goroutines"`
 }
 
 type meta struct {
 	kv        map[string]string
 	cases     [][2]string       // name, args
 	caseFlags map[string]string // name -> keyline flags of that case
+	caseMosq  map[string]string // name -> mosquitto settings of that case (';'-separated)
 	brokerCmd [][2]string
 	brokers   []string
 }
@@ -167,12 +211,21 @@ func oneLine(r *rec) string {
 		return "FAILED " + strings.Join(r.Errors, "; ")
 	}
 	switch {
+	case r.Scenario == "probe":
+		if r.Fdatasync == nil {
+			return "probe without fdatasync figures"
+		}
+		return fmt.Sprintf("syscall %.0f ns, write %d B + fdatasync p50 %s p99 %s, fsync bound for %d in flight %s msg/s",
+			r.SyscallNS, r.WriteBytes, us(r.Fdatasync.P50), us(r.Fdatasync.P99), r.Inflight, num(r.FsyncBound))
 	case r.Connections != nil:
 		c := r.Connections
-		return fmt.Sprintf("%d conns, %.0f/s, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.RSSPerConnKB, c.Alive)
+		return fmt.Sprintf("%d conns, %.0f/s, %.0f µs CPU/conn, %.1f KiB/conn, alive %d", c.Opened, c.ConnectPerS, c.UsPerConn, c.RSSPerConnKB, c.Alive)
 	case r.Sessions != nil:
 		s := r.Sessions
 		return fmt.Sprintf("%d offline sessions, %.1f KiB/session, %d of %d kept", s.Stored, s.RSSPerSessionKB, s.Present, s.Checked)
+	case r.Wake != nil:
+		w := r.Wake
+		return fmt.Sprintf("%d conns, %d of %d acked, broker %.2f s CPU (%.0f µs/msg)", w.Opened, w.Acked, w.Published, w.BrokerCPUS, w.BrokerUsPerMsg)
 	default:
 		s := fmt.Sprintf("%.0f delivered/s (%.3f of expected), p50 %s p99 %s, loadgen %.2f cores, broker %.2f, other %.2f",
 			r.DeliveredPerS, r.DeliveredRatio, us(r.Latency.P50), us(r.Latency.P99), r.CPU.Loadgen, r.CPU.Broker, r.CPU.Other)
@@ -182,6 +235,9 @@ func oneLine(r *rec) string {
 		if r.RSS != nil && r.Stalled > 0 {
 			s += fmt.Sprintf(", RSS max %.1f MiB (+%.1f)", float64(r.RSS.MaxKB)/1024, rssGrowth(r)/1024)
 		}
+		if st := r.Stall; st != nil {
+			s += fmt.Sprintf(", stalled reader held %d of %d (first loss after %d)", st.Received, st.Published, st.FirstLossAfter)
+		}
 		if c := r.Conflate; c != nil {
 			s += fmt.Sprintf(", last values of %d/%d topics, after %s", c.FinalValues, c.Topics, ms(finalDelay(r)))
 		}
@@ -190,7 +246,7 @@ func oneLine(r *rec) string {
 }
 
 func readMeta(path string) (*meta, error) {
-	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}}
+	m := &meta{kv: map[string]string{}, caseFlags: map[string]string{}, caseMosq: map[string]string{}}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -204,6 +260,8 @@ func readMeta(path string) (*meta, error) {
 			m.cases = append(m.cases, [2]string{parts[1], parts[2]})
 		case len(parts) == 3 && parts[0] == "case_flags":
 			m.caseFlags[parts[1]] = parts[2]
+		case len(parts) == 3 && parts[0] == "case_mosquitto":
+			m.caseMosq[parts[1]] = parts[2]
 		case len(parts) == 3 && parts[0] == "broker_cmd":
 			m.brokerCmd = append(m.brokerCmd, [2]string{parts[1], parts[2]})
 		case len(parts) >= 2:
@@ -325,6 +383,8 @@ func kind(c cell) string {
 		return "connections"
 	case r.Scenario == "sessions":
 		return "sessions"
+	case r.Scenario == "wake":
+		return "wake"
 	case r.Scenario == "shared":
 		return "shared"
 	case r.Scenario == "conflate":
@@ -525,6 +585,10 @@ func headlines(k string) []headline {
 		return []headline{
 			{"RSS per offline session", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(v float64) string { return fmt.Sprintf("%.1f KiB", v) }, "lower", false},
 		}
+	case "wake":
+		return []headline{
+			{"broker CPU per message", func(r *rec) float64 { return r.Wake.BrokerUsPerMsg }, func(v float64) string { return fmt.Sprintf("%.0f µs", v) }, "lower", false},
+		}
 	}
 	return nil
 }
@@ -549,7 +613,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("of a field of those lines; the command for each case is listed under [Commands](#commands).\n\n")
 
 	p("## How to run\n\n```\n")
-	p("integration/bench/run             # full: %s rounds, under 15 min; rewrites BENCHMARKS.md, integration/bench/charts/\n", "3")
+	p("integration/bench/run             # full: %s rounds, about 35 min; rewrites BENCHMARKS.md, integration/bench/charts/\n", "3")
 	p("                                  # and integration/bench/results.jsonl\n")
 	p("integration/bench/run --quick     # smoke test under 2 min, output in a temp dir; exits non-zero if a broker\n")
 	p("                                  # does not start or a run fails\n")
@@ -566,6 +630,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 		{"fd_limit", "open files limit"}, {"go", "Go"}, {"mosquitto", "mosquitto"}, {"mochi", "mochi-mqtt/server"}, {"keyline", "Keyline"}, {"elapsed_s", "run time (s)"}} {
 		p("| %s | %s |\n", k[1], kv[k[0]])
 	}
+	writeProbe(w, t)
 	p("\nThe machine is shared with other work, which takes CPU during runs: the `other` column in the CPU tables is the\n")
 	p("machine's busy time minus the load generator and the broker (from `/proc/stat`), so noisy runs can be recognised.\n\n")
 
@@ -658,6 +723,7 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	})
 	p("\n")
 	writeOrderFindings(w, t)
+	writeDurable(w, m, t)
 
 	p("## Slow subscriber\n\n")
 	p("One subscriber stops reading its socket (its receive buffer is 4 KiB, so the backlog sits in the broker); the\n")
@@ -693,13 +759,16 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	}
 	p("\nRSS growth is RSS max minus RSS start: what the run added, the stalled reader's backlog included (no ratio\n")
 	p("where mosquitto grew by less than 1 MiB).\n\n")
+	writeStalled(w, m, t)
 	writeConflate(w, t)
 
 	p("## Idle connections\n\n")
-	p("N connections (MQTT CONNECT, keep-alive 60 s) opened 64 at a time; RSS read from `/proc/<pid>/status` before and\n")
-	p("after (plus a settle time); every connection then answers a PINGREQ to prove it is served.\n\n")
-	p("| case | broker | opened | connects/s | vs mosquitto | RSS before | RSS after | RSS per connection | vs mosquitto | answered PINGREQ |\n")
-	p("|---|---|---|---|---|---|---|---|---|---|\n")
+	p("N connections (MQTT CONNECT, keep-alive 60 s, then one QoS 1 SUBSCRIBE to a topic of their own) opened 64 at a\n")
+	p("time; RSS read from `/proc/<pid>/status` before and after (plus a settle time); every connection then answers a\n")
+	p("PINGREQ to prove it is served. For keyline, heap (in use after a forced GC), goroutine stacks and goroutines come\n")
+	p("from its `/debug/pprof` (`--pprof`), before and after, per connection; mosquitto has no such figures.\n\n")
+	p("| case | broker | opened | connects/s | vs mosquitto | RSS before | RSS after | RSS per connection | vs mosquitto | heap per conn | stacks per conn | goroutines per conn | answered PINGREQ |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, cs := range t.cases {
 		if caseKind(t, cs) != "connections" {
 			continue
@@ -711,12 +780,13 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 			c := t.get(cs, b)
 			rate := c.median(func(r *rec) float64 { return r.Connections.ConnectPerS })
 			per := c.median(func(r *rec) float64 { return r.Connections.RSSPerConnKB })
-			p("| %s | %s | %s | %s | %s | %s | %s | %.1f KiB | %s | %s |\n", cs, b,
+			heap, stack, gor := goCells(c, func(r *rec) *goCost { return r.Connections.Go })
+			p("| %s | %s | %s | %s | %s | %s | %s | %.2f KiB | %s | %s | %s | %s | %s |\n", cs, b,
 				integer(c.median(func(r *rec) float64 { return float64(r.Connections.Opened) })),
 				num(rate), ratio(rate, baseRate),
 				mib(c.median(func(r *rec) float64 { return float64(r.Connections.RSSBeforeKB) })),
 				mib(c.median(func(r *rec) float64 { return float64(r.Connections.RSSAfterKB) })),
-				per, ratio(per, baseRSS),
+				per, ratio(per, baseRSS), heap, stack, gor,
 				integer(c.median(func(r *rec) float64 { return float64(r.Connections.Alive) })))
 		}
 	}
@@ -726,19 +796,44 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("N clients connect with a persistent session (MQTT 3.1.1 clean session 0, or MQTT 5 session expiry 1 h), subscribe\n")
 	p("to one topic at QoS 1 and disconnect; RSS is read before and after (plus a settle time); every hundredth session\n")
 	p("is then resumed to check the broker kept it (session present).\n\n")
-	p("| case | broker | sessions | RSS before | RSS after | RSS per session | vs mosquitto | kept |\n")
-	p("|---|---|---|---|---|---|---|---|\n")
+	p("| case | broker | sessions | RSS before | RSS after | RSS per session | vs mosquitto | heap per session | goroutines per session | kept |\n")
+	p("|---|---|---|---|---|---|---|---|---|---|\n")
 	forKind(t, "sessions", func(r *rec) float64 { return r.Sessions.RSSPerSessionKB }, func(cs, b string, c cell, base float64) {
 		per := c.median(func(r *rec) float64 { return r.Sessions.RSSPerSessionKB })
-		p("| %s | %s | %s | %s | %s | %.1f KiB | %s | %s of %s |\n", cs, b,
+		heap, _, gor := goCells(c, func(r *rec) *goCost { return r.Sessions.Go })
+		p("| %s | %s | %s | %s | %s | %.2f KiB | %s | %s | %s | %s of %s |\n", cs, b,
 			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Stored) })),
 			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSBeforeKB) })),
 			mib(c.median(func(r *rec) float64 { return float64(r.Sessions.RSSAfterKB) })),
-			per, ratio(per, base),
+			per, ratio(per, base), heap, gor,
 			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Present) })),
 			integer(c.median(func(r *rec) float64 { return float64(r.Sessions.Checked) })))
 	})
 	p("\n")
+
+	if firstCase(t, "wake") != "" {
+		p("## Waking up: idle devices that publish once a minute\n\n")
+		p("N idle connections (as above) each publish one QoS 1 message per period, their publishes spread evenly over it\n")
+		p("(connection i at i/N of the period), and wait for the PUBACK; the broker's CPU is read from `/proc` over the\n")
+		p("window. This is the cost of waking an idle connection, reading one packet and answering it, plus whatever the\n")
+		p("broker does per second for its idle clients.\n\n")
+		p("| case | broker | connections | period | published | acked | broker CPU | broker cores | µs per message | vs mosquitto | PUBACK p50 | PUBACK p99 |\n")
+		p("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		forKind(t, "wake", func(r *rec) float64 { return r.Wake.BrokerUsPerMsg }, func(cs, b string, c cell, base float64) {
+			per := c.median(func(r *rec) float64 { return r.Wake.BrokerUsPerMsg })
+			p("| %s | %s | %s | %.0f s | %s | %s | %.2f s | %s | %.0f | %s | %s | %s |\n", cs, b,
+				integer(c.median(func(r *rec) float64 { return float64(r.Wake.Opened) })),
+				c.median(func(r *rec) float64 { return r.Wake.PeriodS }),
+				integer(c.median(func(r *rec) float64 { return float64(r.Wake.Published) })),
+				integer(c.median(func(r *rec) float64 { return float64(r.Wake.Acked) })),
+				c.median(func(r *rec) float64 { return r.Wake.BrokerCPUS }),
+				f3(c.median(func(r *rec) float64 { return r.CPU.Broker })),
+				per, ratio(per, base),
+				us(c.median(func(r *rec) float64 { return r.Wake.AckLatency.P50 })),
+				us(c.median(func(r *rec) float64 { return r.Wake.AckLatency.P99 })))
+		})
+		p("\n")
+	}
 
 	// -------- CPU evidence
 	p("## Is the load generator the limit?\n\n")
@@ -774,15 +869,19 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	// -------- method and commands
 	p("## Method\n\n")
 	p("- Each broker listens on a free 127.0.0.1 port and is started fresh for every (case, broker) run and stopped after\n")
-	p("  it; the order inside a round is case by case, brokers in turn (%s), and rounds repeat that order.\n", strings.Join(m.brokers, ", "))
+	p("  it; each case runs its rounds back to back, the brokers in turn inside a round (%s), so that the runs a\n", strings.Join(m.brokers, ", "))
+	p("  ratio compares are minutes apart at most. `loadgen probe` measures the cost of a system call and the latency\n")
+	p("  of a 2 KiB write + fdatasync on the brokers' disk at the start, and beside every round of a case with fsync on.\n")
 	p("- `integration/loadgen` speaks MQTT with hand-encoded frames: one `bufio.Reader` per connection decoding in place,\n")
 	p("  publishers appending frames to one buffer and writing it with one syscall, subscribers batching their acks per read.\n")
 	p("  Payloads carry a run id, publisher id, send timestamp (stamped just before the write), per-publisher and per-key\n")
 	p("  sequence numbers; loss, reordering, duplicates and latency come from them.\n")
 	p("- Rates count the measured window only (after a warm-up); deliveries are counted by receive time, latency and\n")
 	p("  delivered/expected by send time; after publishing stops the tool waits (drain) for outstanding deliveries.\n")
-	p("- Keyline runs with `--fsync=false` and a fresh data directory; mosquitto with persistence off; plain mochi is\n")
-	p("  `integration/bench/mochiplain` (mochi with only `auth.AllowHook` and a TCP listener, default options).\n\n")
+	p("- Keyline runs with `--fsync=false` (unless a case says `--fsync=true`) and a fresh data directory; mosquitto with\n")
+	p("  persistence off and the configuration under [Commands](#commands) (queues that do not drop what the load can put in\n")
+	p("  them); plain mochi is `integration/bench/mochiplain` (mochi with only `auth.AllowHook` and a TCP listener, default\n")
+	p("  options).\n\n")
 
 	p("## Reading these numbers\n\n")
 	p("- Loopback on one 2-core machine: the load generator and the broker share the cores (and with them whatever else\n")
@@ -803,7 +902,16 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	for _, bc := range m.brokerCmd {
 		p("%-10s %s\n", bc[0], bc[1])
 	}
-	p("mosquitto config: %s\n```\n\n", kv["mosquitto_conf"])
+	p("```\n\nmosquitto's configuration file (every case):\n\n```\n%s\n```\n\n", strings.ReplaceAll(kv["mosquitto_conf"], ";", "\n"))
+	if len(m.caseMosq) > 0 {
+		p("mosquitto runs these cases with other settings (replacing those of the same name):\n\n```\n")
+		for _, c := range m.cases {
+			if f := m.caseMosq[c[0]]; f != "" {
+				p("%-18s %s\n", c[0], strings.ReplaceAll(f, ";", " / "))
+			}
+		}
+		p("```\n\n")
+	}
 	p("Load, per case (every run adds `-addr 127.0.0.1:PORT -broker-pid PID -label BROKER -tag CASE -round N %s`):\n\n```\n", kv["common"])
 	for _, c := range m.cases {
 		p("%-18s loadgen %s\n", c[0], c[1])
@@ -984,8 +1092,37 @@ var brokerColor = map[string]color.Color{
 	"keyline":   color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 }
 
+// goCells formats the median Go costs of a cell ("-" where there are none).
+func goCells(c cell, get func(*rec) *goCost) (heap, stack, goroutines string) {
+	has := false
+	for _, r := range c {
+		if r.OK && get(r) != nil {
+			has = true
+		}
+	}
+	if !has {
+		return "-", "-", "-"
+	}
+	val := func(f func(*goCost) float64) float64 {
+		return c.median(func(r *rec) float64 {
+			if g := get(r); g != nil {
+				return f(g)
+			}
+			return math.NaN()
+		})
+	}
+	return fmt.Sprintf("%.2f KiB", val(func(g *goCost) float64 { return g.HeapKB })),
+		fmt.Sprintf("%.2f KiB", val(func(g *goCost) float64 { return g.StackKB })),
+		fmt.Sprintf("%.2f", val(func(g *goCost) float64 { return g.Goroutines }))
+}
+
 func drawCharts(t *table, dir, rel string) ([]string, error) {
 	var md []string
+	if ok, err := chartConnRSS(t, filepath.Join(dir, "connections-rss.png")); err != nil {
+		return nil, err
+	} else if ok {
+		md = append(md, fmt.Sprintf("![Broker RSS against idle connections](%s/connections-rss.png)", rel))
+	}
 	if ok, err := chartFanout(t, filepath.Join(dir, "fanout-throughput.png")); err != nil {
 		return nil, err
 	} else if ok {
@@ -1184,6 +1321,52 @@ func chartRSS(t *table, path string) (bool, error) {
 		return false, nil
 	}
 	p.Y.Max *= 1.3 // room for the legend
+	p.Add(plotter.NewGrid())
+	return true, p.Save(8*vg.Inch, 4.5*vg.Inch, path)
+}
+
+// chartConnRSS draws the broker's RSS (after, median) against the number of
+// idle connections, one line per broker, from every connections case.
+func chartConnRSS(t *table, path string) (bool, error) {
+	p := plot.New()
+	p.Title.Text = "Broker RSS with N idle connections (CONNECT + one SUBSCRIBE each)"
+	p.X.Label.Text = "idle connections"
+	p.Y.Label.Text = "RSS (MiB)"
+	p.X.Min, p.Y.Min = 0, 0
+	p.Legend.Top = true
+	p.Legend.Left = true
+	lines := 0
+	for _, b := range t.brokers {
+		var xys plotter.XYs
+		for _, cs := range t.cases {
+			if caseKind(t, cs) != "connections" {
+				continue
+			}
+			c := t.get(cs, b)
+			n := c.median(func(r *rec) float64 { return float64(r.Connections.Opened) })
+			rss := c.median(func(r *rec) float64 { return float64(r.Connections.RSSAfterKB) })
+			if n > 0 && rss > 0 && !math.IsNaN(n) && !math.IsNaN(rss) {
+				xys = append(xys, plotter.XY{X: n, Y: rss / 1024})
+			}
+		}
+		if len(xys) < 2 {
+			continue
+		}
+		sort.Slice(xys, func(i, j int) bool { return xys[i].X < xys[j].X })
+		l, pts, err := plotter.NewLinePoints(xys)
+		if err != nil {
+			return false, err
+		}
+		l.Color, pts.Color = brokerColor[b], brokerColor[b]
+		l.Width = vg.Points(2)
+		p.Add(l, pts)
+		p.Legend.Add(b, l, pts)
+		lines++
+	}
+	if lines == 0 {
+		return false, nil
+	}
+	p.Y.Max *= 1.15
 	p.Add(plotter.NewGrid())
 	return true, p.Save(8*vg.Inch, 4.5*vg.Inch, path)
 }

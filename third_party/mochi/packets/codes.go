@@ -67,6 +67,9 @@ var (
 	ErrProtocolViolationProtocolName          = Code{Code: 0x82, Reason: "protocol violation: protocol name"}
 	ErrProtocolViolationProtocolVersion       = Code{Code: 0x82, Reason: "protocol violation: protocol version"}
 	ErrProtocolViolationReservedBit           = Code{Code: 0x82, Reason: "protocol violation: reserved bit not 0"}
+	ErrProtocolViolationZeroSubID             = Code{Code: 0x82, Reason: "protocol violation: subscription identifier 0"}           // keyline
+	ErrProtocolViolationRetainHandling        = Code{Code: 0x82, Reason: "protocol violation: retain handling 3"}                   // keyline
+	ErrMalformedSubscriptionOptions           = Code{Code: 0x81, Reason: "malformed packet: reserved subscription option bits set"} // keyline
 	ErrProtocolViolationFlagNoUsername        = Code{Code: 0x82, Reason: "protocol violation: username flag set but no value"}
 	ErrProtocolViolationFlagNoPassword        = Code{Code: 0x82, Reason: "protocol violation: password flag set but no value"}
 	ErrProtocolViolationUsernameNoFlag        = Code{Code: 0x82, Reason: "protocol violation: username set but no flag"}
@@ -141,6 +144,7 @@ var (
 	V5CodesToV3 = map[Code]Code{
 		ErrUnsupportedProtocolVersion: Err3UnsupportedProtocolVersion,
 		ErrClientIdentifierNotValid:   Err3ClientIdentifierNotValid,
+		ErrClientIdentifierTooLong:    Err3ClientIdentifierNotValid, // keyline
 		ErrServerUnavailable:          Err3ServerUnavailable,
 		ErrMalformedUsername:          ErrMalformedUsernameOrPassword,
 		ErrMalformedPassword:          ErrMalformedUsernameOrPassword,

@@ -183,6 +183,7 @@ type Subscription struct {
 	RetainAsPublished bool
 	NoLocal           bool
 	FwdRetainedFlag   bool // true if the subscription forms part of a publish response to a client subscription and packet is retained.
+	reserved          byte // keyline: the options byte's reserved bits (6 and 7) as decoded; SubscribeValidate refuses them
 }
 
 // Copy creates a new instance of a packet, but with an empty header for inheriting new QoS flags, etc.
@@ -300,6 +301,7 @@ func (s *Subscription) decode(b byte) {
 	s.NoLocal = 1&(b>>2) > 0           // bool
 	s.RetainAsPublished = 1&(b>>3) > 0 // bool
 	s.RetainHandling = 3 & (b >> 4)    // byte
+	s.reserved = b & 0xc0
 }
 
 // ConnectEncode encodes a connect packet.
@@ -964,6 +966,9 @@ func (pk *Packet) SubscribeDecode(buf []byte) error {
 		}
 
 		if pk.ProtocolVersion == 5 {
+			if offset >= len(buf) { // keyline: v2.7.9 read past the end (a panic that ended the broker)
+				return ErrMalformedQos
+			}
 			sub.decode(buf[offset])
 			offset += 1
 		} else {
@@ -998,9 +1003,19 @@ func (pk *Packet) SubscribeValidate() Code {
 		return ErrProtocolViolationNoFilters // [MQTT-3.10.3-2]
 	}
 
+	if ids := pk.Properties.SubscriptionIdentifier; len(ids) > 0 && ids[0] == 0 {
+		return ErrProtocolViolationZeroSubID // keyline: 3.8.2.1.2, a Protocol Error
+	}
+
 	for _, v := range pk.Filters {
 		if v.Identifier > 268435455 { // 3.3.2.3.8 The Subscription Identifier can have the value of 1 to 268,435,455.
 			return ErrProtocolViolationOversizeSubID //
+		}
+		if v.reserved != 0 {
+			return ErrMalformedSubscriptionOptions // keyline: [MQTT-3.8.3-5]
+		}
+		if v.RetainHandling == 3 {
+			return ErrProtocolViolationRetainHandling // keyline: 3.8.3.1, a Protocol Error
 		}
 	}
 

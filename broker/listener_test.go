@@ -1,0 +1,134 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+)
+
+// faultyListener fails Accept with the errors queued in fail, one per call,
+// before it accepts for real.
+type faultyListener struct {
+	net.Listener
+	fail  chan error
+	fails atomic.Int32
+}
+
+func (l *faultyListener) Accept() (net.Conn, error) {
+	select {
+	case err := <-l.fail:
+		l.fails.Add(1)
+		return nil, err
+	default:
+		return l.Listener.Accept()
+	}
+}
+
+// startFaulty starts a broker whose TCP listener fails the accepts queued on
+// the returned channel (buffered: queue them before any connection is made).
+func startFaulty(t *testing.T) (*Broker, *faultyListener) {
+	t.Helper()
+	cfg := testConfig(t)
+	w := &tlogWriter{t: t}
+	b, err := New(cfg, slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &faultyListener{Listener: b.mqttLns[0].ln, fail: make(chan error, 16)}
+	b.mqttLns[0].ln = fl
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := b.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		w.done.Store(true)
+	})
+	return b, fl
+}
+
+// TestListenerRetriesTemporaryAcceptErrors: EMFILE, ENFILE and ECONNABORTED
+// from Accept are retried with backoff (the listener accepted nothing more
+// after the first one before the fix), and the broker stays ready.
+func TestListenerRetriesTemporaryAcceptErrors(t *testing.T) {
+	b, fl := startFaulty(t)
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ECONNABORTED, syscall.EMFILE} {
+		fl.fail <- &net.OpError{Op: "accept", Net: "tcp", Err: e}
+	}
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, b.Addr("tcp")), "after-accept-errors", true, nil)
+	c.Subscribe(t, "a/b", 0)
+	if n := fl.fails.Load(); n != 4 {
+		t.Fatalf("%d accepts failed, want 4", n)
+	}
+	if code, body := httpGet(t, "http://"+b.Addr("http")+"/readyz"); code != 200 {
+		t.Errorf("/readyz after temporary accept errors = %d %q, want 200", code, body)
+	}
+}
+
+// TestListenerThatStopsMakesTheBrokerUnready: an accept error that is not
+// temporary stops the listener; /readyz then answers 503 naming it (it said
+// 200 before the fix, with nothing accepting).
+func TestListenerThatStopsMakesTheBrokerUnready(t *testing.T) {
+	b, fl := startFaulty(t)
+	fl.fail <- errors.New("accept: the listener's socket is gone")
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
+	for deadline := time.Now().Add(mqtttest.Timeout); b.Ready(); <-poll.C {
+		if time.Now().After(deadline) {
+			t.Fatal("the broker is still ready with its only MQTT listener stopped")
+		}
+	}
+	code, body := httpGet(t, "http://"+b.Addr("http")+"/readyz")
+	if code != 503 || !strings.Contains(body, "tcp listener") || !strings.Contains(body, "socket is gone") {
+		t.Errorf("/readyz = %d %q, want 503 naming the tcp listener and its error", code, body)
+	}
+}
+
+func TestTemporaryAcceptErrors(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&net.OpError{Op: "accept", Err: syscall.EMFILE}, true},
+		{&net.OpError{Op: "accept", Err: syscall.ENFILE}, true},
+		{fmt.Errorf("wrapped: %w", syscall.ECONNABORTED), true},
+		{syscall.ENOBUFS, true},
+		{net.ErrClosed, false},
+		{errors.New("other"), false},
+	} {
+		if got := temporaryAcceptError(c.err); got != c.want {
+			t.Errorf("temporaryAcceptError(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+func TestMemoryReleasedOnlyWhenQuiet(t *testing.T) {
+	for _, c := range []struct {
+		free, live, allocated uint64
+		want                  bool
+	}{
+		{free: 40 << 20, live: 50 << 20, allocated: 512 << 10, want: true}, // quiet, much free
+		{free: 40 << 20, live: 50 << 20, allocated: 8 << 20, want: false},  // busy
+		{free: 4 << 20, live: 50 << 20, allocated: 0, want: false},         // little free
+		{free: 9 << 20, live: 400 << 20, allocated: 0, want: false},        // free is small beside the live heap
+	} {
+		if got := decideRelease(c.free, c.live, c.allocated); got != c.want {
+			t.Errorf("decideRelease(%d, %d, %d) = %v", c.free, c.live, c.allocated, got)
+		}
+	}
+}

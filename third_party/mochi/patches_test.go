@@ -1,0 +1,420 @@
+// Tests of Keyline's changes to mochi v2.7.9 (PATCHES.md lists them).
+
+package mqtt
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/mochi-mqtt/server/v2/packets"
+)
+
+// GetByListener took the clients' read lock twice (RLock, then Len's RLock):
+// a writer queueing in between deadlocked both (mochi-mqtt/server#488), and
+// with them the server's Close. The window is a few instructions wide, so
+// the test hammers it; on v2.7.9 it hangs within a few thousand rounds.
+func TestPatchGetByListenerTakesTheLockOnce(t *testing.T) {
+	cls := NewClients()
+	for i := 0; i < 8; i++ {
+		cl, _, _ := newTestClient()
+		cl.ID = string(rune('a' + i))
+		cl.Net.Listener = "t1"
+		cls.Add(cl)
+	}
+	extra, _, _ := newTestClient()
+	extra.ID = "extra"
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				cls.Add(extra)
+				cls.Delete(extra.ID)
+			}
+		}
+	}()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 200000; i++ {
+			cls.GetByListener("t1")
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("GetByListener deadlocked against a concurrent writer")
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// An expired session's subscriptions leave the topic index: v2.7.9 deleted
+// the client and kept its filters (and their index nodes) for good.
+func TestPatchExpiredClientLeavesTheTopicIndex(t *testing.T) {
+	s := New(&Options{Logger: logger})
+	cl, _, _ := newTestClient()
+	cl.ID = "gone"
+	cl.ops.hooks = s.hooks
+	cl.State.disconnected = time.Now().Unix() - 10
+	cl.State.cancelOpen()
+	cl.Properties.ProtocolVersion = 5
+	cl.Properties.Props.SessionExpiryInterval = 5
+	cl.Properties.Props.SessionExpiryIntervalFlag = true
+	sub := packets.Subscription{Filter: "a/b/c", Qos: 1}
+	cl.State.Subscriptions.Add(sub.Filter, sub)
+	s.Topics.Subscribe(cl.ID, sub)
+	s.Clients.Add(cl)
+	require.Len(t, s.Topics.Subscribers("a/b/c").Subscriptions, 1)
+
+	s.clearExpiredClients(time.Now().Unix())
+	_, ok := s.Clients.Get("gone")
+	require.False(t, ok)
+	require.Empty(t, s.Topics.Subscribers("a/b/c").Subscriptions)
+}
+
+// patchedAck is the MQTT 5 ack mochi sends for a refused publish: the reason
+// code and string, none of the publish's properties.
+func patchedAck(typ byte, id uint16, reason packets.Code) []byte {
+	pk := packets.Packet{FixedHeader: packets.FixedHeader{Type: typ}, ProtocolVersion: 5, PacketID: id, ReasonCode: reason.Code,
+		Properties: packets.Properties{ReasonString: reason.Reason}}
+	var b bytes.Buffer
+	if err := pk.PubrecEncode(&b); err != nil {
+		panic(err)
+	}
+	return b.Bytes()
+}
+
+// A publisher's user properties do not come back on its PUBACK: v2.7.9
+// copied the PUBLISH's properties into the ack (and with them wrote the
+// granted QoS, 0x01, as the PUBACK's reason code, which is none).
+func TestPatchAcksInheritNoProperties(t *testing.T) {
+	s := newServer()
+	cl, r, w := newTestClient()
+	cl.Properties.ProtocolVersion = 5
+	pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1Mqtt5).Packet
+	require.NotEmpty(t, pk.Properties.User)
+	go func() {
+		_ = s.processPacket(cl, pk)
+		_ = w.Close()
+	}()
+	buf, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, []byte{packets.Puback << 4, 2, byte(pk.PacketID >> 8), byte(pk.PacketID)}, buf)
+}
+
+// awaitWritten waits (up to 10 s) until the client's write loop has written
+// every packet queued for it.
+func awaitWritten(cl *Client) {
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadInt32(&cl.State.outboundQty) > 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond) // polling: the write loop signals nothing
+	}
+}
+
+// captureConn is a net.Conn that keeps what is written to it; nothing is
+// ever read from it (a Conn's owner reads).
+type captureConn struct {
+	mu     sync.Mutex
+	out    bytes.Buffer
+	closed bool
+}
+
+func (c *captureConn) Read([]byte) (int, error) { return 0, io.EOF }
+func (c *captureConn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, net.ErrClosed
+	}
+	return c.out.Write(b)
+}
+func (c *captureConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return nil
+}
+func (c *captureConn) LocalAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1883}
+}
+func (c *captureConn) RemoteAddr() net.Addr {
+	return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 50000}
+}
+func (c *captureConn) SetDeadline(time.Time) error      { return nil }
+func (c *captureConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *captureConn) SetWriteDeadline(time.Time) error { return nil }
+func (c *captureConn) written() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return bytes.Clone(c.out.Bytes())
+}
+func (c *captureConn) reset() { c.mu.Lock(); defer c.mu.Unlock(); c.out.Reset() }
+
+func newPatchedServer() *Server {
+	cc := NewDefaultServerCapabilities()
+	cc.MaximumPacketSize = 1000
+	s := New(&Options{Logger: logger, Capabilities: cc, DirectWrites: true, CompactSessions: true, InlineClient: true})
+	_ = s.AddHook(new(AllowHook), nil)
+	return s
+}
+
+var (
+	connect311Persistent = packets.TPacketData[packets.Connect].Get(packets.TConnectMqtt311).RawBytes // client "zen", clean session 0
+	subscribeABC         = []byte{packets.Subscribe<<4 | 1<<1, 10, 0, 15, 0, 5, 'a', '/', 'b', '/', 'c', 1}
+	pingreq              = []byte{packets.Pingreq << 4, 0}
+	disconnect           = []byte{packets.Disconnect << 4, 0}
+)
+
+// A Conn is fed the bytes its owner reads, split anywhere: packets are
+// handled as they complete, with nothing but an incomplete packet's bytes
+// kept between calls; a DISCONNECT ends it (ErrClientStopped).
+func TestPatchConnFeedsPacketsSplitAnywhere(t *testing.T) {
+	s := newPatchedServer()
+	out := new(captureConn)
+	c := s.NewConn("t1", out)
+	for i := range connect311Persistent { // one byte at a time
+		require.NoError(t, c.Feed(connect311Persistent[i:i+1]))
+		if i < len(connect311Persistent)-1 {
+			require.Equal(t, i+1, c.Pending())
+		}
+	}
+	require.Equal(t, 0, c.Pending())
+	require.Equal(t, []byte{packets.Connack << 4, 2, 0, 0}, out.written())
+	cl, ok := s.Clients.Get("zen")
+	require.True(t, ok)
+	require.Same(t, c.Client(), cl)
+	require.Nil(t, cl.Net.bconn, "a fed client has no reader of its own")
+	require.Nil(t, cl.State.outbound, "DirectWrites: no outbound channel")
+
+	out.reset()
+	stream := append(append(append([]byte{}, subscribeABC...), pingreq...), disconnect...)
+	require.NoError(t, c.Feed(stream[:7]))
+	require.Equal(t, 7, c.Pending())
+	require.ErrorIs(t, c.Feed(stream[7:]), ErrClientStopped) // SUBSCRIBE, PINGREQ, then DISCONNECT
+	require.Equal(t, []byte{packets.Suback << 4, 3, 0, 15, 1, packets.Pingresp << 4, 0}, out.written())
+	require.NoError(t, c.End(ErrClientStopped))
+	require.Equal(t, int64(0), atomic.LoadInt64(&s.Info.ClientsConnected))
+}
+
+// The first packet must be a CONNECT, and no packet may be larger than
+// MaximumPacketSize: both are refused from the fixed header, before the body.
+func TestPatchConnRefusesFromTheFixedHeader(t *testing.T) {
+	s := newPatchedServer()
+	c := s.NewConn("t1", new(captureConn))
+	err := c.Feed([]byte{packets.Publish << 4, 0x80})
+	require.ErrorIs(t, err, packets.ErrProtocolViolationRequireFirstConnect)
+	require.NoError(t, c.End(nil)) // not attached: nothing to undo
+	c = s.NewConn("t1", new(captureConn))
+	require.NoError(t, c.Feed(connect311Persistent))
+	require.ErrorIs(t, c.Feed([]byte{packets.Publish << 4, 0xe8, 0x07}), packets.ErrPacketTooLarge) // 1000 bytes + 1 > 1000
+	require.Equal(t, 0, c.Pending())
+	_ = c.End(packets.ErrPacketTooLarge)
+}
+
+// A slow sender holds only what it sent: a PUBLISH announcing 990 bytes of
+// which 10 came keeps 13 bytes, not a buffer of 990.
+func TestPatchConnKeepsOnlyWhatArrived(t *testing.T) {
+	s := newPatchedServer()
+	c := s.NewConn("t1", new(captureConn))
+	require.NoError(t, c.Feed(connect311Persistent))
+	head := []byte{packets.Publish << 4, 0xde, 0x07, 0, 5, 'a', '/', 'b', '/', 'c', 'x', 'y', 'z'} // remaining 990
+	require.NoError(t, c.Feed(head))
+	require.Equal(t, len(head), c.Pending())
+	require.LessOrEqual(t, cap(c.partial), 64)
+	_ = c.End(io.EOF)
+}
+
+// A connection that ends without DISCONNECT sends the client's will; one
+// that disconnects does not.
+func TestPatchConnEndSendsTheWill(t *testing.T) {
+	s := newPatchedServer()
+	got := make(chan string, 2)
+	require.NoError(t, s.Subscribe("lwt", 1, func(_ *Client, _ packets.Subscription, pk packets.Packet) { got <- string(pk.Payload) }))
+	will := packets.TPacketData[packets.Connect].Get(packets.TConnectUserPassLWT).RawBytes
+	for _, end := range []error{io.EOF, ErrClientStopped} {
+		c := s.NewConn("t1", new(captureConn))
+		require.NoError(t, c.Feed(will))
+		require.True(t, c.Client().Properties.Will.Flag == 1)
+		_ = c.End(end)
+	}
+	require.Len(t, got, 1, "one will: for the connection that ended without DISCONNECT")
+}
+
+// A disconnected persistent session is kept as a compact record: none of
+// its connection's state, all of its session's, and it resumes.
+func TestPatchOfflineSessionIsCompact(t *testing.T) {
+	s := newPatchedServer()
+	c := s.NewConn("t1", new(captureConn))
+	require.NoError(t, c.Feed(append(append([]byte{}, connect311Persistent...), subscribeABC...)))
+	live := c.Client()
+	_ = c.End(io.EOF)
+
+	off, ok := s.Clients.Get("zen")
+	require.True(t, ok)
+	require.NotSame(t, live, off)
+	require.True(t, off.Closed())
+	require.Nil(t, off.Net.Conn)
+	require.Nil(t, off.State.TopicAliases.Inbound)
+	require.Equal(t, live.StopTime(), off.StopTime())
+	require.Equal(t, live.State.Subscriptions, off.State.Subscriptions)
+	off.Stop(nil) // does nothing
+	require.Equal(t, live.StopTime(), off.StopTime())
+
+	out := new(captureConn)
+	c = s.NewConn("t1", out)
+	require.NoError(t, c.Feed(connect311Persistent))
+	require.Equal(t, []byte{packets.Connack << 4, 2, 1, 0}, out.written(), "session present")
+	cl, _ := s.Clients.Get("zen")
+	_, subscribed := cl.State.Subscriptions.Get("a/b/c")
+	require.True(t, subscribed)
+	_ = c.End(ErrClientStopped)
+}
+
+// Subscriptions keeps up to smallSubscriptions entries without a map and
+// moves them to one beyond; both forms answer alike.
+func TestPatchSubscriptionsSmallThenMap(t *testing.T) {
+	s := NewSubscriptions()
+	want := map[string]packets.Subscription{}
+	check := func() {
+		t.Helper()
+		require.Equal(t, len(want), s.Len())
+		require.Equal(t, want, s.GetAll())
+		for id, sub := range want {
+			got, ok := s.Get(id)
+			require.True(t, ok)
+			require.Equal(t, sub, got)
+		}
+		_, ok := s.Get("absent")
+		require.False(t, ok)
+	}
+	for i := 0; i < 2*smallSubscriptions; i++ {
+		id := string(rune('a' + i))
+		s.Add(id, packets.Subscription{Filter: id, Qos: byte(i % 3)})
+		want[id] = packets.Subscription{Filter: id, Qos: byte(i % 3)}
+		s.Add(id, packets.Subscription{Filter: id, Qos: 2}) // replaced, not added
+		want[id] = packets.Subscription{Filter: id, Qos: 2}
+		check()
+		if i < smallSubscriptions {
+			require.Nil(t, s.internal)
+		} else {
+			require.Nil(t, s.small)
+		}
+	}
+	for id := range want {
+		s.Delete(id)
+		delete(want, id)
+		check()
+	}
+	s2 := NewSubscriptions()
+	s2.Add("x", packets.Subscription{})
+	s2.Delete("x")
+	require.Nil(t, s2.small, "an emptied small set lets go of its array")
+}
+
+// qosHook records what the in-flight table held when OnQosPublish saw an ack.
+type qosHook struct {
+	HookBase
+	mu        sync.Mutex
+	published []packets.Packet
+	completed []packets.Packet
+	heldAt    []int // cl.State.Inflight.Len() at each OnQosPublish
+}
+
+func (h *qosHook) ID() string { return "qos-recorder" }
+func (h *qosHook) Provides(b byte) bool {
+	return b == OnQosPublish || b == OnQosComplete
+}
+func (h *qosHook) OnQosPublish(cl *Client, pk packets.Packet, _ int64, _ int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.published = append(h.published, pk)
+	h.heldAt = append(h.heldAt, cl.State.Inflight.Len())
+}
+func (h *qosHook) OnQosComplete(_ *Client, pk packets.Packet) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.completed = append(h.completed, pk)
+}
+
+// A QoS 1 publish is acknowledged without its PUBACK passing through the
+// in-flight table (v2.7.9 set it there and deleted it right after the write,
+// an 808-byte Packet allocated and freed per publish); the hooks still see
+// OnQosPublish and OnQosComplete with the PUBACK, and the receive quota is
+// given back. A QoS 2 publish's PUBREC is still held until its PUBREL.
+func TestPatchQos1AckIsNotHeldInFlight(t *testing.T) {
+	s := newServer()
+	h := new(qosHook)
+	require.NoError(t, s.AddHook(h, nil))
+	cl, r, w := newTestClient()
+	quota := atomic.LoadInt32(&cl.State.Inflight.receiveQuota)
+	pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
+	go func() {
+		_ = s.processPacket(cl, pk)
+		_ = w.Close()
+	}()
+	buf, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, []byte{packets.Puback << 4, 2, byte(pk.PacketID >> 8), byte(pk.PacketID)}, buf)
+	require.Len(t, h.published, 1)
+	require.Equal(t, packets.Puback, h.published[0].FixedHeader.Type)
+	require.Equal(t, []int{0}, h.heldAt, "the PUBACK was put in the in-flight table")
+	require.Len(t, h.completed, 1)
+	require.Equal(t, 0, cl.State.Inflight.Len())
+	require.Equal(t, int64(0), atomic.LoadInt64(&s.Info.Inflight))
+	require.Equal(t, quota, atomic.LoadInt32(&cl.State.Inflight.receiveQuota))
+
+	cl2, r2, w2 := newTestClient()
+	pk2 := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos2).Packet
+	go func() {
+		_ = s.processPacket(cl2, pk2)
+		_ = w2.Close()
+	}()
+	_, err = io.ReadAll(r2)
+	require.NoError(t, err)
+	require.Equal(t, 1, cl2.State.Inflight.Len(), "the PUBREC waits for its PUBREL")
+}
+
+// BenchmarkPatchQos1Publish is one QoS 1 publish (no subscriber) and its
+// PUBACK, written straight to the connection (DirectWrites).
+func BenchmarkPatchQos1Publish(b *testing.B) {
+	s := newPatchedServer()
+	c := new(captureConn)
+	cl := s.NewClient(c, "t1", "bench", false)
+	cl.State.Inflight.ResetReceiveQuota(1024)
+	pk := *packets.TPacketData[packets.Publish].Get(packets.TPublishQos1).Packet
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if err := s.processPacket(cl, pk); err != nil {
+			b.Fatal(err)
+		}
+		c.reset()
+	}
+}
+
+// BenchmarkPatchSubscribersMiss is the topic walk for a topic nobody
+// subscribed to, in an index holding 10,000 clients' filters of their own and
+// one shared subscription on "#" (as Keyline's fan-out hook keeps one).
+func BenchmarkPatchSubscribersMiss(b *testing.B) {
+	x := NewTopicsIndex()
+	for i := 0; i < 10_000; i++ {
+		x.Subscribe(fmt.Sprintf("c%d", i), packets.Subscription{Filter: fmt.Sprintf("dev/%d/cmd", i)})
+	}
+	x.Subscribe("placeholder", packets.Subscription{Filter: SharePrefix + "/keyline/#"})
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		_ = x.Subscribers("dev/42/tele")
+	}
+}
