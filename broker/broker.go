@@ -20,6 +20,7 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/bridge"
 	"github.com/keyline-mq/keyline/broker/ops"
@@ -177,6 +178,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q
 		}
+		ln.closeClients = b.sendAwayListenerClients
 		if err := b.server.AddListener(ln); err != nil {
 			return nil, fmt.Errorf("broker: add %s listener: %w", ln.id, err)
 		}
@@ -333,7 +335,35 @@ func (b *Broker) shutdown() error {
 	return err
 }
 
-// sweepIdleGroups deletes groups without members for ttl until Shutdown.
+// sendAwayListenerClients disconnects the clients of listener id as the
+// broker stops (listener.closeClients), each through sendAway.
+func (b *Broker) sendAwayListenerClients(id string) {
+	for _, cl := range b.server.Clients.GetByListener(id) {
+		if !cl.Closed() {
+			b.sendAway(cl)
+		}
+	}
+}
+
+// sendAway ends a client's connection as the broker stops: DISCONNECT 0x8B
+// (server shutting down), or, with server-reference set, 0x9C (use another
+// server) carrying it to MQTT 5 clients.
+func (b *Broker) sendAway(cl *mqtt.Client) {
+	if b.cfg.ServerReference == "" || cl.Properties.ProtocolVersion < 5 {
+		_ = b.server.DisconnectClient(cl, packets.ErrServerShuttingDown)
+		return
+	}
+	_ = cl.WritePacket(packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Disconnect},
+		ReasonCode:  packets.ErrUseAnotherServer.Code,
+		Properties: packets.Properties{
+			ReasonString:    packets.ErrUseAnotherServer.Reason,
+			ServerReference: b.cfg.ServerReference,
+		},
+	})
+	cl.Stop(packets.ErrUseAnotherServer)
+}
+
 // sweepIdleGroups deletes groups without members: after idle (0: never)
 // those that hold nothing, after holding (0: never) those that hold only
 // messages, with them.

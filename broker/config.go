@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/mochi-mqtt/server/v2/hooks/auth"
 	"gopkg.in/yaml.v3"
@@ -90,6 +91,11 @@ type Config struct {
 	// (Server Keep Alive). 0: clients keep their own. Whole seconds.
 	MaxKeepAlive    time.Duration `yaml:"max-keep-alive"`
 	ShutdownTimeout time.Duration `yaml:"shutdown-timeout"` // bound on a graceful shutdown
+	// ServerReference, when set, is where MQTT 5 clients are sent when this
+	// node shuts down: DISCONNECT 0x9C (use another server) with it as the
+	// Server Reference, in place of 0x8B (server shutting down). A rolling
+	// restart of a cluster names another node, or a load balancer, here.
+	ServerReference string `yaml:"server-reference"`
 
 	// Fan-out: every connection's outbound queue (see package connq).
 	SlowPolicy         connq.Policy        `yaml:"slow-policy"`          // drop-oldest, drop-newest, disconnect or conflate, for QoS 0 frames that do not fit
@@ -377,6 +383,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max-session-expiry must be between 0 and 4294967295s", ErrInvalidConfig)
 	case c.MaxMessageExpiry < 0:
 		return fmt.Errorf("%w: max-message-expiry must not be negative", ErrInvalidConfig)
+	case len(c.ServerReference) > 65535 || !utf8.ValidString(c.ServerReference) || strings.ContainsRune(c.ServerReference, 0):
+		return fmt.Errorf("%w: server-reference must be UTF-8 without NUL, at most 65535 bytes", ErrInvalidConfig)
 	case c.MaxClientID < 23 || c.MaxClientID > MaxStorableClientID:
 		return fmt.Errorf("%w: max-client-id must be between 23 bytes (what MQTT requires every server to take) and %v", ErrInvalidConfig, ByteSize(MaxStorableClientID))
 	case c.MaxSubscriptionsPerClient < 0 || c.MaxSubscriptions < 0:

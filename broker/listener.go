@@ -42,7 +42,11 @@ type listener struct {
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.
 	queue func(c net.Conn) *connq.Conn
-	mu    struct {
+	// closeClients, when set, disconnects the listener's clients on Close
+	// in place of mochi's sweep: the broker's sends them away with its
+	// server reference (Broker.sendAway). Set before Serve.
+	closeClients listeners.CloseFn
+	mu           struct {
 		sync.Mutex
 		closed bool
 		open   map[net.Conn]func() // connections being served, and how Close closes each
@@ -82,10 +86,9 @@ func (l *listener) track(c net.Conn, closer func()) bool {
 		l.mu.open = map[net.Conn]func(){}
 	}
 	if closer == nil {
-		closer = func() {
-			_ = c.SetDeadline(time.Now()) // a TLS close_notify must not wait on a peer that does not read
-			_ = c.Close()
-		}
+		// Its handler closes it through its queue (bounded), once the
+		// read it waits in ends.
+		closer = func() { _ = c.SetReadDeadline(time.Now()) }
 	}
 	l.mu.open[c] = closer
 	l.conns.Add(1)
@@ -303,9 +306,31 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		return
 	}
 	close(l.closing)
-	defer func() {
-		// Connections that never became clients (no CONNECT yet) are not
-		// mochi's to close: close them here so the wait below ends.
+	if l.closeClients != nil {
+		closeClients = l.closeClients
+	}
+	if l.web != nil {
+		_ = l.web.Close() // closes the listener; hijacked websocket connections are ended below
+	} else {
+		_ = l.ln.Close()
+	}
+	// Connections that never became clients (no CONNECT yet) are not
+	// mochi's to end: their closers end them (for a connection served by
+	// a goroutine, a past read deadline: its handler then closes it through
+	// its queue, which first flushes what is queued, the DISCONNECT a client
+	// was just sent, for at most connq.FlushTimeout). A CONNECT being
+	// handled as the sweep runs makes a client the sweep did not see, and
+	// mochi moves its read deadline on: the sweep is repeated until every
+	// connection's handler has ended.
+	done := make(chan struct{})
+	go func() {
+		l.conns.Wait()
+		close(done)
+	}()
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		closeClients(l.id)
 		l.mu.Lock()
 		closers := make([]func(), 0, len(l.mu.open))
 		for _, closeConn := range l.mu.open {
@@ -315,14 +340,12 @@ func (l *listener) Close(closeClients listeners.CloseFn) {
 		for _, closeConn := range closers { // outside the lock: untrack takes it
 			closeConn()
 		}
-		l.conns.Wait()
-	}()
-	if l.web != nil {
-		_ = l.web.Close() // closes the listener; hijacked websocket connections are closed below
-	} else {
-		_ = l.ln.Close()
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
 	}
-	closeClients(l.id)
 }
 
 // wsConn carries MQTT over binary WebSocket messages as a net.Conn.

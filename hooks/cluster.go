@@ -21,6 +21,13 @@ type SessionOutboxes interface {
 	// RequeueSession gives client id the messages its session held, in
 	// order, encoded for protocol version; it returns how many it took.
 	RequeueSession(id string, version byte, msgs []outbox.Queued) int
+	// PrependSession puts msgs, in order, ahead of what client id's session
+	// got since RequeueSession; msgs are every message for it with a
+	// reference up to upTo, and one it got or gets live is not held twice.
+	// It returns how many it took.
+	PrependSession(id string, msgs []outbox.Queued, upTo uint64) int
+	// RoutesChanged tells the fan-out that mochi's topic index changed.
+	RoutesChanged()
 	// DropSession discards what the fan-out holds for client id.
 	DropSession(id string)
 }

@@ -69,6 +69,16 @@ func (o clusterOutboxes) Delete(client string, seq, ref uint64) {
 	}
 }
 
+// Renumber (outbox.Renumberer): the outbox Puts its messages again under
+// new sequences.
+func (o clusterOutboxes) Renumber(client string) {
+	if s := o.h.table.get(client); s != nil {
+		s.mu.Lock()
+		clear(s.live)
+		s.mu.Unlock()
+	}
+}
+
 func (clusterOutboxes) PutMeta(string, []byte) {}
 
 // DeleteSession: the session's record goes with its copy (forget), not here.

@@ -36,10 +36,12 @@ import (
 //     (sessionTable) and covers N's revision means N lost: its CONNECT
 //     is refused.
 //  4. A persistent session N did not hold in memory is rebuilt from the
-//     record: its filters join N's interest first, then every KL_MSGS
-//     message above the record's floor that its subscriptions take is
-//     queued again, in order, and mochi resumes the session (session
-//     present) from a placeholder client, as it does from its own store.
+//     record: its filters join N's interest and its subscriptions mochi's
+//     index (under a placeholder client, which mochi resumes the session
+//     from, session present, as from its own store) first, so it takes
+//     every message from then on; then every KL_MSGS message above the
+//     record's floor that its subscriptions take is queued again, in
+//     order, ahead of those.
 
 // maxAcked bounds the acknowledged sequences a record lists above its floor.
 const maxAcked = 4096
@@ -294,6 +296,37 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	}
 	s.mu.Unlock()
 	h.addInterest(ctx, s, filters...)
+	version := cl.Properties.ProtocolVersion
+	// The session takes live deliveries before its queued messages are read
+	// back: a message stored after the replay's end must reach it here (a
+	// local publish is delivered from mochi's index, never by this node's
+	// consumer). Its outbox starts empty, then its subscriptions go into
+	// mochi's index, then the replay's messages go ahead of what arrived
+	// meanwhile (found by TestClusterRollingRestart: subscribing after the
+	// replay lost what the node's own clients published in between).
+	if h.Outboxes != nil {
+		h.Outboxes.RequeueSession(cl.ID, version, nil)
+	}
+	ph := h.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
+	ph.Properties.ProtocolVersion = cl.Properties.ProtocolVersion
+	ph.Properties.Username = cl.Properties.Username
+	ph.Properties.Clean = false
+	ph.Stop(packets.ErrSessionTakenOver)
+	for _, sub := range st.Subs {
+		ps := packets.Subscription{
+			Filter: sub.Filter, Qos: sub.Qos, NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished,
+			RetainHandling: sub.RetainHandling, Identifier: sub.Identifier,
+		}
+		if h.server.Topics.Subscribe(cl.ID, ps) {
+			atomic.AddInt64(&h.server.Info.Subscriptions, 1)
+		}
+		ph.State.Subscriptions.Add(sub.Filter, ps)
+	}
+	h.server.Clients.Add(ph)
+	if h.Outboxes != nil {
+		h.Outboxes.RoutesChanged()
+	}
+
 	acked := map[uint64]bool{}
 	for _, a := range rec.Acked {
 		acked[a] = true
@@ -301,7 +334,6 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	// The session's queued messages, in KL_MSGS order, go to its outbox:
 	// the fan-out sends them once the client's CONNACK is out, in that
 	// order, as single-node mode resends what it kept.
-	version := cl.Properties.ProtocolVersion
 	var queued []outbox.Queued
 	maxHeld := int(h.server.Options.Capabilities.MaximumInflight)
 	last, err := h.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
@@ -337,25 +369,8 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	}
 	s.replayedTo.Store(last)
 	if h.Outboxes != nil {
-		h.Stats.Restored.Add(uint64(h.Outboxes.RequeueSession(cl.ID, version, queued)))
+		h.Stats.Restored.Add(uint64(h.Outboxes.PrependSession(cl.ID, queued, last)))
 	}
-
-	ph := h.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
-	ph.Properties.ProtocolVersion = cl.Properties.ProtocolVersion
-	ph.Properties.Username = cl.Properties.Username
-	ph.Properties.Clean = false
-	ph.Stop(packets.ErrSessionTakenOver)
-	for _, sub := range st.Subs {
-		ps := packets.Subscription{
-			Filter: sub.Filter, Qos: sub.Qos, NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished,
-			RetainHandling: sub.RetainHandling, Identifier: sub.Identifier,
-		}
-		if h.server.Topics.Subscribe(cl.ID, ps) {
-			atomic.AddInt64(&h.server.Info.Subscriptions, 1)
-		}
-		ph.State.Subscriptions.Add(sub.Filter, ps)
-	}
-	h.server.Clients.Add(ph)
 }
 
 // sincePending marks a filter whose start is not known yet: it takes no

@@ -200,6 +200,20 @@ func (h *Fanout) RequeueSession(id string, version byte, msgs []outbox.Queued) i
 	return n
 }
 
+// PrependSession implements SessionOutboxes: msgs go, in order, ahead of
+// what client id's session (made by RequeueSession) got meanwhile; they
+// are every message it takes with a reference up to upTo.
+func (h *Fanout) PrependSession(id string, msgs []outbox.Queued, upTo uint64) int {
+	s := h.sessions.get(id)
+	if s == nil {
+		return 0
+	}
+	return s.out.Prepend(msgs, upTo)
+}
+
+// RoutesChanged implements SessionOutboxes.
+func (h *Fanout) RoutesChanged() { h.invalidate() }
+
 // DropSession implements SessionOutboxes: the session of client id is no
 // longer this node's.
 func (h *Fanout) DropSession(id string) {

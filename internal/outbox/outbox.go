@@ -216,6 +216,7 @@ type Outbox struct {
 		missed   uint64               // dropped while no connection was there to tell
 		sentTo   uint64               // highest seq ever sent (persisted on Detach)
 		gone     bool                 // discarded: refuses everything
+		skipTo   uint64               // references up to here came through Prepend
 		persist  bool                 // the session outlives its connection: records go to the Store
 		wakeFn   func()
 	}
@@ -267,6 +268,9 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, ref uint6
 	defer o.mu.Unlock()
 	if o.mu.gone {
 		return false, false
+	}
+	if ref != 0 && ref <= o.mu.skipTo {
+		return true, false // held already, from a replay (Prepend)
 	}
 	size := int64(len(p.B))
 	if o.mu.live >= o.cfg.Max || (o.cfg.MaxBytes > 0 && o.mu.bytes+size > o.cfg.MaxBytes) ||

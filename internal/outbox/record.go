@@ -384,3 +384,84 @@ func (o *Outbox) Requeue(msgs []Queued) int {
 	o.pumpLocked()
 	return n
 }
+
+// Renumberer is a Store told when an outbox renumbers its messages
+// (Prepend): it forgets the sequences it was given for client, without
+// taking them as acknowledged, and the outbox Puts every message again.
+type Renumberer interface {
+	Renumber(client string)
+}
+
+// Prepend loads msgs, in their order, ahead of every message the outbox
+// holds: a session rebuilt from a backend that keeps messages elsewhere
+// (the cluster replays them from JetStream) while newer messages were
+// already being delivered to it. msgs are every message with a reference
+// (Ref, non-zero) up to upTo: a held message with such a reference (it
+// arrived live during the replay) goes, and so does one Added later. What
+// the outbox holds must not have been on a connection yet (no Attach since
+// New); the messages are renumbered, after every sequence used before.
+// Past Max or the byte bounds the rest of msgs are dropped and counted, as
+// Add does. It returns how many it took.
+func (o *Outbox) Prepend(msgs []Queued, upTo uint64) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.mu.gone {
+		return 0
+	}
+	o.mu.skipTo = max(o.mu.skipTo, upTo)
+	var held []entry
+	for i := o.mu.head; i < len(o.mu.q); i++ {
+		e := o.mu.q[i]
+		switch {
+		case e.pub == nil:
+		case e.ref != 0 && e.ref <= upTo: // replayed: in msgs, in its place
+			if e.id != 0 {
+				o.mu.ids.del(e.id)
+			}
+			o.forgetBytesLocked(&e)
+			o.mu.live--
+			addInfo(o.cfg.Stats.InfoInflight, -1)
+		default:
+			held = append(held, e)
+		}
+	}
+	o.mu.q, o.mu.head, o.mu.cursor, o.mu.base = nil, 0, 0, o.mu.next
+	n := 0
+	for _, m := range msgs {
+		if m.Pub == nil || m.Pub.QoS == 0 {
+			continue
+		}
+		size := int64(len(m.Pub.B))
+		if o.mu.live >= o.cfg.Max || (o.cfg.MaxBytes > 0 && o.mu.bytes+size > o.cfg.MaxBytes) ||
+			(o.cfg.MaxTotalBytes > 0 && o.cfg.Stats.Bytes.Load()+size > o.cfg.MaxTotalBytes) {
+			o.cfg.Stats.Dropped.Add(1)
+			addInfo(o.cfg.Stats.InfoDropped, 1)
+			o.mu.missed++
+			continue
+		}
+		o.mu.next++
+		o.mu.q = append(o.mu.q, entry{pub: m.Pub, ref: m.Ref, created: m.Created, deadline: m.Deadline, size: int32(size), sent: m.Sent})
+		o.mu.live++
+		o.mu.bytes += size
+		o.cfg.Stats.Bytes.Add(size)
+		n++
+		o.cfg.Stats.Added.Add(1)
+		addInfo(o.cfg.Stats.InfoInflight, 1)
+	}
+	for _, e := range held {
+		seq := o.mu.next
+		o.mu.next++
+		o.mu.q = append(o.mu.q, e)
+		if e.id != 0 {
+			o.mu.ids.put(e.id, seq)
+		}
+	}
+	if r, ok := o.cfg.Store.(Renumberer); ok && o.mu.persist {
+		r.Renumber(o.client)
+	}
+	for i := range o.mu.q {
+		o.persistLocked(o.mu.base + uint64(i))
+	}
+	o.pumpLocked()
+	return n
+}

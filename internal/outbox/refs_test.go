@@ -64,3 +64,54 @@ func TestRequeueKeepsOrderAndRefs(t *testing.T) {
 		t.Fatalf("a later add: store holds %v", st.live)
 	}
 }
+
+func (s *refStore) Renumber(string) { clear(s.live) }
+
+// TestPrependGoesAheadOfLiveMessages: messages loaded with Prepend (a
+// session's queued messages replayed while newer ones were already being
+// delivered to it) go out first, in their order, then the ones added
+// before the Prepend; a replayed message the outbox got live before or
+// after is not held twice, and the Store sees every message under its new
+// sequence.
+func TestPrependGoesAheadOfLiveMessages(t *testing.T) {
+	st := &refStore{live: map[uint64]uint64{}}
+	o := New("c", &Config{Max: 10, Store: st})
+	o.SetPersistent(true)
+	if !o.Add(publish(t, 1, 5), 0, 0, 105) || !o.Add(publish(t, 1, 6), 0, 0, 106) {
+		t.Fatal("adds refused")
+	}
+	var qs []Queued
+	for n := 2; n <= 5; n++ { // 5 arrived live already
+		qs = append(qs, Queued{Pub: publish(t, 1, n), Ref: uint64(100 + n), Sent: true})
+	}
+	if got := o.Prepend(qs, 105); got != 4 {
+		t.Fatalf("prepended %d, want 4", got)
+	}
+	if !o.Add(publish(t, 1, 4), 0, 0, 104) { // a replayed one, delivered live late
+		t.Fatal("a late live copy of a replayed message was refused")
+	}
+	if !o.Add(publish(t, 1, 7), 0, 0, 107) {
+		t.Fatal("a later add refused")
+	}
+	if len(st.live) != 6 {
+		t.Fatalf("store holds %v", st.live)
+	}
+	c := &fakeConn{}
+	o.Attach(c, 0)
+	var got []int
+	for _, s := range c.sends {
+		got = append(got, s.n)
+		if s.dup != (s.n <= 5) { // 2-5 came through the replay
+			t.Fatalf("message %d sent with DUP %v", s.n, s.dup)
+		}
+	}
+	if !slices.Equal(got, []int{2, 3, 4, 5, 6, 7}) {
+		t.Fatalf("sent %v", got)
+	}
+	for _, s := range c.sends {
+		o.Ack(4, s.id, 0)
+	}
+	if !slices.Equal(st.finished, []uint64{102, 103, 104, 105, 106, 107}) || len(st.live) != 0 {
+		t.Fatalf("finished refs %v, still live %v", st.finished, st.live)
+	}
+}
