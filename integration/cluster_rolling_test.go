@@ -43,8 +43,8 @@ type mover struct {
 
 	mu      sync.Mutex
 	client  *paho.Client
-	next    int           // index into addrs of the node to try next
-	ref     string        // the last Server Reference received
+	next    int    // index into addrs of the node to try next
+	ref     string // the last Server Reference received
 	gaps    []time.Duration
 	lost    chan struct{} // a token each time the connection ends
 	stopped bool
