@@ -117,8 +117,7 @@ func TestServeListener(t *testing.T) {
 	l := New()
 	l.Add(NewMockListener("t1", testAddr))
 	l.Serve("t1", MockEstablisher)
-	time.Sleep(time.Millisecond)
-	require.True(t, l.internal["t1"].(*MockListener).IsServing())
+	serving(t, func() bool { return l.internal["t1"].(*MockListener).IsServing() }) // Keyline: was a 1 ms sleep, too short on a loaded machine
 
 	l.Close("t1", MockCloser)
 	require.False(t, l.internal["t1"].(*MockListener).IsServing())
@@ -130,11 +129,9 @@ func TestServeAllListeners(t *testing.T) {
 	l.Add(NewMockListener("t2", testAddr))
 	l.Add(NewMockListener("t3", testAddr))
 	l.ServeAll(MockEstablisher)
-	time.Sleep(time.Millisecond)
-
-	require.True(t, l.internal["t1"].(*MockListener).IsServing())
-	require.True(t, l.internal["t2"].(*MockListener).IsServing())
-	require.True(t, l.internal["t3"].(*MockListener).IsServing())
+	serving(t, func() bool {
+		return l.internal["t1"].(*MockListener).IsServing() && l.internal["t2"].(*MockListener).IsServing() && l.internal["t3"].(*MockListener).IsServing()
+	}) // Keyline: was a 1 ms sleep, too short on a loaded machine
 
 	l.Close("t1", MockCloser)
 	l.Close("t2", MockCloser)
@@ -150,7 +147,7 @@ func TestCloseListener(t *testing.T) {
 	mocked := NewMockListener("t1", testAddr)
 	l.Add(mocked)
 	l.Serve("t1", MockEstablisher)
-	time.Sleep(time.Millisecond)
+	serving(t, mocked.IsServing) // Keyline: was a 1 ms sleep
 	var closed bool
 	l.Close("t1", func(id string) {
 		closed = true
@@ -164,10 +161,9 @@ func TestCloseAllListeners(t *testing.T) {
 	l.Add(NewMockListener("t2", testAddr))
 	l.Add(NewMockListener("t3", testAddr))
 	l.ServeAll(MockEstablisher)
-	time.Sleep(time.Millisecond)
-	require.True(t, l.internal["t1"].(*MockListener).IsServing())
-	require.True(t, l.internal["t2"].(*MockListener).IsServing())
-	require.True(t, l.internal["t3"].(*MockListener).IsServing())
+	serving(t, func() bool {
+		return l.internal["t1"].(*MockListener).IsServing() && l.internal["t2"].(*MockListener).IsServing() && l.internal["t3"].(*MockListener).IsServing()
+	}) // Keyline: was a 1 ms sleep, too short on a loaded machine
 
 	closed := make(map[string]bool)
 	l.CloseAll(func(id string) {
@@ -179,4 +175,11 @@ func TestCloseAllListeners(t *testing.T) {
 	require.True(t, closed["t1"])
 	require.True(t, closed["t2"])
 	require.True(t, closed["t3"])
+}
+
+// serving waits until cond (listeners serving) holds (Keyline: the upstream
+// tests slept 1 ms for a goroutine to start serving).
+func serving(t *testing.T, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 10*time.Second, time.Millisecond)
 }
