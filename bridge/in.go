@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/keyline-mq/keyline/internal/filter"
 	"github.com/keyline-mq/keyline/internal/mqttwire"
 	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
@@ -39,7 +40,7 @@ func (s *session) received(p mqttwire.Packet) error {
 	var local string
 	ok := false
 	for _, r := range s.b.ins {
-		if matchFilter(r.RemoteFilter(), topic) {
+		if filter.Match(r.RemoteFilter(), topic) {
 			if local, ok = r.ToLocal(topic); ok {
 				in.m.QoS = min(in.m.QoS, r.QoS)
 				break

@@ -385,61 +385,6 @@ func (s *clusterSession) setSinceLocked(filter string, since uint64) {
 	}
 }
 
-// takesQueued reports whether a queued message at sequence seq on topic is
-// for this session: not replayed to it already, and matching a subscription
-// made before it was published (a node's consumer may hand it messages
-// published shortly before a new subscription).
-func (s *clusterSession) takesQueued(topic string, seq uint64) bool {
-	if seq <= s.replayedTo.Load() {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if seq > s.maxSince {
-		return true
-	}
-	for f, since := range s.since {
-		if since < seq && topicMatch(f, topic) {
-			return true
-		}
-	}
-	return false
-}
-
-// matchSession returns the QoS and subscription identifiers with which a
-// session's subscriptions take a message at sequence seq.
-func matchSession(subs []clusterSub, topic string, seq uint64) (qos byte, ids []int, ok bool) {
-	for _, s := range subs {
-		if s.Since >= seq || !topicMatch(s.Filter, topic) {
-			continue
-		}
-		ok = true
-		qos = max(qos, s.Qos)
-		if s.Identifier > 0 {
-			ids = append(ids, s.Identifier)
-		}
-	}
-	slices.Sort(ids)
-	return qos, ids, ok
-}
-
-// topicMatch is MQTT's filter matching (no $share prefix).
-func topicMatch(filter, topic string) bool {
-	if strings.HasPrefix(topic, "$") && (strings.HasPrefix(filter, "+") || strings.HasPrefix(filter, "#")) {
-		return false
-	}
-	fl, tl := strings.Split(filter, "/"), strings.Split(topic, "/")
-	for i, f := range fl {
-		if f == "#" {
-			return true
-		}
-		if i >= len(tl) || (f != "+" && f != tl[i]) {
-			return false
-		}
-	}
-	return len(fl) == len(tl)
-}
-
 // dropLocal forgets a local client and its session without touching the
 // record (another node owns it).
 func (h *Cluster) dropLocal(cl *mqtt.Client) {

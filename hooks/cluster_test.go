@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/filter"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
@@ -74,8 +75,8 @@ func TestTopicMatchAndSessionMatch(t *testing.T) {
 		{"+/b", "/b", true}, {"#", "$SYS/x", false}, {"+/x", "$a/x", false}, {"$a/#", "$a/x", true},
 		{"a/b", "a/b", true}, {"a/b", "a/bc", false}, {"a//b", "a//b", true}, {"a/+/b", "a//b", true},
 	} {
-		if got := topicMatch(c.filter, c.topic); got != c.want {
-			t.Errorf("topicMatch(%q, %q) = %v", c.filter, c.topic, got)
+		if got := filter.Match(c.filter, c.topic); got != c.want {
+			t.Errorf("filter.Match(%q, %q) = %v", c.filter, c.topic, got)
 		}
 	}
 	subs := []clusterSub{{Since: 10}, {Since: 2}}
