@@ -15,6 +15,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 
 	"github.com/keyline-mq/keyline/internal/natstest"
+	"github.com/keyline-mq/keyline/internal/poll"
 )
 
 // rollingNode is a cluster node that can be stopped and started again on the
@@ -41,13 +42,12 @@ type mover struct {
 	filter string // subscribed on every (re)connection; "" for none
 	onMsg  func(*paho.Publish)
 
-	mu      sync.Mutex
-	client  *paho.Client
-	next    int    // index into addrs of the node to try next
-	ref     string // the last Server Reference received
-	gaps    []time.Duration
-	lost    chan struct{} // a token each time the connection ends
-	stopped bool
+	mu     sync.Mutex
+	client *paho.Client
+	next   int    // index into addrs of the node to try next
+	ref    string // the last Server Reference received
+	gaps   []time.Duration
+	lost   chan struct{} // a token each time the connection ends
 }
 
 func newMover(t *testing.T, id string, addrs []string, first int, filter string, onMsg func(*paho.Publish)) *mover {
@@ -350,10 +350,7 @@ func TestClusterRollingRestart(t *testing.T) {
 		acked[i] = i
 	}
 	sub.check(t, "roll-sub", acked)
-	deadline := time.Now().Add(30 * time.Second)
-	for group.count() < total && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // polling the receivers, as receiver.check does
-	}
+	poll.Within(30*time.Second, func() bool { return group.count() >= total }) // what is missing is reported below
 	group.mu.Lock()
 	missing := 0
 	for i := range total {

@@ -116,14 +116,6 @@ func TestPatchAcksInheritNoProperties(t *testing.T) {
 	require.Equal(t, []byte{packets.Puback << 4, 2, byte(pk.PacketID >> 8), byte(pk.PacketID)}, buf)
 }
 
-// awaitWritten waits (up to 10 s) until the client's write loop has written
-// every packet queued for it.
-func awaitWritten(cl *Client) {
-	for deadline := time.Now().Add(10 * time.Second); atomic.LoadInt32(&cl.State.outboundQty) > 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond) // polling: the write loop signals nothing
-	}
-}
-
 // captureConn is a net.Conn that keeps what is written to it; nothing is
 // ever read from it (a Conn's owner reads).
 type captureConn struct {
