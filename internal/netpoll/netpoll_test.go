@@ -70,11 +70,11 @@ func (r *reader) Ready(c *Conn) {
 			return
 		}
 		if err != nil {
+			c.Remove() // before reporting: the test checks Conns once it has the EOF
 			select {
 			case r.eof <- err:
 			default:
 			}
-			c.Remove()
 			return
 		}
 	}

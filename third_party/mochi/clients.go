@@ -149,6 +149,7 @@ type ClientState struct {
 	Inflight        *Inflight            // a map of in-flight qos messages
 	Subscriptions   *Subscriptions       // a map of the subscription filters a client maintains
 	disconnected    int64                // the time the client disconnected in unix time, for calculating expiry
+	stoppedAt       int64                // the same in unix nanoseconds (Keyline: expiry to the interval, not to the second)
 	outbound        chan *packets.Packet // queue for pending outbound packets
 	endOnce         sync.Once            // only end once
 	isTakenOver     atomic.Bool          // used to identify orphaned clients
@@ -426,7 +427,9 @@ func (cl *Client) Stop(err error) {
 			cl.State.TopicAliases.Inbound.Reset() // aliases end with the connection; an offline session must not keep them
 		}
 
-		atomic.StoreInt64(&cl.State.disconnected, time.Now().Unix())
+		now := time.Now()
+		atomic.StoreInt64(&cl.State.stoppedAt, now.UnixNano())
+		atomic.StoreInt64(&cl.State.disconnected, now.Unix())
 	})
 }
 

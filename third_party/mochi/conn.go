@@ -244,6 +244,7 @@ func (cl *Client) offline() *Client {
 	o.State.ServerKeepalive = cl.State.ServerKeepalive
 	o.State.packetID = atomic.LoadUint32(&cl.State.packetID)
 	o.State.disconnected = cl.StopTime()
+	o.State.stoppedAt = atomic.LoadInt64(&cl.State.stoppedAt)
 	if cause := cl.StopCause(); cause != nil {
 		o.State.stopCause.Store(cause)
 	}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -409,4 +410,64 @@ func BenchmarkPatchSubscribersMiss(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		_ = x.Subscribers("dev/42/tele")
 	}
+}
+
+// A session ends when its interval has passed, to the nanosecond, and a
+// client reconnecting after that finds no session even if the sweep has not
+// come round yet: v2.7.9 counted whole seconds (disconnected+interval < now)
+// and swept once a second, so a session lived up to two seconds too long
+// (the paho interoperability suite's test_session_expiry saw it present).
+func TestPatchSessionExpiresToTheInterval(t *testing.T) {
+	s := New(&Options{Logger: logger})
+	cl, _, _ := newTestClient()
+	cl.ID = "short"
+	cl.ops.hooks = s.hooks
+	cl.Properties.ProtocolVersion = 5
+	cl.Properties.Props.SessionExpiryInterval = 1
+	cl.Properties.Props.SessionExpiryIntervalFlag = true
+	sub := packets.Subscription{Filter: "a/b", Qos: 1}
+	cl.State.Subscriptions.Add(sub.Filter, sub)
+	s.Topics.Subscribe(cl.ID, sub)
+	s.Clients.Add(cl)
+	cl.Stop(nil)
+	stopped := time.Unix(0, cl.State.stoppedAt)
+	require.False(t, s.sessionExpiredAt(cl, stopped.Add(999*time.Millisecond)))
+	require.True(t, s.sessionExpiredAt(cl, stopped.Add(time.Second)))
+
+	// Back-date the end by 1.2 s within the same second as now: whole
+	// seconds would call it alive for up to two more.
+	cl.State.stoppedAt = time.Now().Add(-1200 * time.Millisecond).UnixNano()
+	cl.State.disconnected = time.Now().Unix()
+	next, _, _ := newTestClient()
+	next.ID = "short"
+	require.False(t, s.inheritClientSession(packets.Packet{}, next), "the expired session was resumed")
+	require.Empty(t, s.Topics.Subscribers("a/b").Subscriptions)
+	_, ok := s.Clients.Get("short")
+	require.False(t, ok)
+}
+
+// A delayed will is sent within willDelayTick of its delay (v2.7.9 kept its
+// due time in seconds and looked each second: up to two seconds late), and
+// ticks before any will is due do not scan the delayed wills.
+func TestPatchDelayedWillIsDueToTheMillisecond(t *testing.T) {
+	s := newServer()
+	cl1, _, _ := newTestClient()
+	cl1.ID = "cl1"
+	cl1.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello"), WillDelayInterval: 2}
+	s.Clients.Add(cl1)
+
+	before := time.Now().UnixMilli()
+	s.sendLWT(cl1)
+	pk, ok := s.loop.willDelayed.Get(cl1.ID)
+	require.True(t, ok)
+	require.GreaterOrEqual(t, pk.Expiry, before+2000)
+	require.LessOrEqual(t, pk.Expiry, time.Now().UnixMilli()+2000)
+	require.Equal(t, pk.Expiry, s.loop.nextWill.Load(), "the next due will")
+
+	s.sendDelayedLWT(pk.Expiry - 1)
+	require.Equal(t, 1, s.loop.willDelayed.Len(), "sent before it was due")
+	require.Equal(t, pk.Expiry, s.loop.nextWill.Load())
+	s.sendDelayedLWT(pk.Expiry)
+	require.Equal(t, 0, s.loop.willDelayed.Len(), "not sent when due")
+	require.Equal(t, int64(math.MaxInt64), s.loop.nextWill.Load(), "nothing is due")
 }

@@ -173,6 +173,7 @@ type loop struct {
 	retainedExpiry *time.Ticker     // interval ticker for cleaning retained messages
 	willDelaySend  *time.Ticker     // interval ticker for sending Will Messages with a delay
 	willDelayed    *packets.Packets // activate LWT packets which will be sent after a delay
+	nextWill       atomic.Int64     // Keyline: no delayed will is due before this (unix ms), so most ticks skip the scan
 }
 
 // ops contains server values which can be propagated to other structs.
@@ -202,7 +203,7 @@ func New(opts *Options) *Server {
 			clientExpiry:   time.NewTicker(time.Second),
 			inflightExpiry: time.NewTicker(time.Second),
 			retainedExpiry: time.NewTicker(time.Second),
-			willDelaySend:  time.NewTicker(time.Second),
+			willDelaySend:  time.NewTicker(willDelayTick),
 			willDelayed:    packets.NewPackets(),
 		},
 		Options: opts,
@@ -215,6 +216,8 @@ func New(opts *Options) *Server {
 			Log: opts.Logger,
 		},
 	}
+
+	s.loop.nextWill.Store(math.MaxInt64) // no delayed will yet
 
 	if s.Options.InlineClient {
 		s.inlineClient = s.NewClient(nil, LocalListener, InlineClientId, true)
@@ -403,7 +406,7 @@ func (s *Server) eventLoop() {
 	sweep := func(now time.Time) {
 		if now.Sub(lastSweep) >= sweepInterval(s.Clients.Len()) {
 			lastSweep = now
-			s.sweepClients(now.Unix())
+			s.sweepClientsAt(now)
 		}
 	}
 	for {
@@ -417,8 +420,10 @@ func (s *Server) eventLoop() {
 			sweep(now)
 		case <-s.loop.retainedExpiry.C:
 			s.clearExpiredRetainedMessages(time.Now().Unix())
-		case <-s.loop.willDelaySend.C:
-			s.sendDelayedLWT(time.Now().Unix())
+		case now := <-s.loop.willDelaySend.C:
+			if now.UnixMilli() >= s.loop.nextWill.Load() {
+				s.sendDelayedLWT(now.UnixMilli())
+			}
 		case now := <-s.loop.inflightExpiry.C:
 			sweep(now)
 		}
@@ -433,11 +438,15 @@ func sweepInterval(clients int) time.Duration {
 
 // sweepClients expires the sessions and in-flight messages due at now, in
 // one pass over the clients.
-func (s *Server) sweepClients(now int64) {
+func (s *Server) sweepClients(now int64) { s.sweepClientsAt(time.Unix(now, 0)) }
+
+// sweepClientsAt is sweepClients to the nanosecond.
+func (s *Server) sweepClientsAt(at time.Time) {
+	now := at.Unix()
 	var expired, holding []*Client
 	s.Clients.RLock()
 	for _, client := range s.Clients.internal {
-		if s.sessionExpired(client, now) {
+		if s.sessionExpiredAt(client, at) {
 			expired = append(expired, client)
 		}
 		if client.State.Inflight.held.Load() > 0 {
@@ -651,6 +660,11 @@ func (s *Server) validateConnect(cl *Client, pk packets.Packet) packets.Code {
 // connection ID. If clean is true, the state of any previously existing client
 // session is abandoned.
 func (s *Server) inheritClientSession(pk packets.Packet, cl *Client) bool {
+	if existing, ok := s.Clients.Get(cl.ID); ok && existing.Closed() && s.sessionExpiredAt(existing, time.Now()) {
+		// Keyline: a session whose interval has passed is gone whether or
+		// not the sweep has come round to it yet [MQTT-3.1.2-23].
+		s.expireClients([]*Client{existing})
+	}
 	if existing, ok := s.Clients.Get(cl.ID); ok {
 		_ = s.DisconnectClient(existing, packets.ErrSessionTakenOver)                                   // [MQTT-3.1.4-3]
 		if pk.Connect.Clean || (existing.Properties.Clean && existing.Properties.ProtocolVersion < 5) { // [MQTT-3.1.2-4] [MQTT-3.1.4-4]
@@ -1721,8 +1735,12 @@ func (s *Server) sendLWT(cl *Client) {
 
 	if cl.Properties.Will.WillDelayInterval > 0 {
 		pk.Connect.WillProperties.WillDelayInterval = cl.Properties.Will.WillDelayInterval
-		pk.Expiry = time.Now().Unix() + int64(pk.Connect.WillProperties.WillDelayInterval)
+		// Keyline: the time the will is due, in unix milliseconds (v2.7.9
+		// kept seconds and swept each second, sending a will up to two
+		// seconds late; a tick of willDelayTick sends it within that).
+		pk.Expiry = time.Now().UnixMilli() + int64(pk.Connect.WillProperties.WillDelayInterval)*1000
 		s.loop.willDelayed.Add(cl.ID, pk)
+		s.loop.dueWill(pk.Expiry)
 		// Keyline: a new connection to the session cancels the delayed will
 		// when it is established [MQTT-3.1.3-9], but on a takeover this
 		// (the old connection's) goroutine may get here after that: it then
@@ -1908,6 +1926,22 @@ func (s *Server) sessionExpired(client *Client, dt int64) bool {
 	return disconnected+int64(expire) < dt
 }
 
+// sessionExpiredAt reports whether client's session has expired at now: to
+// the nanosecond for a session this server saw end (Keyline: v2.7.9 counted
+// whole seconds and expired a session up to two seconds late, and a client
+// reconnecting within those found it present), else as sessionExpired.
+func (s *Server) sessionExpiredAt(client *Client, now time.Time) bool {
+	stopped := atomic.LoadInt64(&client.State.stoppedAt)
+	if stopped == 0 || client.StopTime() == 0 {
+		return s.sessionExpired(client, now.Unix())
+	}
+	expire := s.Options.Capabilities.MaximumSessionExpiryInterval
+	if client.Properties.ProtocolVersion == 5 && client.Properties.Props.SessionExpiryIntervalFlag {
+		expire = client.Properties.Props.SessionExpiryInterval
+	}
+	return now.UnixNano()-stopped >= int64(expire)*int64(time.Second)
+}
+
 // expireClients ends the sessions of expired clients.
 func (s *Server) expireClients(expired []*Client) {
 	for _, client := range expired {
@@ -1957,10 +1991,29 @@ func (s *Server) expireInflights(clients []*Client, now int64) {
 	}
 }
 
-// sendDelayedLWT sends any LWT messages which have reached their issue time.
+// willDelayTick is how often delayed wills are looked at: a will is sent at
+// most this long after it is due.
+const willDelayTick = 100 * time.Millisecond
+
+// dueWill notes that a delayed will is due at due (unix ms).
+func (l *loop) dueWill(due int64) {
+	for {
+		next := l.nextWill.Load()
+		if next <= due || l.nextWill.CompareAndSwap(next, due) {
+			return
+		}
+	}
+}
+
+// sendDelayedLWT sends any LWT messages which have reached their issue time
+// (dt in the unit of pk.Expiry: unix milliseconds from sendLWT).
 func (s *Server) sendDelayedLWT(dt int64) {
+	s.loop.nextWill.Store(math.MaxInt64)
 	for id, pk := range s.loop.willDelayed.GetAll() {
-		if dt > pk.Expiry {
+		if dt < pk.Expiry {
+			s.loop.dueWill(pk.Expiry)
+		}
+		if dt >= pk.Expiry {
 			// Keyline: pk.Expiry held the time to send the will, not a message
 			// expiry; hooks that read it as one (an absolute expiry, as mochi's
 			// inflight expiry does) would drop the will as expired at once.
