@@ -86,12 +86,12 @@ func runConnections(ctx context.Context, cfg config, res *result) {
 	if err != nil {
 		res.Errors = append(res.Errors, "broker pprof: "+err.Error())
 	}
-	c0 := snapCPU(cfg.brokerPID)
+	c0 := snapCPU(cfg.brokerPIDs)
 	conns, failed := openIdle(ctx, cfg, r, n)
 	if err := failed.err(); err != nil {
 		res.Errors = append(res.Errors, err.Error())
 	}
-	c1 := snapCPU(cfg.brokerPID)
+	c1 := snapCPU(cfg.brokerPIDs)
 	el := c1.wall.Sub(c0.wall).Seconds()
 	cj.Failed, cj.FirstError = failed.count()
 	cj.Opened = n - cj.Failed
@@ -156,7 +156,7 @@ func openIdle(ctx context.Context, cfg config, r *run, n int) ([]*mconn, *failur
 	failed := new(failures)
 	o := dialOpts{proto: cfg.proto, timeout: cfg.timeout, readBuf: 256, keepalive: cfg.keepalive, transport: cfg.transport}
 	_ = parallel(ctx, cfg.conc, n, func(i int) error {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("c", i), o)
+		m, err := dialMQTT(ctx, cfg.addrs[i%len(cfg.addrs)], r.clientID("c", i), o)
 		if err != nil {
 			return failed.add(err)
 		}
@@ -204,10 +204,10 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 	if err != nil {
 		res.Errors = append(res.Errors, "broker pprof: "+err.Error())
 	}
-	c0 := snapCPU(cfg.brokerPID)
+	c0 := snapCPU(cfg.brokerPIDs)
 	var failed failures
 	_ = parallel(ctx, cfg.conc, cfg.conns, func(i int) error {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("s", i), o)
+		m, err := dialMQTT(ctx, cfg.addrs[i%len(cfg.addrs)], r.clientID("s", i), o)
 		if err != nil {
 			return failed.add(err)
 		}
@@ -217,7 +217,7 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 		}
 		return nil
 	})
-	c1 := snapCPU(cfg.brokerPID)
+	c1 := snapCPU(cfg.brokerPIDs)
 	sj.CreateS = round3(c1.wall.Sub(c0.wall).Seconds())
 	sj.Failed, sj.FirstError = failed.count()
 	sj.Stored = cfg.conns - sj.Failed
@@ -236,7 +236,7 @@ func runSessions(ctx context.Context, cfg config, res *result) {
 	}
 	// Were they kept? Reconnect every hundredth (which resumes it: done last).
 	for i := 0; i < cfg.conns; i += 100 {
-		m, err := dialMQTT(ctx, cfg.addr, r.clientID("s", i), o)
+		m, err := dialMQTT(ctx, cfg.addrs[i%len(cfg.addrs)], r.clientID("s", i), o)
 		if err != nil {
 			continue
 		}

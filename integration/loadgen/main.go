@@ -33,11 +33,13 @@ import (
 	"os"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"time"
 )
 
 type config struct {
 	addr        string
+	addrs       []string // addr split at commas: publishers use the first, subscribers take them in turn
 	scenario    string
 	label       string
 	proto       byte
@@ -64,6 +66,7 @@ type config struct {
 	conns       int
 	conc        int
 	brokerPID   int
+	brokerPIDs  []int // CPU is summed over these (a cluster: its nodes and NATS servers); brokerPID is the first
 	rssEvery    time.Duration
 	readBuf     int
 	flushBytes  int
@@ -136,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var proto, qos int
-	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port")
+	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:1883", "broker address host:port; a comma-separated list for a cluster: publishers connect to the first, subscribers and group members to each in turn from the second")
 	fs.StringVar(&cfg.scenario, "scenario", "fanout", "fanout, fanin, shared, slowsub, conflate, connections, sessions or wake")
 	fs.StringVar(&cfg.label, "label", "", "broker name echoed in the JSON")
 	fs.StringVar(&cfg.tag, "tag", "", "case name echoed in the JSON (the benchmark script's name for this run)")
@@ -167,7 +170,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.BoolVar(&cfg.group, "group", false, "fanin: subscribers form one $share group")
 	fs.IntVar(&cfg.conns, "conns", 10000, "connections: idle connections to open; sessions: persistent sessions to create and leave")
 	fs.IntVar(&cfg.conc, "conc", 64, "connects in flight at once")
-	fs.IntVar(&cfg.brokerPID, "broker-pid", 0, "broker process id, for its CPU time and RSS from /proc")
+	var pids string
+	fs.StringVar(&pids, "broker-pid", "", "broker process id, for its CPU time and RSS from /proc; a comma-separated list sums their CPU (RSS: the first)")
 	fs.DurationVar(&cfg.rssEvery, "rss-every", 200*time.Millisecond, "RSS sampling interval")
 	fs.IntVar(&cfg.readBuf, "read-buf", 64<<10, "bytes of read buffer per connection")
 	fs.IntVar(&cfg.flushBytes, "flush-bytes", 16<<10, "a publisher writes when this many bytes are pending (or when it waits)")
@@ -181,6 +185,22 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, a := range strings.Split(cfg.addr, ",") {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return cfg, fmt.Errorf("-addr %q: %v", a, err)
+		}
+		cfg.addrs = append(cfg.addrs, a)
+	}
+	if pids != "" {
+		for _, f := range strings.Split(pids, ",") {
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid <= 0 {
+				return cfg, fmt.Errorf("-broker-pid: %q is not a process id", f)
+			}
+			cfg.brokerPIDs = append(cfg.brokerPIDs, pid)
+		}
+		cfg.brokerPID = cfg.brokerPIDs[0]
 	}
 	if proto != 4 && proto != 5 {
 		return cfg, fmt.Errorf("-proto must be 4 or 5, not %d", proto)

@@ -203,7 +203,7 @@ func (r *run) connectAll(ctx context.Context) error {
 				o.rcvbuf = r.cfg.stallRcvbuf
 			}
 			o.readRate = s.readRate
-			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("s", s.idx), o)
+			m, err := dialMQTT(ctx, r.subAddr(s.idx), r.clientID("s", s.idx), o)
 			if err != nil {
 				return err
 			}
@@ -219,7 +219,7 @@ func (r *run) connectAll(ctx context.Context) error {
 		jobs = append(jobs, func() error {
 			o := r.dialOpts()
 			o.readBuf = 16 << 10
-			m, err := dialMQTT(ctx, r.cfg.addr, r.clientID("p", p.idx), o)
+			m, err := dialMQTT(ctx, r.cfg.addrs[0], r.clientID("p", p.idx), o)
 			if err != nil {
 				return err
 			}
@@ -232,6 +232,15 @@ func (r *run) connectAll(ctx context.Context) error {
 		})
 	}
 	return parallel(ctx, r.cfg.conc, len(jobs), func(i int) error { return jobs[i]() })
+}
+
+// subAddr is where subscriber (or group member) i connects: with several
+// addresses (a cluster's nodes), each in turn starting with the second, so
+// that one subscriber is on another node than the publishers (on the first)
+// and many spread evenly.
+func (r *run) subAddr(i int) string {
+	a := r.cfg.addrs
+	return a[(i+1)%len(a)]
 }
 
 // parallel runs f(0..n-1) with at most conc running, stopping at the first error.
@@ -757,7 +766,7 @@ func (r *run) execute(ctx context.Context, res *result) {
 	var recv0, recv1 uint64
 	window := cfg.duration.Seconds()
 	if counted {
-		c0 = snapCPU(cfg.brokerPID)
+		c0 = snapCPU(cfg.brokerPIDs)
 		allDone := make(chan struct{})
 		go func() {
 			for _, p := range r.pubs {
@@ -775,10 +784,10 @@ func (r *run) execute(ctx context.Context, res *result) {
 		window = time.Since(t0).Seconds()
 	} else {
 		time.Sleep(cfg.warmup)
-		c0 = snapCPU(cfg.brokerPID)
+		c0 = snapCPU(cfg.brokerPIDs)
 		recv0 = r.received()
 		time.Sleep(cfg.duration)
-		c1 = snapCPU(cfg.brokerPID)
+		c1 = snapCPU(cfg.brokerPIDs)
 		recv1 = r.received()
 	}
 	r.stop.Store(true)
@@ -818,7 +827,7 @@ func (r *run) execute(ctx context.Context, res *result) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if counted {
-		c1 = snapCPU(cfg.brokerPID)
+		c1 = snapCPU(cfg.brokerPIDs)
 		recv1 = r.received()
 	}
 	res.RSS = rss.finish(cfg.scenario == "slowsub" || cfg.scenario == "conflate")

@@ -19,7 +19,7 @@ const clkTck = 100
 type cpuSnap struct {
 	wall        time.Time
 	self        time.Duration // user+system of this process (getrusage)
-	broker      time.Duration // user+system of --broker-pid (0 if none)
+	broker      time.Duration // user+system of the --broker-pid processes (0 if none)
 	machineBusy time.Duration // all CPUs, non-idle, from /proc/stat
 }
 
@@ -79,8 +79,12 @@ func machineBusy() time.Duration {
 	return time.Duration(busy) * time.Second / clkTck
 }
 
-func snapCPU(brokerPID int) cpuSnap {
-	return cpuSnap{wall: time.Now(), self: selfCPU(), broker: procCPU(brokerPID), machineBusy: machineBusy()}
+func snapCPU(brokerPIDs []int) cpuSnap {
+	var broker time.Duration
+	for _, pid := range brokerPIDs {
+		broker += procCPU(pid)
+	}
+	return cpuSnap{wall: time.Now(), self: selfCPU(), broker: broker, machineBusy: machineBusy()}
 }
 
 type cpuJSON struct {

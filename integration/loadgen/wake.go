@@ -71,7 +71,7 @@ func runWake(ctx context.Context, cfg config, res *result) {
 		lat                    hist
 		readers                sync.WaitGroup
 	)
-	c0 := snapCPU(cfg.brokerPID)
+	c0 := snapCPU(cfg.brokerPIDs)
 	t0 := c0.wall
 	step := cfg.period / time.Duration(n)
 	end := t0.Add(cfg.duration)
@@ -119,7 +119,7 @@ loop:
 		}
 	}
 	readers.Wait()
-	c1 := snapCPU(cfg.brokerPID)
+	c1 := snapCPU(cfg.brokerPIDs)
 	wj.RSSAfterKB = rssKB(cfg.brokerPID)
 	wj.Published, wj.Acked, wj.Lost = published.Load(), acked.Load(), lost.Load()
 	wj.AckLatency = lat.summary()
