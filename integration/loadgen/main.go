@@ -60,6 +60,7 @@ type config struct {
 	timeout     time.Duration
 	settle      time.Duration
 	consumers   int
+	groups      int
 	keys        int
 	keyMode     string
 	group       bool
@@ -164,7 +165,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.drain, "drain", 5*time.Second, "after publishing stops, longest wait for outstanding deliveries")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Second, "connect/subscribe timeout")
 	fs.DurationVar(&cfg.settle, "settle", time.Second, "connections: wait before reading the broker's RSS")
-	fs.IntVar(&cfg.consumers, "consumers", 8, "shared: consumers in the $share group")
+	fs.IntVar(&cfg.consumers, "consumers", 8, "shared: consumers in the $share group (in each group, with -groups)")
+	fs.IntVar(&cfg.groups, "groups", 1, "shared: independent $share groups (lg0, lg1, ...), each on a topic of its own (bench/shared/gN); key k belongs to group k % groups")
 	fs.IntVar(&cfg.keys, "keys", 64, "shared: routing keys")
 	fs.StringVar(&cfg.keyMode, "key-mode", "prop", "shared: prop (MQTT 5 user property key=kN on topic bench/shared) or topic (bench/shared/kN)")
 	fs.BoolVar(&cfg.group, "group", false, "fanin: subscribers form one $share group")
@@ -319,8 +321,8 @@ func runScenario(cfg config, args []string) *result {
 		}
 	case "shared":
 		err = setupShared(r)
-		res.Consumers = cfg.consumers
-		res.Subs = cfg.consumers
+		res.Consumers = cfg.consumers * cfg.groups
+		res.Subs = res.Consumers
 		res.KeyMode = cfg.keyMode
 		res.Pubs = r.cfg.pubs
 	}

@@ -1077,18 +1077,30 @@ func setupShared(r *run) error {
 	if cfg.keyMode == "prop" && cfg.proto != 5 {
 		return fmt.Errorf("--key-mode prop needs --proto 5 (user properties are MQTT 5)")
 	}
-	if cfg.keys < 1 || cfg.consumers < 1 {
-		return fmt.Errorf("--keys and --consumers must be at least 1")
+	if cfg.keys < 1 || cfg.consumers < 1 || cfg.groups < 1 || cfg.groups > cfg.keys {
+		return fmt.Errorf("--keys and --consumers must be at least 1, --groups between 1 and --keys")
 	}
 	r.keyNames = make([]string, cfg.keys)
 	for k := range r.keyNames {
 		r.keyNames[k] = "k" + strconv.Itoa(k)
 	}
-	filter := "$share/lg/bench/shared"
-	if cfg.keyMode == "topic" {
-		filter += "/+"
+	// One group: $share/lg/bench/shared as always; several: group g is
+	// $share/lg<g>/bench/shared/g<g> and takes the keys k with k % groups == g.
+	base := func(g int) string {
+		if cfg.groups == 1 {
+			return "bench/shared"
+		}
+		return "bench/shared/g" + strconv.Itoa(g)
 	}
-	for j := 0; j < cfg.consumers; j++ {
+	for j := 0; j < cfg.consumers*cfg.groups; j++ {
+		g := j % cfg.groups
+		filter := "$share/lg/" + base(g)
+		if cfg.groups > 1 {
+			filter = "$share/lg" + strconv.Itoa(g) + "/" + base(g)
+		}
+		if cfg.keyMode == "topic" {
+			filter += "/+"
+		}
 		r.addSubscriber(filter, false, j)
 	}
 	pubs := min(cfg.pubs, cfg.keys)
@@ -1096,9 +1108,9 @@ func setupShared(r *run) error {
 	for i := 0; i < pubs; i++ {
 		var specs []streamSpec
 		for k := i; k < cfg.keys; k += pubs {
-			s := streamSpec{topic: "bench/shared", stream: uint32(k), fan: 1}
+			s := streamSpec{topic: base(k % cfg.groups), stream: uint32(k), fan: 1}
 			if cfg.keyMode == "topic" {
-				s.topic = "bench/shared/" + r.keyNames[k]
+				s.topic += "/" + r.keyNames[k]
 			} else {
 				s.key = r.keyNames[k]
 			}
@@ -1107,7 +1119,7 @@ func setupShared(r *run) error {
 		p := r.addPublisher(specs)
 		p.shuffle, p.rng = true, uint64(r.runID)<<32|uint64(i+1)
 	}
-	r.checker = newOrderChecker(cfg.keys, cfg.consumers)
+	r.checker = newOrderChecker(cfg.keys, cfg.consumers*cfg.groups)
 	r.gate = gateGroup
 	return nil
 }
