@@ -210,7 +210,7 @@ func (n *Node) queuedLoop() {
 		cancel()
 		var it jetstream.MessagesContext
 		if err == nil {
-			it, err = cons.Messages(jetstream.PullMaxMessages(1000))
+			it, err = cons.Messages(pullOpts(1000)...)
 		}
 		if err != nil {
 			n.log.Warn("reading queued messages: consumer not created; retrying", "error", err, "attempt", attempt+1)

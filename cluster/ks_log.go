@@ -93,7 +93,7 @@ func (l *groupLog) read() {
 		cancel()
 		var it jetstream.MessagesContext
 		if err == nil {
-			it, err = cons.Messages(jetstream.PullMaxMessages(512))
+			it, err = cons.Messages(pullOpts(512)...)
 		}
 		if err != nil {
 			l.g.log.Warn("key-shared group log: consumer not created; retrying", "group", l.name, "error", err)

@@ -11,6 +11,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// How a node's ordered consumers pull: every pull request expires after
+// pullExpiry, and the server sends an idle heartbeat every pullHeartbeat; an
+// ordered consumer that misses two recreates itself from the last message it
+// delivered. A pull request can be lost: one sent right after its consumer was
+// created can reach the NATS server before that server learns, over a route,
+// of the consumer (measured: a node's consumer made on an interest change got
+// nothing until nats.go's default check, 2 x 5 s, reset it). The short
+// heartbeat bounds that stall to about 2 s.
+const (
+	pullExpiry    = 5 * time.Second
+	pullHeartbeat = time.Second
+)
+
+// pullOpts are the options of every ordered consumer's Messages.
+func pullOpts(max int) []jetstream.PullMessagesOpt {
+	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(max), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat)}
+}
+
 func backoff(attempt int) time.Duration {
 	d := 50 * time.Millisecond << min(attempt, 5)
 	return min(d, time.Second)
@@ -146,7 +164,7 @@ func (n *Node) startRetained(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("retained consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullExpiry(5*time.Second), jetstream.PullHeartbeat(time.Second))
+	it, err := cons.Messages(pullOpts(500)...)
 	if err != nil {
 		return fmt.Errorf("retained consumer: %w", err)
 	}

@@ -206,15 +206,27 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 	if ci.NumPending == 0 {
 		return last, nil
 	}
-	it, err := cons.Messages()
+	it, err := cons.Messages(pullOpts(500)...)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: replay: %w", err)
 	}
 	defer it.Stop()
+	var seen uint64 // stream sequence of the last message delivered here
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(n.cfg.RequestTimeout))
 		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-			return last, nil // nothing more within the wait: everything matching is delivered
+			// Nothing within the wait. It is the end only if the consumer
+			// has nothing left to send and nothing on its way: a lost pull
+			// request stalls an ordered consumer until its heartbeat check
+			// recreates it (pullHeartbeat), and a replay cut short there
+			// would lose the session's messages.
+			if ctx.Err() != nil {
+				return 0, fmt.Errorf("cluster: replay: %w", ctx.Err())
+			}
+			if ci, ierr := cons.Info(ctx); ierr == nil && ci.NumPending == 0 && ci.Delivered.Stream <= max(seen, after) {
+				return last, nil
+			}
+			continue
 		}
 		if err != nil {
 			return 0, fmt.Errorf("cluster: replay: %w", err)
@@ -223,6 +235,7 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 		if err != nil {
 			continue
 		}
+		seen = md.Sequence.Stream
 		if md.Sequence.Stream > last {
 			return last, nil
 		}

@@ -111,14 +111,38 @@ func (m *mconn) subscribe(filter string, qos byte, timeout time.Duration) error 
 	if _, err := m.c.Write(mqttwire.AppendSubscribe(nil, m.proto, sub)); err != nil {
 		return err
 	}
-	p, err := m.fr.Next()
-	if err != nil {
-		return fmt.Errorf("reading SUBACK for %s: %w", filter, err)
-	}
-	if p.Type != mqttwire.TypeSuback {
-		// Nothing is published before every subscription is in place,
-		// so anything else is a protocol surprise worth reporting.
-		return fmt.Errorf("expected SUBACK for %s, got %s", filter, mqttwire.TypeName(p.Type))
+	var p mqttwire.Packet
+	for {
+		var err error
+		if p, err = m.fr.Next(); err != nil {
+			return fmt.Errorf("reading SUBACK for %s: %w", filter, err)
+		}
+		if p.Type == mqttwire.TypeSuback {
+			break
+		}
+		if p.Type != mqttwire.TypePublish {
+			return fmt.Errorf("expected SUBACK for %s, got %s", filter, mqttwire.TypeName(p.Type))
+		}
+		// A broker may send what matches before the SUBACK (MQTT 3.8.4):
+		// this run publishes nothing before every subscription is in place,
+		// so it is what an earlier run left in a durable group. It is
+		// acknowledged and not counted.
+		pub, err := mqttwire.DecodePublish(m.proto, p)
+		if err != nil {
+			return fmt.Errorf("before the SUBACK for %s: %w", filter, err)
+		}
+		var ack []byte
+		switch pub.QoS {
+		case 1:
+			ack = mqttwire.AppendAck(nil, mqttwire.TypePuback, pub.PacketID, 0)
+		case 2:
+			ack = mqttwire.AppendAck(nil, mqttwire.TypePubrec, pub.PacketID, 0)
+		}
+		if ack != nil {
+			if _, err := m.c.Write(ack); err != nil {
+				return err
+			}
+		}
 	}
 	sa, err := mqttwire.DecodeSuback(m.proto, p)
 	if err != nil {

@@ -57,6 +57,7 @@ type config struct {
 	duration    time.Duration
 	warmup      time.Duration
 	drain       time.Duration
+	drainIdle   time.Duration
 	timeout     time.Duration
 	settle      time.Duration
 	consumers   int
@@ -163,6 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.count, "count", 0, "messages per publisher, instead of a timed window (no warm-up: every message counts)")
 	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "publishing before the measured window")
 	fs.DurationVar(&cfg.drain, "drain", 5*time.Second, "after publishing stops, longest wait for outstanding deliveries")
+	fs.DurationVar(&cfg.drainIdle, "drain-idle", time.Second, "the drain also ends once nothing arrived for this long")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Second, "connect/subscribe timeout")
 	fs.DurationVar(&cfg.settle, "settle", time.Second, "connections: wait before reading the broker's RSS")
 	fs.IntVar(&cfg.consumers, "consumers", 8, "shared: consumers in the $share group (in each group, with -groups)")
@@ -252,8 +254,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	if cfg.count < 0 {
 		return cfg, fmt.Errorf("-count must not be negative")
 	}
-	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.drain < 0 {
-		return cfg, fmt.Errorf("-duration must be positive, -warmup and -drain not negative")
+	if cfg.duration <= 0 || cfg.warmup < 0 || cfg.drain < 0 || cfg.drainIdle <= 0 {
+		return cfg, fmt.Errorf("-duration must be positive, -warmup and -drain not negative, -drain-idle positive")
 	}
 	if cfg.scenario == "wake" && cfg.period <= 0 {
 		return cfg, fmt.Errorf("-period must be positive")

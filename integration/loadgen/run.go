@@ -821,7 +821,7 @@ func (r *run) execute(ctx context.Context, res *result) {
 		}
 		if n != lastN {
 			lastN, lastChange = n, time.Now()
-		} else if time.Since(lastChange) > time.Second {
+		} else if time.Since(lastChange) > r.cfg.drainIdle {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -946,7 +946,7 @@ func (r *run) unstall() *stallJSON {
 	for time.Now().Before(deadline) && got() < want {
 		if n := got(); n != last {
 			last, lastChange = n, time.Now()
-		} else if time.Since(lastChange) > time.Second {
+		} else if time.Since(lastChange) > r.cfg.drainIdle {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
