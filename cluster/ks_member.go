@@ -273,9 +273,25 @@ func (ng *nodeGroup) kickRetry() {
 	}
 }
 
-// deliverLocal writes a delivery to a member on this node. The delivery is
-// outstanding from before the write, so an ack cannot overtake it.
+// deliverLocal writes a delivery to a member on this node and flushes it.
 func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) bool {
+	ok := ng.deliverHeld(member, m, attempt)
+	ng.flushLocal()
+	return ok
+}
+
+// flushLocal sends what deliverHeld left in the members' queues
+// (keyshared.Flusher: one write per member for the deliveries of a round).
+func (ng *nodeGroup) flushLocal() {
+	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+		f.Flush()
+	}
+}
+
+// deliverHeld writes a delivery to a member on this node, to be sent at the
+// next flushLocal. The delivery is outstanding from before the write, so an
+// ack cannot overtake it.
+func (ng *nodeGroup) deliverHeld(member string, m *keyshared.Message, attempt int) bool {
 	ng.mu.Lock()
 	lm := ng.mu.members[member]
 	if lm == nil || !lm.active {
@@ -296,9 +312,6 @@ func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt i
 		return true
 	}
 	ok := ng.local.Deliver(member, m, attempt)
-	if f, flushes := ng.local.(keyshared.Flusher); flushes {
-		f.Flush() // no round here to wait for (keyshared.Output)
-	}
 	if !ok && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)
@@ -364,11 +377,11 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 			msg.Offset = it.offset
 			if it.kind == downQoS0 {
 				msg.QoS = 0
-				ng.deliverLocal(it.member, &msg, 1)
+				ng.deliverHeld(it.member, &msg, 1)
 				continue
 			}
 			outcome := deliveredOK
-			if !ng.deliverLocal(it.member, &msg, int(it.attempt)) {
+			if !ng.deliverHeld(it.member, &msg, int(it.attempt)) {
 				outcome = deliveryRefused
 			}
 			reply = append(reply, outcome)
@@ -376,6 +389,7 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 			ng.revokeLocal(it.member, it.offset)
 		}
 	}
+	ng.flushLocal() // the batch is a round: one write per member
 	ng.mu.Lock()
 	ng.mu.downSeq, ng.mu.downReply = b.seq, reply
 	ng.mu.Unlock()
