@@ -188,6 +188,9 @@ func TestParseFlags(t *testing.T) {
 		{"-scenario", "shared", "-key-mode", "nope"},
 		{"-scenario", "fanin", "-stalled", "2"},
 		{"extra"},
+		{"-addr", "127.0.0.1:1883,nohost"},
+		{"-broker-pid", "12,x"},
+		{"-drain-idle", "0s"},
 	} {
 		if _, err := parseFlags(bad, &errs); err == nil {
 			t.Errorf("%v accepted", bad)
@@ -200,6 +203,14 @@ func TestParseFlags(t *testing.T) {
 	cfg, err = parseFlags([]string{"-scenario", "slowsub"}, &errs)
 	if err != nil || cfg.stalled != 1 || cfg.qos != 0 {
 		t.Errorf("slowsub defaults: %+v %v", cfg, err)
+	}
+	cfg, err = parseFlags([]string{"-addr", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "-broker-pid", "7,8"}, &errs)
+	if err != nil || len(cfg.addrs) != 3 || cfg.addrs[2] != "127.0.0.1:3" || cfg.brokerPID != 7 || len(cfg.brokerPIDs) != 2 {
+		t.Errorf("lists: %+v %v", cfg, err)
+	}
+	r := newRun(cfg)
+	if got := []string{r.subAddr(0), r.subAddr(1), r.subAddr(2)}; got[0] != cfg.addrs[1] || got[1] != cfg.addrs[2] || got[2] != cfg.addrs[0] {
+		t.Errorf("subscribers connect to %v, want the nodes in turn from the second", got)
 	}
 }
 
@@ -294,6 +305,13 @@ func TestScenariosAgainstMochi(t *testing.T) {
 		if len(r.MsgsPerConsumer) != 3 {
 			t.Errorf("shared %s: per consumer %v", mode, r.MsgsPerConsumer)
 		}
+	}
+
+	// Several groups, their members spread over two addresses (one broker twice).
+	r = runArgs(t, "-addr", addr+","+addr, "-warmup", "100ms", "-duration", "300ms", "-drain", "3s",
+		"-scenario", "shared", "-groups", "3", "-consumers", "2", "-keys", "9", "-pubs", "2")
+	if o := r.Order; o == nil || o.Missing != 0 || o.Duplicates != 0 || o.KeysSeen != 9 || len(r.MsgsPerConsumer) != 6 || r.Consumers != 6 {
+		t.Errorf("shared -groups 3: %+v consumers %d per consumer %v", r.Order, r.Consumers, r.MsgsPerConsumer)
 	}
 
 	r = runArgs(t, append(short, "-scenario", "fanin", "-pubs", "5", "-subs", "2", "-group")...)
