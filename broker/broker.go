@@ -53,6 +53,7 @@ type Broker struct {
 
 	connStats *connq.Stats    // totals of every connection's outbound queue
 	poller    *netpoll.Poller // reads plain TCP connections (nil where unsupported)
+	deadlines deadlines       // the read deadlines of the connections poller serves
 	tls       *tlsServer      // the tls and wss listeners' certificates (nil without them; tlsconf.go)
 	reload    reloads         // live reload (reload.go)
 	rates     *hooks.RateLimits
@@ -171,7 +172,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 	for _, ln := range b.mqttLns {
 		limits, _ := cfg.connLimits(ln.id, "") // validated
 		if ln.proto == "tcp" {
-			ln.poller, ln.server = b.poller, b.server
+			ln.poller, ln.server, ln.deadlines = b.poller, b.server, &b.deadlines
 		}
 		ln.queue = func(c net.Conn) *connq.Conn {
 			q := connq.New(c, limits, b.connStats, logger)
@@ -445,6 +446,7 @@ func (b *Broker) closeResources() error {
 	}
 	if b.poller != nil {
 		errs = append(errs, b.poller.Close()) // after the server: its connections have ended
+		b.deadlines.close()
 	}
 	if b.sessions != nil {
 		errs = append(errs, b.sessions.Close())

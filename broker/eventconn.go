@@ -19,15 +19,16 @@ import (
 // (package netpoll) instead of a goroutine: while it is idle it holds no
 // goroutine, stack or read buffer, only its mochi client, its outbound queue
 // (connq.Conn, which starts a writer only while there is something to send),
-// its registration and a deadline timer. When bytes arrive a worker reads
+// its registration and an entry in the broker's deadlines. When bytes arrive a worker reads
 // them into a pooled buffer and feeds them to mochi (mqtt.Conn.Feed), which
 // keeps only the bytes of an incomplete packet.
 //
 // Keep-alive and the CONNECT timeout: mochi sets read deadlines through the
 // queue (connq.Conn.SetDeadline), which, watched, records them instead of
-// arming the socket's own deadline; a timer per connection, re-armed lazily
-// (only when it fires early or the deadline moves earlier), wakes the worker
-// when the deadline has passed, and the connection ends as a blocked read
+// arming the socket's own deadline; one timer for all connections
+// (deadlines.go: buckets of 100 ms, an entry moved lazily, only when its
+// bucket comes early or the deadline moves earlier) wakes the worker when the
+// deadline has passed, and the connection ends as a blocked read
 // would have ended it (i/o timeout: will sent, OnDisconnect). Trickled bytes
 // move no deadline: only whole packets do (mochi refreshes the deadline per
 // packet), so a client sending one byte a second, or half a packet, is cut
@@ -46,9 +47,8 @@ type eventConn struct {
 
 	flags atomic.Uint32 // closingFlag, expiredFlag
 
-	tmu   sync.Mutex
-	timer *time.Timer // armed for due; nil until a deadline is first set
-	due   int64       // Unix nanoseconds the timer is armed for; 0: not armed
+	tmu sync.Mutex
+	due int64 // Unix nanoseconds of ec's entry in l.deadlines; 0: none
 
 	ended bool // only the worker running Ready touches it
 }
@@ -178,39 +178,37 @@ func (ec *eventConn) end(err error) {
 	ec.q.AfterDone(func() { ec.l.untrack(ec.raw) })
 }
 
-// deadline is connq's deadline watch: it arms the timer when the deadline
-// comes before the time it is armed for; a later deadline waits until the
-// timer fires (and re-arms it), so a deadline moved on every packet costs
-// nothing here.
+// deadline is connq's deadline watch: it puts the connection in the
+// deadlines' bucket of its deadline when that comes before the one it is in;
+// a later deadline waits until that bucket is due (fire puts it in a later
+// one), so a deadline moved on every packet costs nothing here.
 func (ec *eventConn) deadline(t time.Time) {
 	if t.IsZero() {
 		// No MQTT keep-alive: TCP's finds a peer that is gone, as Go's
 		// default would have (the listener turns it off for the others).
 		_ = ec.raw.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 15 * time.Second, Count: 9})
-		return // the timer, if armed, finds no deadline and stops
+		return // the entry, if any, finds no deadline and goes
 	}
 	d := t.UnixNano()
 	ec.tmu.Lock()
-	defer ec.tmu.Unlock()
 	if ec.due != 0 && ec.due <= d {
+		ec.tmu.Unlock()
 		return
 	}
 	ec.due = d
-	if ec.timer == nil {
-		ec.timer = time.AfterFunc(time.Until(t), ec.fire)
-		return
-	}
-	ec.timer.Reset(time.Until(t))
+	ec.tmu.Unlock()
+	ec.l.deadlines.add(ec, d)
 }
 
-// fire runs when the timer goes off: the connection expires if its
-// deadline has passed; otherwise the timer is armed for it.
+// fire runs when a bucket ec was put in is due: the connection expires if
+// its deadline has passed; otherwise it goes in the bucket of its deadline,
+// unless a later entry of it already waits there.
 func (ec *eventConn) fire() {
 	ec.tmu.Lock()
 	dl := ec.q.ReadDeadline()
 	now := time.Now()
 	switch {
-	case ec.timer == nil || ec.due == 0 && dl.IsZero():
+	case ec.due == 0:
 		ec.tmu.Unlock()
 		return
 	case dl.IsZero():
@@ -218,9 +216,14 @@ func (ec *eventConn) fire() {
 		ec.tmu.Unlock()
 		return
 	case now.Before(dl):
-		ec.due = dl.UnixNano()
-		ec.timer.Reset(dl.Sub(now))
+		d := dl.UnixNano()
+		if ec.due > now.UnixNano() && ec.due <= d {
+			ec.tmu.Unlock() // its entry for ec.due, still to come, covers it
+			return
+		}
+		ec.due = d
 		ec.tmu.Unlock()
+		ec.l.deadlines.add(ec, d)
 		return
 	}
 	ec.due = 0
@@ -231,12 +234,13 @@ func (ec *eventConn) fire() {
 	}
 }
 
+// stopTimer takes the connection out of the deadlines.
 func (ec *eventConn) stopTimer() {
 	ec.tmu.Lock()
-	defer ec.tmu.Unlock()
-	if ec.timer != nil {
-		ec.timer.Stop()
-		ec.timer = nil
-	}
+	due := ec.due
 	ec.due = 0
+	ec.tmu.Unlock()
+	if due != 0 {
+		ec.l.deadlines.remove(ec, due)
+	}
 }

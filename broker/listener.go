@@ -38,6 +38,9 @@ type listener struct {
 	// server they are fed to. Set before Serve.
 	poller *netpoll.Poller
 	server *mqtt.Server
+	// deadlines wakes event-served connections whose deadline passed
+	// (deadlines.go); set with poller.
+	deadlines *deadlines
 
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.

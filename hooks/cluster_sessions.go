@@ -125,7 +125,7 @@ func (s *clusterSession) inherit(prev *clusterSession) {
 func (h *Cluster) session(cl *mqtt.Client) *clusterSession { return h.table.current(cl) }
 
 func storedClient(cl *mqtt.Client) storage.Client {
-	props := cl.Properties.Props.Copy(false)
+	props := cl.Properties.Props.Copy()
 	return storage.Client{
 		ID: cl.ID, T: storage.ClientKey, Remote: cl.Net.Remote, Listener: cl.Net.Listener,
 		Username: cl.Properties.Username, Clean: cl.Properties.Clean, ProtocolVersion: cl.Properties.ProtocolVersion,

@@ -102,6 +102,14 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 	if r.mochiOnly {
 		return pk, nil
 	}
+	if len(r.subs) == 0 {
+		// Nobody here subscribed (an idle device's telemetry with its
+		// readers elsewhere): no delivery to build. It was 9% of the CPU in
+		// the profile of 5,000 devices publishing every 20 s, its
+		// 900-byte pubDelivery most of the garbage per publish.
+		h.Stats.FastPath.Add(1)
+		return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
+	}
 	d := h.newPublishDelivery(pk)
 	if pk.FixedHeader.Qos > 0 {
 		d.stores = &storeWait{}

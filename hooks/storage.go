@@ -90,8 +90,16 @@ func clientPrefix(id string) []byte {
 
 func subscriptionKey(id, filter string) []byte { return append(clientPrefix(id), filter...) }
 
-func inflightKey(id string, packetID uint16) []byte {
-	return binary.BigEndian.AppendUint16(clientPrefix(id), packetID)
+// inflightKey is the key of an in-flight entry. Packet ids are per direction
+// [MQTT-2.2.1-3]: the client's QoS 2 publishes (the PUBREC sent, awaiting
+// PUBREL) get a key of their own, one byte longer, so that the server's
+// PUBLISH with the same id is a different record.
+func inflightKey(id string, packetID uint16, inbound bool) []byte {
+	k := binary.BigEndian.AppendUint16(clientPrefix(id), packetID)
+	if inbound {
+		k = append(k, 'i')
+	}
+	return k
 }
 
 func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
@@ -130,7 +138,7 @@ func (h *Storage) OnWillSent(cl *mqtt.Client, _ packets.Packet) {
 }
 
 func (h *Storage) putClient(cl *mqtt.Client) {
-	props := cl.Properties.Props.Copy(false)
+	props := cl.Properties.Props.Copy()
 	h.put(persistence.KindClient, []byte(cl.ID), &storage.Client{
 		ID:              cl.ID,
 		T:               storage.ClientKey,
@@ -306,18 +314,25 @@ func (h *Storage) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, _
 	}
 	m := storedMessage(pk)
 	m.T, m.Client, m.Sent = storage.InflightKey, cl.ID, sent
-	h.put(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID), m)
+	h.put(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID, mqtt.IsInbound(pk)), m)
 }
 
-// OnQosComplete deletes a resolved inflight message.
+// OnQosComplete deletes a resolved inflight message. It is told with the
+// packet that completed the flow: the client's PUBREL completes the client's
+// publish, a PUBACK or PUBCOMP one of the server's.
 func (h *Storage) OnQosComplete(cl *mqtt.Client, pk packets.Packet) {
 	if persistent(cl) {
-		h.store.Delete(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID))
+		h.store.Delete(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID, pk.FixedHeader.Type == packets.Pubrel))
 	}
 }
 
-// OnQosDropped deletes a dropped inflight message.
-func (h *Storage) OnQosDropped(cl *mqtt.Client, pk packets.Packet) { h.OnQosComplete(cl, pk) }
+// OnQosDropped deletes a dropped inflight message; mochi (the fork) hands it
+// the in-flight entry dropped, whose type says its direction.
+func (h *Storage) OnQosDropped(cl *mqtt.Client, pk packets.Packet) {
+	if persistent(cl) {
+		h.store.Delete(persistence.KindInflight, inflightKey(cl.ID, pk.PacketID, mqtt.IsInbound(pk)))
+	}
+}
 
 // OnSysInfoTick stores the latest system info.
 func (h *Storage) OnSysInfoTick(sys *system.Info) {

@@ -183,7 +183,6 @@ type Conn struct {
 
 	stats *Stats
 	log   *slog.Logger
-	tcp   *net.TCPConn     // set when writev is available
 	raw   rawWriter        // set for direct writes (direct.go)
 	now   func() time.Time // the clock for the soft limit's grace; tests replace it
 
@@ -195,8 +194,8 @@ type Conn struct {
 		bytes     int    // bytes of the frames in q[head:] not dropped
 		limits    Limits
 		session   Session
-		overSoft  time.Time // when bytes last went above Soft; zero while under
-		scheduled bool      // a writer goroutine is running (at most one is)
+		overSoft  int64 // when bytes last went above Soft (c.now, Unix nanoseconds); zero while under
+		scheduled bool  // a writer goroutine is running (at most one is)
 		closing   bool
 		failed    error
 		holds     []*Hold // holds whose frame has not been written by mochi yet
@@ -236,6 +235,13 @@ type Conn struct {
 	conflated       atomic.Uint64
 }
 
+// tcpConn returns the connection when writev is available (a TCP one), nil
+// otherwise.
+func (c *Conn) tcpConn() *net.TCPConn {
+	t, _ := c.Conn.(*net.TCPConn)
+	return t
+}
+
 // New wraps c; its writer goroutine starts when there is something to
 // write. stats may be shared by many connections; log may be nil.
 func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
@@ -246,7 +252,6 @@ func New(c net.Conn, limits Limits, stats *Stats, log *slog.Logger) *Conn {
 		log = slog.New(slog.DiscardHandler)
 	}
 	q := &Conn{Conn: c, stats: stats, log: log, now: time.Now}
-	q.tcp, _ = c.(*net.TCPConn)
 	q.raw = rawOf(c)
 	q.mu.limits = limits
 	q.mu.connacked = true
@@ -277,8 +282,8 @@ func (c *Conn) SetLimits(l Limits) {
 		c.mu.conflate = nil
 	}
 	c.mu.Unlock()
-	if l.Policy == Conflate && c.tcp != nil {
-		_ = c.tcp.SetWriteBuffer(ConflateSendBuffer) // best effort: conflation works without it, later
+	if tcp := c.tcpConn(); l.Policy == Conflate && tcp != nil {
+		_ = tcp.SetWriteBuffer(ConflateSendBuffer) // best effort: conflation works without it, later
 	}
 }
 

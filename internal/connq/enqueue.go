@@ -147,12 +147,12 @@ func (c *Conn) fitsLocked(n int) bool {
 	if l.Soft <= 0 || after <= l.Soft {
 		return true
 	}
-	now := c.now() // only here: reading the clock on every frame costs more than the rest of Enqueue
-	if c.mu.overSoft.IsZero() {
+	now := c.now().UnixNano() // only here: reading the clock on every frame costs more than the rest of Enqueue
+	if c.mu.overSoft == 0 {
 		c.mu.overSoft = now
 		return true
 	}
-	return now.Sub(c.mu.overSoft) <= l.Grace
+	return time.Duration(now-c.mu.overSoft) <= l.Grace
 }
 
 // evictLocked drops the oldest shared frames until n more bytes fit under the
@@ -174,7 +174,7 @@ func (c *Conn) evictLocked(n int) {
 		e.b, e.pub = nil, nil
 	}
 	if c.mu.bytes <= l.Soft {
-		c.mu.overSoft = time.Time{}
+		c.mu.overSoft = 0
 	}
 }
 

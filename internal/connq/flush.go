@@ -82,7 +82,7 @@ func (c *Conn) kick() {
 	}
 	c.mu.scheduled = true
 	c.mu.Unlock()
-	if c.tcp == nil {
+	if c.tcpConn() == nil {
 		go c.run()
 		return
 	}
@@ -144,7 +144,7 @@ const maxIovecs = 1024
 // all (none) when the socket's buffer is full.
 func (c *Conn) writevNow(bufs net.Buffers) (int, error) {
 	if c.raw == nil {
-		rc, err := c.tcp.SyscallConn()
+		rc, err := c.tcpConn().SyscallConn()
 		if err != nil {
 			return 0, nil // the writer goroutine writes it all
 		}

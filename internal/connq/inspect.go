@@ -14,9 +14,22 @@ type Inspector interface {
 // inspection is the read side of a Conn that has an Inspector.
 type inspection struct {
 	inspector Inspector
-	reply     []byte // sent once the bytes before the offending frame have been read
-	err       error  // set once the inspector has refused the stream
-	closed    bool   // the reply is queued and the connection closing
+	*refusal  // set once the inspector has refused the stream (few connections ever are: not held by the others)
+}
+
+// refusal is the Inspector's verdict on a stream it refused.
+type refusal struct {
+	reply  []byte // sent once the bytes before the offending frame have been read
+	err    error
+	closed bool // the reply is queued and the connection closing
+}
+
+// refused returns the Inspector's error, nil while it has refused nothing.
+func (in *inspection) refused() error {
+	if in.refusal == nil {
+		return nil
+	}
+	return in.refusal.err
 }
 
 // Inspect makes i see every byte read from c from now on (before the first
@@ -32,7 +45,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if c.in.inspector == nil {
 		return c.Conn.Read(p)
 	}
-	if c.in.err != nil {
+	if c.in.refused() != nil {
 		return 0, c.refuse()
 	}
 	n, err := c.Conn.Read(p)
@@ -57,8 +70,8 @@ func (c *Conn) Inspected(b []byte) (pass int, err error) {
 	if c.in.inspector == nil {
 		return len(b), nil
 	}
-	if c.in.err != nil {
-		return 0, c.in.err
+	if err := c.in.refused(); err != nil {
+		return 0, err
 	}
 	return c.inspect(b)
 }
@@ -72,7 +85,7 @@ func (c *Conn) inspect(b []byte) (int, error) {
 	if ierr == nil {
 		return len(b), nil
 	}
-	c.in.reply, c.in.err = reply, ierr
+	c.in.refusal = &refusal{reply: reply, err: ierr}
 	c.stats.ProtocolErrors.Add(1)
 	c.log.Info("closing a connection for a protocol error", "remote", c.RemoteAddr().String(), "error", ierr)
 	return pass, ierr

@@ -109,7 +109,7 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 		c.mu.head = 0
 	}
 	if c.mu.bytes <= c.mu.limits.Soft {
-		c.mu.overSoft = time.Time{}
+		c.mu.overSoft = 0
 	}
 	bt.session = c.mu.session
 	if publishes && c.mu.missed > 0 && bt.session.DropSignal && bt.session.Version == 5 {
@@ -130,7 +130,7 @@ func (c *Conn) run() { c.runFrom(nil, nil) }
 // batch bt.
 func (c *Conn) runFrom(bt *batch, rest net.Buffers) {
 	if bt != nil {
-		_, err := rest.WriteTo(c.tcp)
+		_, err := rest.WriteTo(c.tcpConn())
 		c.finishBatch(bt, err)
 	}
 	for {
@@ -168,20 +168,21 @@ func (c *Conn) finishBatch(bt *batch, err error) {
 // write edits the batch's publishes and sends the batch: one writev on TCP,
 // one coalesced Write otherwise.
 func (c *Conn) write(bt *batch) error {
-	if c.tcp == nil {
+	tcp := c.tcpConn()
+	if tcp == nil {
 		c.build(bt)
 		_, err := c.Conn.Write(bt.scratch)
 		return err
 	}
 	bufs := c.build(bt) // WriteTo consumes its receiver: bt.bufs stays whole for release
-	_, err := bufs.WriteTo(c.tcp)
+	_, err := bufs.WriteTo(tcp)
 	return err
 }
 
 // build edits the batch's publishes and lays the batch out: as buffers for a
 // writev on TCP (returned), coalesced into bt.scratch otherwise.
 func (c *Conn) build(bt *batch) net.Buffers {
-	coalesce := c.tcp == nil
+	coalesce := c.tcpConn() == nil
 	now := int64(0)
 	signalled := false
 	for i := range bt.entries {

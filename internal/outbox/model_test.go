@@ -219,9 +219,9 @@ func (m *model) checkStore(run, step int) {
 	if mem != m.o.mu.mem {
 		m.t.Fatalf("run %d step %d: frames in memory %d bytes, counted %d", run, step, mem, m.o.mu.mem)
 	}
-	if live := 0; m.o.mu.spill != nil || spilled > 0 {
-		if m.o.mu.spill != nil {
-			live = m.o.mu.spill.live
+	if live, sf := 0, m.o.spillFile(); sf != nil || spilled > 0 {
+		if sf != nil {
+			live = sf.live
 		}
 		if live != spilled {
 			m.t.Fatalf("run %d step %d: %d messages spilled, %d records live in the spill file", run, step, spilled, live)
@@ -390,9 +390,9 @@ func TestOutboxModel(t *testing.T) {
 					}
 				}
 				m.o.mu.Lock()
-				if m.o.mu.spill != nil { // the process is gone: so is its spill file
-					m.o.mu.spill.close()
-					m.o.mu.spill = nil
+				if sf := m.o.spillFile(); sf != nil { // the process is gone: so is its spill file
+					sf.close()
+					m.o.mu.off.spill = nil
 				}
 				m.o.mu.Unlock()
 				if durable != nil {

@@ -18,6 +18,26 @@ const spillMore = 2
 // committedSeqs are the messages whose records a DurableStore reported
 // committed, noted by its callbacks (which may run anywhere, even inside
 // AddDurable) under a lock of their own and taken under the outbox's.
+// offHeap is an outbox's state for frames kept off the heap (a Spill's).
+type offHeap struct {
+	spill *spillFile // nil until the outbox first spills
+	// spillScan: no frame on the wire before it is in memory (where
+	// spillLocked looks for the next one).
+	spillScan int
+	// committed are the records PutDurable reported committed, taken
+	// (into committedBuf) by spillLocked.
+	committed    committedSeqs
+	committedBuf []uint64
+}
+
+// offLocked returns the outbox's off-heap state, made on first use.
+func (o *Outbox) offLocked() *offHeap {
+	if o.mu.off == nil {
+		o.mu.off = new(offHeap)
+	}
+	return o.mu.off
+}
+
 type committedSeqs struct {
 	sync.Mutex
 	seqs []uint64
@@ -61,9 +81,10 @@ func (o *Outbox) spillLocked(pending bool) {
 	if sp == nil {
 		return
 	}
-	o.mu.committedBuf = o.mu.committed.take(o.mu.committedBuf)
+	off := o.offLocked()
+	off.committedBuf = off.committed.take(off.committedBuf)
 	toStore := o.toStoreLocked()
-	for _, seq := range o.mu.committedBuf {
+	for _, seq := range off.committedBuf {
 		if e := o.entryLocked(seq); e != nil && e.inMemory() {
 			e.stored = true
 			if toStore && o.mu.mem > sp.after && (e.state == stSent || int(seq-o.mu.base) >= o.mu.cursor) {
@@ -80,15 +101,15 @@ func (o *Outbox) spillLocked(pending bool) {
 		}
 	}
 	for n := 0; n < spillMore && o.mu.mem > sp.after; n++ {
-		for o.mu.spillScan = max(o.mu.spillScan, o.mu.head); o.mu.spillScan < o.mu.cursor; o.mu.spillScan++ {
-			if e := &o.mu.q[o.mu.spillScan]; e.inMemory() && e.state == stSent {
+		for off.spillScan = max(off.spillScan, o.mu.head); off.spillScan < o.mu.cursor; off.spillScan++ {
+			if e := &o.mu.q[off.spillScan]; e.inMemory() && e.state == stSent {
 				break
 			}
 		}
-		if o.mu.spillScan >= o.mu.cursor {
+		if off.spillScan >= o.mu.cursor {
 			return
 		}
-		if e := &o.mu.q[o.mu.spillScan]; (toStore && !e.stored) || !o.offHeapLocked(e) {
+		if e := &o.mu.q[off.spillScan]; (toStore && !e.stored) || !o.offHeapLocked(e) {
 			return // not committed yet (it goes cold then), or no room in a file
 		}
 	}
@@ -118,13 +139,13 @@ func (o *Outbox) coldLocked(e *entry) {
 // spillEntryLocked moves e's frame to the spill file; it reports false when
 // it could not (e stays in memory).
 func (o *Outbox) spillEntryLocked(e *entry) bool {
-	sp := o.cfg.Spill
-	if o.mu.spill == nil {
-		if o.mu.spill = sp.open(); o.mu.spill == nil {
+	sp, oh := o.cfg.Spill, o.offLocked()
+	if oh.spill == nil {
+		if oh.spill = sp.open(); oh.spill == nil {
 			return false
 		}
 	}
-	off, n, err := o.mu.spill.put(e.pub)
+	off, n, err := oh.spill.put(e.pub)
 	if err != nil {
 		return false
 	}
@@ -140,8 +161,8 @@ func (o *Outbox) spillEntryLocked(e *entry) bool {
 func (o *Outbox) loadLocked(e *entry, seq uint64) bool {
 	switch {
 	case e.isSpilled():
-		p, err := o.mu.spill.read(e.spillOff, e.spillLen)
-		o.mu.spill.release(e.spillOff, e.spillLen)
+		p, err := o.mu.off.spill.read(e.spillOff, e.spillLen)
+		o.mu.off.spill.release(e.spillOff, e.spillLen)
 		e.spillLen = 0 // released
 		if err != nil {
 			o.cfg.Stats.LoadErrors.Add(1)
@@ -184,7 +205,7 @@ func (o *Outbox) frameLocked(e *entry, seq uint64) *entry {
 	rec := *e
 	switch {
 	case e.isSpilled():
-		p, err := o.mu.spill.read(e.spillOff, e.spillLen)
+		p, err := o.mu.off.spill.read(e.spillOff, e.spillLen)
 		if err != nil {
 			return nil
 		}

@@ -131,14 +131,9 @@ type Outbox struct {
 		bytes int64
 		cold  int
 		mem   int64
-		spill *spillFile // nil until the outbox first spills
-		// spillScan: no frame on the wire before it is in memory (where
-		// spillLocked looks for the next one).
-		spillScan int
-		// committed are the records PutDurable reported committed, taken
-		// (into committedBuf) by spillLocked.
-		committed    committedSeqs
-		committedBuf []uint64
+		// off is the state of frames kept off the heap, made when a
+		// Spill first needs it (most outboxes never do).
+		off *offHeap
 
 		conn     Conn
 		window   int // unacknowledged messages allowed on conn
@@ -232,7 +227,11 @@ func (o *Outbox) AddDurable(p *frame.Publish, created, deadline int64, ref uint6
 	o.cfg.Stats.Added.Add(1)
 	addInfo(o.cfg.Stats.InfoInflight, 1)
 	if ds, ok := o.cfg.Store.(DurableStore); ok && stored != nil && o.mu.persist {
-		committed, note := &o.mu.committed, o.cfg.Spill != nil // spillLocked takes the notes
+		var committed *committedSeqs // spillLocked takes the notes
+		if o.cfg.Spill != nil {
+			committed = &o.offLocked().committed
+		}
+		note := committed != nil
 		ds.PutDurable(o.client, Stored{Seq: seq, Ref: ref, e: &o.mu.q[len(o.mu.q)-1]}, func(err error) {
 			if err == nil && note {
 				committed.note(seq)
@@ -312,7 +311,9 @@ func (o *Outbox) Detach(conn Conn) {
 	}
 	o.mu.conn = nil
 	o.mu.cursor, o.mu.inflight = o.mu.head, 0
-	o.mu.spillScan = o.mu.head // what was on the wire waits to be sent again
+	if o.mu.off != nil {
+		o.mu.off.spillScan = o.mu.head // what was on the wire waits to be sent again
+	}
 	if !o.mu.gone {
 		o.putMetaLocked(false)
 	}
@@ -470,14 +471,20 @@ func (o *Outbox) finishLocked(i int) {
 func (o *Outbox) compactLocked() {
 	if o.mu.live == 0 && o.mu.cursor == len(o.mu.q) {
 		o.mu.base += uint64(len(o.mu.q))
-		o.mu.q, o.mu.head, o.mu.cursor, o.mu.spillScan = nil, 0, 0, 0
+		o.mu.q, o.mu.head, o.mu.cursor = nil, 0, 0
+		if o.mu.off != nil {
+			o.mu.off.spillScan = 0
+		}
 		return
 	}
 	if o.mu.head >= 1024 && o.mu.head*2 >= len(o.mu.q) {
 		n := o.mu.head
 		o.mu.q = append(o.mu.q[:0:0], o.mu.q[n:]...)
 		o.mu.base += uint64(n)
-		o.mu.head, o.mu.cursor, o.mu.spillScan = 0, o.mu.cursor-n, max(o.mu.spillScan-n, 0)
+		o.mu.head, o.mu.cursor = 0, o.mu.cursor-n
+		if o.mu.off != nil {
+			o.mu.off.spillScan = max(o.mu.off.spillScan-n, 0)
+		}
 	}
 }
 
@@ -509,12 +516,15 @@ func (o *Outbox) Discard() {
 		o.forgetBytesLocked(&o.mu.q[i])
 	}
 	o.mu.q, o.mu.ids, o.mu.live, o.mu.conn = nil, idTable{}, 0, nil
-	if o.mu.spill != nil {
-		o.mu.spill.close()
-		o.mu.spill = nil
+	if o.mu.off != nil && o.mu.off.spill != nil {
+		o.mu.off.spill.close()
+		o.mu.off.spill = nil
 	}
 	o.mu.external = nil // it reads the last client's in-flight map: let that go
-	o.mu.head, o.mu.cursor, o.mu.inflight, o.mu.spillScan = 0, 0, 0, 0
+	o.mu.head, o.mu.cursor, o.mu.inflight = 0, 0, 0
+	if o.mu.off != nil {
+		o.mu.off.spillScan = 0
+	}
 	if o.cfg.Store != nil {
 		o.cfg.Store.DeleteSession(o.client)
 	}
@@ -582,8 +592,8 @@ func (o *Outbox) forgetBytesLocked(e *entry) {
 		o.mu.cold--
 		o.cfg.Stats.ColdBytes.Add(-int64(e.size))
 	case e.isSpilled():
-		if e.spillLen > 0 && o.mu.spill != nil {
-			o.mu.spill.release(e.spillOff, e.spillLen)
+		if e.spillLen > 0 && o.mu.off != nil && o.mu.off.spill != nil {
+			o.mu.off.spill.release(e.spillOff, e.spillLen)
 		}
 	default:
 		o.mu.mem -= int64(e.size)

@@ -106,7 +106,7 @@ func TestSpillKeepsAStalledSessionsBacklogOutOfMemory(t *testing.T) {
 		t.Fatalf("after draining the spill holds %d bytes; %d of %d spilled messages read back", b, l, sp.Spilled.Load())
 	}
 	o.mu.Lock()
-	sf := o.mu.spill
+	sf := o.spillFile()
 	o.mu.Unlock()
 	if st, err := sf.f.Stat(); err != nil || st.Size() != 0 {
 		t.Fatalf("the drained spill file: %v, size %d", err, st.Size())
@@ -229,4 +229,12 @@ func TestSpillLetsPersistentFramesGoCold(t *testing.T) {
 	if held, _ := o.Len(); held != 0 || len(store.recs) != 0 || cfg.Stats.ColdBytes.Load() != 0 || cfg.Stats.LoadErrors.Load() != 0 {
 		t.Fatalf("after draining: %d held, %d records, %d cold bytes, %d load errors", held, len(store.recs), cfg.Stats.ColdBytes.Load(), cfg.Stats.LoadErrors.Load())
 	}
+}
+
+// spillFile is the outbox's spill file, nil if none (under o.mu).
+func (o *Outbox) spillFile() *spillFile {
+	if o.mu.off == nil {
+		return nil
+	}
+	return o.mu.off.spill
 }

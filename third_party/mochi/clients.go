@@ -7,7 +7,6 @@ package mqtt
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -124,7 +123,7 @@ type ClientConnection struct {
 
 // ClientProperties contains the properties which define the client behaviour.
 type ClientProperties struct {
-	Props           packets.Properties
+	Props           ClientProps // the CONNECT's properties the session keeps (Keyline's fork: not all of them)
 	Will            Will
 	Username        []byte
 	ProtocolVersion byte
@@ -144,6 +143,7 @@ type Will struct {
 
 // ClientState tracks the state of the client.
 type ClientState struct {
+	// Keyline's fork: fields in an order that leaves no padding (PATCHES.md item 19).
 	TopicAliases    TopicAliases         // a map of topic aliases
 	stopCause       atomic.Value         // reason for stopping
 	Inflight        *Inflight            // a map of in-flight qos messages
@@ -151,15 +151,16 @@ type ClientState struct {
 	disconnected    int64                // the time the client disconnected in unix time, for calculating expiry
 	stoppedAt       int64                // the same in unix nanoseconds (Keyline: expiry to the interval, not to the second)
 	outbound        chan *packets.Packet // queue for pending outbound packets
+	done            chan struct{}        // closed by Stop; made only for a client with a WriteLoop
 	endOnce         sync.Once            // only end once
 	isTakenOver     atomic.Bool          // used to identify orphaned clients
 	packetID        uint32               // the current highest packetID
-	open            context.Context      // indicate that the client is open for packet exchange
-	cancelOpen      context.CancelFunc   // cancel function for open context
+	stopped         atomic.Bool          // Stop has ended the packet exchange
 	outboundQty     int32                // number of messages currently in the outbound queue
+	connected       atomic.Bool          // counted in Info.ClientsConnected (attach to detach)
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
-	connected       atomic.Bool          // counted in Info.ClientsConnected (attach to detach)
+	open            bool                 // the client was opened for packet exchange (Keyline's fork: no context)
 }
 
 // newClient returns a new instance of Client. This is almost exclusively used by Server
@@ -172,14 +173,11 @@ func newClient(c net.Conn, o *ops) *Client {
 // connection itself (Read, with a buffered reader) or is fed the bytes its
 // owner reads (Conn.Feed: no reader is allocated).
 func newClientReading(c net.Conn, o *ops, reads bool) *Client {
-	ctx, cancel := context.WithCancel(context.Background())
 	cl := &Client{
 		State: ClientState{
 			Inflight:      NewInflights(),
 			Subscriptions: NewSubscriptions(),
-			TopicAliases:  NewTopicAliases(o.options.Capabilities.TopicAliasMaximum),
-			open:          ctx,
-			cancelOpen:    cancel,
+			open:          true,
 			Keepalive:     defaultKeepalive,
 		},
 		Properties: ClientProperties{
@@ -189,6 +187,7 @@ func newClientReading(c net.Conn, o *ops, reads bool) *Client {
 	}
 	if !o.options.DirectWrites {
 		cl.State.outbound = make(chan *packets.Packet, o.options.Capabilities.MaximumClientWritesPending)
+		cl.State.done = make(chan struct{})
 	}
 
 	if c != nil {
@@ -214,7 +213,7 @@ func (cl *Client) WriteLoop() {
 				cl.ops.log.Debug("failed publishing packet", "error", err, "client", cl.ID, "packet", pk)
 			}
 			atomic.AddInt32(&cl.State.outboundQty, -1)
-		case <-cl.State.open.Done():
+		case <-cl.State.done: // nil (never ready) for a client without a WriteLoop
 			return
 		}
 	}
@@ -231,7 +230,7 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	// PATCHES.md; decoded strings are copies already).
 	cl.Properties.Username = bytes.Clone(pk.Connect.Username)
 	cl.Properties.Clean = pk.Connect.Clean
-	cl.Properties.Props = pk.Properties.Copy(false)
+	cl.Properties.Props = NewClientProps(pk.Properties)
 
 	if cl.Properties.Props.ReceiveMaximum > cl.ops.options.Capabilities.MaximumInflight { // 3.3.4 Non-normative
 		cl.Properties.Props.ReceiveMaximum = cl.ops.options.Capabilities.MaximumInflight
@@ -249,7 +248,16 @@ func (cl *Client) ParseConnect(lid string, pk packets.Packet) {
 	cl.State.Keepalive = pk.Connect.Keepalive                                              // [MQTT-3.2.2-22]
 	cl.State.Inflight.ResetReceiveQuota(int32(cl.ops.options.Capabilities.ReceiveMaximum)) // server receive max per client
 	cl.State.Inflight.ResetSendQuota(int32(cl.Properties.Props.ReceiveMaximum))            // client receive max
-	cl.State.TopicAliases.Outbound = NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
+	// Keyline's fork: the alias tables are made only for a client that may
+	// use them (v2.7.9 made both for every client, and the outbound one
+	// twice); a nil table acts as one of maximum 0.
+	if max := cl.ops.options.Capabilities.TopicAliasMaximum; max > 0 && pk.ProtocolVersion == 5 {
+		cl.State.TopicAliases.Inbound = NewInboundTopicAliases(max)
+	}
+	cl.State.TopicAliases.Outbound = nil
+	if cl.Properties.Props.TopicAliasMaximum > 0 {
+		cl.State.TopicAliases.Outbound = NewOutboundTopicAliases(cl.Properties.Props.TopicAliasMaximum)
+	}
 
 	cl.ID = pk.Connect.ClientIdentifier
 	if cl.ID == "" {
@@ -336,7 +344,7 @@ func (cl *Client) ResendInflightMessages(force bool) error {
 		}
 
 		if tk.FixedHeader.Type == packets.Puback || tk.FixedHeader.Type == packets.Pubcomp {
-			if ok := cl.State.Inflight.Delete(tk.PacketID); ok {
+			if ok := cl.State.Inflight.Remove(tk); ok {
 				cl.ops.hooks.OnQosComplete(cl, tk)
 				atomic.AddInt64(&cl.ops.info.Inflight, -1)
 			}
@@ -349,7 +357,7 @@ func (cl *Client) ResendInflightMessages(force bool) error {
 // ClearInflights deletes all inflight messages for the client, e.g. for a disconnected user with a clean session.
 func (cl *Client) ClearInflights() {
 	for _, tk := range cl.State.Inflight.GetAll(false) {
-		if ok := cl.State.Inflight.Delete(tk.PacketID); ok {
+		if ok := cl.State.Inflight.Remove(tk); ok {
 			cl.ops.hooks.OnQosDropped(cl, tk)
 			atomic.AddInt64(&cl.ops.info.Inflight, -1)
 		}
@@ -367,7 +375,7 @@ func (cl *Client) ClearExpiredInflights(now, maximumExpiry int64) []uint16 {
 		enforced := maximumExpiry > 0 && now-tk.Created > maximumExpiry
 
 		if expired || enforced {
-			if ok := cl.State.Inflight.Delete(tk.PacketID); ok {
+			if ok := cl.State.Inflight.Remove(tk); ok {
 				cl.ops.hooks.OnQosDropped(cl, tk)
 				atomic.AddInt64(&cl.ops.info.Inflight, -1)
 				deleted = append(deleted, tk.PacketID)
@@ -419,9 +427,7 @@ func (cl *Client) Stop(err error) {
 			cl.State.stopCause.Store(err)
 		}
 
-		if cl.State.cancelOpen != nil {
-			cl.State.cancelOpen()
-		}
+		cl.State.cancelOpen()
 
 		if cl.State.TopicAliases.Inbound != nil {
 			cl.State.TopicAliases.Inbound.Reset() // aliases end with the connection; an offline session must not keep them
@@ -431,6 +437,14 @@ func (cl *Client) Stop(err error) {
 		atomic.StoreInt64(&cl.State.stoppedAt, now.UnixNano())
 		atomic.StoreInt64(&cl.State.disconnected, now.Unix())
 	})
+}
+
+// cancelOpen ends the client's packet exchange: Closed reports true and a
+// WriteLoop returns (what v2.7.9's cancel of its context did).
+func (s *ClientState) cancelOpen() {
+	if !s.stopped.Swap(true) && s.done != nil {
+		close(s.done)
+	}
 }
 
 // StopCause returns the reason the client connection was stopped, if any.
@@ -448,7 +462,7 @@ func (cl *Client) StopTime() int64 {
 
 // Closed returns true if client connection is closed.
 func (cl *Client) Closed() bool {
-	return cl.State.open == nil || cl.State.open.Err() != nil
+	return !cl.State.open || cl.State.stopped.Load()
 }
 
 func (cl *Client) IsTakenOver() bool {

@@ -7,7 +7,6 @@ package mqtt
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -52,6 +51,9 @@ func newTestClient() (cl *Client, r net.Conn, w net.Conn) {
 	cl.State.Inflight.receiveQuota = 10
 	cl.Properties.Props.TopicAliasMaximum = 0
 	cl.Properties.Props.RequestResponseInfo = 0x1
+	// Keyline's fork: ParseConnect makes the alias tables (of a client that
+	// may use them); v2.7.9's newClient made them for every client.
+	cl.State.TopicAliases = NewTopicAliases(10000)
 
 	go cl.WriteLoop()
 
@@ -120,8 +122,8 @@ func TestClientsDelete(t *testing.T) {
 
 func TestClientsGetByListener(t *testing.T) {
 	cl := NewClients()
-	cl.Add(&Client{ID: "t1", State: ClientState{open: context.Background()}, Net: ClientConnection{Listener: "tcp1"}})
-	cl.Add(&Client{ID: "t2", State: ClientState{open: context.Background()}, Net: ClientConnection{Listener: "ws1"}})
+	cl.Add(&Client{ID: "t1", State: ClientState{open: true}, Net: ClientConnection{Listener: "tcp1"}})
+	cl.Add(&Client{ID: "t2", State: ClientState{open: true}, Net: ClientConnection{Listener: "ws1"}})
 	require.Contains(t, cl.internal, "t1")
 	require.Contains(t, cl.internal, "t2")
 

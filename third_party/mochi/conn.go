@@ -249,7 +249,7 @@ func (cl *Client) offline() *Client {
 		o.State.stopCause.Store(cause)
 	}
 	o.State.endOnce.Do(func() {}) // stopped already: Stop does nothing
-	return o                      // State.open is nil: Closed reports true
+	return o                      // State.open is false: Closed reports true
 }
 
 // replace puts cl in place of old, if old is still the client of its id.

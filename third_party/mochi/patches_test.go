@@ -317,24 +317,22 @@ func TestPatchSubscriptionsSmallThenMap(t *testing.T) {
 	require.Nil(t, s2.small, "an emptied small set lets go of its array")
 }
 
-// qosHook records what the in-flight table held when OnQosPublish saw an ack.
+// qosHook records the packets of its OnQosPublish and OnQosComplete calls.
 type qosHook struct {
 	HookBase
 	mu        sync.Mutex
 	published []packets.Packet
 	completed []packets.Packet
-	heldAt    []int // cl.State.Inflight.Len() at each OnQosPublish
 }
 
 func (h *qosHook) ID() string { return "qos-recorder" }
 func (h *qosHook) Provides(b byte) bool {
 	return b == OnQosPublish || b == OnQosComplete
 }
-func (h *qosHook) OnQosPublish(cl *Client, pk packets.Packet, _ int64, _ int) {
+func (h *qosHook) OnQosPublish(_ *Client, pk packets.Packet, _ int64, _ int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.published = append(h.published, pk)
-	h.heldAt = append(h.heldAt, cl.State.Inflight.Len())
 }
 func (h *qosHook) OnQosComplete(_ *Client, pk packets.Packet) {
 	h.mu.Lock()
@@ -344,9 +342,9 @@ func (h *qosHook) OnQosComplete(_ *Client, pk packets.Packet) {
 
 // A QoS 1 publish is acknowledged without its PUBACK passing through the
 // in-flight table (v2.7.9 set it there and deleted it right after the write,
-// an 808-byte Packet allocated and freed per publish); the hooks still see
-// OnQosPublish and OnQosComplete with the PUBACK, and the receive quota is
-// given back. A QoS 2 publish's PUBREC is still held until its PUBREL.
+// an 808-byte Packet allocated and freed per publish); with nothing in flight
+// the OnQos hooks are not called (item 18), and the receive quota is given
+// back. A QoS 2 publish's PUBREC is still held until its PUBREL.
 func TestPatchQos1AckIsNotHeldInFlight(t *testing.T) {
 	s := newServer()
 	h := new(qosHook)
@@ -361,10 +359,8 @@ func TestPatchQos1AckIsNotHeldInFlight(t *testing.T) {
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
 	require.Equal(t, []byte{packets.Puback << 4, 2, byte(pk.PacketID >> 8), byte(pk.PacketID)}, buf)
-	require.Len(t, h.published, 1)
-	require.Equal(t, packets.Puback, h.published[0].FixedHeader.Type)
-	require.Equal(t, []int{0}, h.heldAt, "the PUBACK was put in the in-flight table")
-	require.Len(t, h.completed, 1)
+	require.Empty(t, h.published, "nothing is in flight: no OnQosPublish (item 18)")
+	require.Empty(t, h.completed)
 	require.Equal(t, 0, cl.State.Inflight.Len())
 	require.Equal(t, int64(0), atomic.LoadInt64(&s.Info.Inflight))
 	require.Equal(t, quota, atomic.LoadInt32(&cl.State.Inflight.receiveQuota))
@@ -470,4 +466,65 @@ func TestPatchDelayedWillIsDueToTheMillisecond(t *testing.T) {
 	s.sendDelayedLWT(pk.Expiry)
 	require.Equal(t, 0, s.loop.willDelayed.Len(), "not sent when due")
 	require.Equal(t, int64(math.MaxInt64), s.loop.nextWill.Load(), "nothing is due")
+}
+
+// The server's and the client's packet ids are two spaces [MQTT-2.2.1-3]: a
+// client's QoS 1 or 2 PUBLISH with the id of a message the server has in
+// flight to it leaves that message in flight, and the acks of one direction
+// do not complete the other's. v2.7.9 kept both in one table: the client's
+// PUBLISH deleted (QoS 1) or overwrote (QoS 2) the server's entry, and the
+// client's PUBACK for the server's message deleted the client's PUBREC.
+func TestPatchInflightDirectionsAreSeparate(t *testing.T) {
+	s := newServer()
+	cl, r, w := newTestClient()
+	defer w.Close()
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	cl.Properties.ProtocolVersion = 4
+	cl.State.Inflight.ResetReceiveQuota(10)
+	cl.State.Inflight.ResetSendQuota(10)
+
+	const id = 7
+	out := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}, PacketID: id, TopicName: "to/client", Payload: []byte("out")}
+	require.True(t, cl.State.Inflight.Set(out))
+	publish := func(qos byte) packets.Packet {
+		return packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: qos}, PacketID: id, TopicName: "from/client", Payload: []byte("in")}
+	}
+	ack := func(typ byte) packets.Packet {
+		return packets.Packet{FixedHeader: packets.FixedHeader{Type: typ, Qos: map[byte]byte{packets.Pubrel: 1}[typ]}, PacketID: id}
+	}
+
+	require.NoError(t, s.processPacket(cl, publish(1)))
+	got, ok := cl.State.Inflight.Get(id)
+	require.True(t, ok, "a client's QoS 1 PUBLISH deleted the server's message with its id")
+	require.Equal(t, "to/client", got.TopicName)
+
+	require.NoError(t, s.processPacket(cl, publish(2)))
+	got, ok = cl.State.Inflight.Get(id)
+	require.True(t, ok)
+	require.Equal(t, packets.Publish, got.FixedHeader.Type, "a client's QoS 2 PUBLISH overwrote the server's message with its id")
+	rec, ok := cl.State.Inflight.GetInbound(id)
+	require.True(t, ok)
+	require.Equal(t, packets.Pubrec, rec.FixedHeader.Type)
+	require.Equal(t, 2, cl.State.Inflight.Len())
+
+	// A retransmission of the client's PUBLISH is still recognised.
+	require.NoError(t, s.processPacket(cl, publish(2)))
+	require.Equal(t, 2, cl.State.Inflight.Len())
+
+	// The client acknowledges the server's message: the client's PUBREC stays.
+	require.NoError(t, s.processPacket(cl, ack(packets.Puback)))
+	_, ok = cl.State.Inflight.Get(id)
+	require.False(t, ok)
+	_, ok = cl.State.Inflight.GetInbound(id)
+	require.True(t, ok, "the client's PUBACK deleted the PUBREC of its own publish")
+
+	// A server message with the same id again, then the client's PUBREL:
+	// only the client's flow completes.
+	require.True(t, cl.State.Inflight.Set(out))
+	require.NoError(t, s.processPacket(cl, ack(packets.Pubrel)))
+	_, ok = cl.State.Inflight.GetInbound(id)
+	require.False(t, ok)
+	_, ok = cl.State.Inflight.Get(id)
+	require.True(t, ok, "the client's PUBREL completed the server's message")
+	require.Equal(t, 1, cl.State.Inflight.Len())
 }

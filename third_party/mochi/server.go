@@ -1012,7 +1012,11 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	if !cl.Net.Inline {
-		if pki, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+		// Keyline's fork: only the client's own in-flight publishes share
+		// its packet ids; v2.7.9 looked in the one table of both directions
+		// and deleted whatever it found there (the server's PUBLISH with
+		// the same id waiting for its PUBACK).
+		if pki, ok := cl.State.Inflight.GetInbound(pk.PacketID); ok {
 			if pki.FixedHeader.Type == packets.Pubrec { // [MQTT-4.3.3-10]
 				code := packets.ErrPacketIdentifierInUse
 				if pk.FixedHeader.Qos == 2 {
@@ -1026,7 +1030,7 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 				ack := s.buildAck(pk.PacketID, packets.Pubrec, 0, pk.Properties, code)
 				return cl.WritePacket(ack)
 			}
-			if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.2-5]
+			if ok := cl.State.Inflight.DeleteInbound(pk.PacketID); ok { // [MQTT-4.3.2-5]
 				atomic.AddInt64(&s.Info.Inflight, -1)
 			}
 		}
@@ -1074,14 +1078,14 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 		// Keyline's fork (PATCHES.md): the PUBACK is complete once written,
 		// so it is not put in the in-flight table only to be taken out
 		// again: that cost an 808-byte Packet allocated, typed and freed
-		// per QoS 1 publish. Any in-flight entry with this id was deleted
-		// above; the hooks see the same calls as before.
-		s.hooks.OnQosPublish(cl, ack, ack.Created, 0)
+		// per QoS 1 publish. Nothing is in flight, so the OnQos hooks are
+		// not called either (PATCHES.md item 18: OnQosComplete with this
+		// PUBACK told a store to delete the server's in-flight PUBLISH of
+		// the same packet id).
 		if err = cl.WritePacket(ack); err != nil {
 			return err
 		}
 		cl.State.Inflight.IncreaseReceiveQuota()
-		s.hooks.OnQosComplete(cl, ack)
 	} else {
 		if ok := cl.State.Inflight.Set(ack); ok {
 			atomic.AddInt64(&s.Info.Inflight, 1)
@@ -1346,7 +1350,8 @@ func (s *Server) processPuback(cl *Client, pk packets.Packet) error {
 
 // processPubrec processes a Pubrec packet, denoting receipt of a QOS 2 packet sent from the server.
 func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
+	held, ok := cl.State.Inflight.Get(pk.PacketID)
+	if !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
 		return cl.WritePacket(s.buildAck(pk.PacketID, packets.Pubrel, 1, pk.Properties, packets.ErrPacketIdentifierNotFound))
 	}
 
@@ -1354,7 +1359,10 @@ func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
 		if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
-		cl.ops.hooks.OnQosDropped(cl, pk)
+		// Keyline's fork: the hooks get the in-flight entry dropped (the
+		// server's PUBLISH), as from every other OnQosDropped, not the
+		// client's PUBREC: a store tells the directions apart by it.
+		cl.ops.hooks.OnQosDropped(cl, held)
 		return nil // as per MQTT5 Section 4.13.2 paragraph 2
 	}
 
@@ -1366,15 +1374,16 @@ func (s *Server) processPubrec(cl *Client, pk packets.Packet) error {
 
 // processPubrel processes a Pubrel packet, denoting completion of a QOS 2 packet sent from the client.
 func (s *Server) processPubrel(cl *Client, pk packets.Packet) error {
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
+	held, ok := cl.State.Inflight.GetInbound(pk.PacketID)
+	if !ok { // [MQTT-4.3.3-7] [MQTT-4.3.3-13]
 		return cl.WritePacket(s.buildAck(pk.PacketID, packets.Pubcomp, 0, pk.Properties, packets.ErrPacketIdentifierNotFound))
 	}
 
 	if pk.ReasonCode >= packets.ErrUnspecifiedError.Code || !pk.ReasonCodeValid() { // [MQTT-4.3.3-9]
-		if ok := cl.State.Inflight.Delete(pk.PacketID); ok {
+		if ok := cl.State.Inflight.DeleteInbound(pk.PacketID); ok {
 			atomic.AddInt64(&s.Info.Inflight, -1)
 		}
-		cl.ops.hooks.OnQosDropped(cl, pk)
+		cl.ops.hooks.OnQosDropped(cl, held) // the PUBREC dropped (see processPubrec)
 		return nil
 	}
 
@@ -1386,9 +1395,9 @@ func (s *Server) processPubrel(cl *Client, pk packets.Packet) error {
 		return err
 	}
 
-	cl.State.Inflight.IncreaseReceiveQuota()             // +1 RECV QUOTA
-	cl.State.Inflight.IncreaseSendQuota()                // +1 SENT QUOTA
-	if ok := cl.State.Inflight.Delete(pk.PacketID); ok { // [MQTT-4.3.3-12]
+	cl.State.Inflight.IncreaseReceiveQuota()                    // +1 RECV QUOTA
+	cl.State.Inflight.IncreaseSendQuota()                       // +1 SENT QUOTA
+	if ok := cl.State.Inflight.DeleteInbound(pk.PacketID); ok { // [MQTT-4.3.3-12]
 		atomic.AddInt64(&s.Info.Inflight, -1)
 		s.hooks.OnQosComplete(cl, pk)
 	}
@@ -1413,7 +1422,7 @@ func (s *Server) processPubcomp(cl *Client, pk packets.Packet) error {
 func (s *Server) processSubscribe(cl *Client, pk packets.Packet) error {
 	pk = s.hooks.OnSubscribe(cl, pk)
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.GetInbound(pk.PacketID); ok { // the client's ids (Keyline's fork: not the server's)
 		code = packets.ErrPacketIdentifierInUse
 	}
 
@@ -1508,7 +1517,7 @@ func (s *Server) overSubscriptionQuota(cl *Client, filter string) bool {
 // processUnsubscribe processes an unsubscribe packet.
 func (s *Server) processUnsubscribe(cl *Client, pk packets.Packet) error {
 	code := packets.CodeSuccess
-	if _, ok := cl.State.Inflight.Get(pk.PacketID); ok {
+	if _, ok := cl.State.Inflight.GetInbound(pk.PacketID); ok { // the client's ids (Keyline's fork: not the server's)
 		code = packets.ErrPacketIdentifierInUse
 	}
 
@@ -1857,7 +1866,7 @@ func (s *Server) loadClients(v []storage.Client) {
 		cl.Properties.Username = c.Username
 		cl.Properties.Clean = c.Clean
 		cl.Properties.ProtocolVersion = c.ProtocolVersion
-		cl.Properties.Props = packets.Properties{
+		cl.Properties.Props = ClientProps{
 			SessionExpiryInterval:     c.Properties.SessionExpiryInterval,
 			SessionExpiryIntervalFlag: c.Properties.SessionExpiryIntervalFlag,
 			AuthenticationMethod:      c.Properties.AuthenticationMethod,
@@ -1983,11 +1992,11 @@ func (s *Server) clearExpiredInflights(now int64) {
 // expireInflights drops the expired in-flight messages of clients.
 func (s *Server) expireInflights(clients []*Client, now int64) {
 	for _, client := range clients {
-		if deleted := client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval); len(deleted) > 0 {
-			for _, id := range deleted {
-				s.hooks.OnQosDropped(client, packets.Packet{PacketID: id})
-			}
-		}
+		// ClearExpiredInflights tells the hooks of each message it drops.
+		// v2.7.9 told them a second time here, with a packet of the id
+		// alone, which does not say which direction's entry was dropped
+		// (Keyline's fork, PATCHES.md item 18).
+		client.ClearExpiredInflights(now, s.Options.Capabilities.MaximumMessageExpiryInterval)
 	}
 }
 

@@ -67,6 +67,9 @@ func (a *InboundTopicAliases) Set(id uint16, topic string) string {
 // a topic that would take the table past maxBytes bytes of topics (0: no
 // limit), so a connection's aliases hold at most maxBytes.
 func (a *InboundTopicAliases) Resolve(id uint16, topic string, maxBytes int) (string, packets.Code) {
+	if a == nil {
+		return topic, packets.CodeSuccess // no table: as a maximum of 0 (Keyline's fork: made only for clients that may use aliases)
+	}
 	a.Lock()
 	defer a.Unlock()
 
@@ -124,6 +127,9 @@ func NewOutboundTopicAliases(topicAliasMaximum uint16) *OutboundTopicAliases {
 // Set sets a new topic alias for a topic and returns the alias value, and a boolean
 // indicating if the alias already existed.
 func (a *OutboundTopicAliases) Set(topic string) (uint16, bool) {
+	if a == nil {
+		return 0, false // no table: as a maximum of 0 (Keyline's fork)
+	}
 	a.Lock()
 	defer a.Unlock()
 
