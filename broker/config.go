@@ -450,7 +450,7 @@ func (c *Config) Validate() error {
 	if err := c.validateIdentity(); err != nil {
 		return err
 	}
-	if err := c.RateLimits.validate(); err != nil {
+	if err := c.RateLimits.validate(c.authRequired()); err != nil {
 		return err
 	}
 	if err := c.validateBridges(); err != nil {

@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,4 +126,119 @@ func TestClientMessagesRate(t *testing.T) {
 		t.Error("no throttling counted")
 	}
 	t.Logf("%d messages at %d/s took %v; throttled %v in %d waits", n, rate, took, time.Duration(b.rates.ThrottledNanos.Load()), b.rates.Throttled.Load())
+}
+
+// userRates has two users, fleet limited to 50 messages/s over all its
+// connections and one CONNECT per 100 s, and free with no limit.
+const userRates = `
+auth:
+  users:
+    fleet: {password: fleet-pw}
+    free: {password: free-pw}
+user-rate-limits:
+  fleet: {messages-rate: 50, connect-rate: 0.01}
+`
+
+// TestUserRateLimits: a user's clients share one bucket (two clients of
+// fleet publishing 75 messages each are read no faster than 50/s together)
+// while another user's publishes go through; the user's second CONNECT is
+// refused 0x9F, a CONNECT with a wrong password in its name does not count,
+// and another user connects.
+func TestUserRateLimits(t *testing.T) {
+	const rate, each = 50, 75 // 150 in all, a bucket of 50: the last 100 take at least 2 s
+	cfg := testConfig(t)
+	if err := DecodeConfig([]byte(userRates), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	connect := func(id, user, pw string) (*mqtttest.V5, error) {
+		return mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30,
+			Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true})
+	}
+	mustConnect := func(id, user, pw string) *mqtttest.V5 {
+		c, err := connect(id, user, pw)
+		if err != nil {
+			t.Fatalf("%s as %s: %v", id, user, err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	// A wrong password in fleet's name first: it must not use up fleet's CONNECT.
+	if _, err := connect("impostor", "fleet", "wrong"); err == nil {
+		t.Fatal("a wrong password was accepted")
+	}
+	sub := mustConnect("sub", "free", "free-pw")
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "#", QoS: 1})
+	f1 := mustConnect("f1", "fleet", "fleet-pw")
+	pc := paho.NewClient(paho.ClientConfig{Conn: mqtttest.Dial(t, mqtttest.TCP, addr, nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), mqtttest.Timeout)
+	ack, err := pc.Connect(ctx, &paho.Connect{ClientID: "f2", CleanStart: true, KeepAlive: 30,
+		Username: "fleet", UsernameFlag: true, Password: []byte("fleet-pw"), PasswordFlag: true})
+	cancel()
+	if err == nil || ack == nil || ack.ReasonCode != 0x9F {
+		t.Fatalf("fleet's second CONNECT within 100 s: %+v %v, want refused 0x9F", ack, err)
+	}
+	<-pc.Done()
+	if got := b.rates.RefusedUser.Load(); got != 1 {
+		t.Errorf("user refusals counted: %d, want 1", got)
+	}
+	// Lift fleet's CONNECT rate (a reload), keep its message rate.
+	b.SetReloadSource(func() (Config, error) {
+		c := cfg
+		c.RateLimits.UserRateLimits = map[string]UserRateLimit{"fleet": {MessagesRate: rate}}
+		return c, nil
+	})
+	if _, err := b.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f2 := mustConnect("f2", "fleet", "fleet-pw")
+	free := mustConnect("free", "free", "free-pw")
+
+	start := time.Now()
+	done := make(chan time.Duration, 2)
+	for _, c := range []*mqtttest.V5{f1, f2} {
+		go func() {
+			for range each - 1 {
+				c.Publish(t, &paho.Publish{Topic: "fleet/x", QoS: 0, Payload: []byte("f")})
+			}
+			c.Publish(t, &paho.Publish{Topic: "fleet/x", QoS: 1, Payload: []byte("last")})
+			done <- time.Since(start)
+		}()
+	}
+	for i := range 10 {
+		if rc := free.Publish(t, &paho.Publish{Topic: "free/x", QoS: 1, Payload: []byte{byte(i)}}); rc != 0 {
+			t.Fatalf("free publish: %#x", rc)
+		}
+	}
+	took := max(<-done, <-done)
+	if min := time.Duration(float64(2*each-rate) / rate * float64(time.Second)); took < min*9/10 {
+		t.Errorf("fleet's %d messages past its rate of %d/s were read in %v, want at least %v", 2*each, rate, took, min)
+	}
+	got := map[string]int{}
+	for range 2*each + 10 {
+		got[sub.Next(t).Topic]++
+	}
+	if got["fleet/x"] != 2*each || got["free/x"] != 10 {
+		t.Errorf("delivered %v, want %d fleet/x and 10 free/x: nothing is dropped", got, 2*each)
+	}
+	t.Logf("fleet's %d messages at %d/s took %v", 2*each, rate, took)
+}
+
+// TestUserRateLimitsNeedAuth: per-user limits without authentication (a
+// user name being whatever a client says) are refused, naming the setting.
+func TestUserRateLimitsNeedAuth(t *testing.T) {
+	cfg := testConfig(t)
+	if err := DecodeConfig([]byte("user-rate-limits:\n  fleet: {messages-rate: 5}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "user-rate-limits needs authentication") {
+		t.Errorf("Validate: %v", err)
+	}
+	if err := DecodeConfig([]byte(userRates+"  free: {connect-rate: -1}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "user-rate-limits free connect-rate") {
+		t.Errorf("Validate: %v", err)
+	}
 }
