@@ -36,7 +36,7 @@ type RateLimits struct {
 	addrs     map[string]*rate.Limiter // bounded by maxRateAddrs
 	clients   sync.Map                 // *mqtt.Client -> *clientLimits
 
-	users     atomic.Pointer[map[string]*userLimits] // made by Set; nil entries: none
+	users atomic.Pointer[map[string]*userLimits] // made by Set; nil entries: none
 
 	// RefusedListener, RefusedAddress and RefusedUser count CONNECTs
 	// refused, by scope.
@@ -164,4 +164,3 @@ func limiterOf(m *map[string]*rate.Limiter, key string, perSecond float64) *rate
 	}
 	return l
 }
-
