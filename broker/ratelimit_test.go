@@ -11,6 +11,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
@@ -83,7 +84,8 @@ func TestConnectRatePerAddress(t *testing.T) {
 
 // TestClientMessagesRate: a client publishing past client-messages-rate is
 // read no faster than the rate (its publishes wait, none is lost), while
-// another client's publishes go through.
+// another client's publishes go through; the admin API shows its inbound
+// rate and the time it was throttled.
 func TestClientMessagesRate(t *testing.T) {
 	const rate, n = 50, 150 // a bucket of 50: the last 100 messages take at least 2 s
 	cfg := testConfig(t)
@@ -109,7 +111,25 @@ func TestClientMessagesRate(t *testing.T) {
 			t.Fatalf("calm publish: %#x", rc)
 		}
 	}
+	// While the flood goes on, the admin API shows its inbound rate: no
+	// whole second holds more than the bucket and a second's refill.
+	var seen adminapi.ClientView
+	eventually(t, "flood's inbound rate in the admin API", func() bool {
+		seen = clientView(t, b, "flood")
+		return seen.MessagesInPerSec > 0
+	})
+	if seen.MessagesInPerSec > 2*rate {
+		t.Errorf("the API shows flood reading %v messages/s, past its limit of %d/s and a full bucket", seen.MessagesInPerSec, rate)
+	}
 	took := <-done
+	fv, cv := clientView(t, b, "flood"), clientView(t, b, "calm")
+	if want := time.Duration(b.rates.ThrottledNanos.Load()).Seconds(); fv.ThrottledSeconds <= 0 || fv.ThrottledSeconds != want {
+		t.Errorf("the API shows flood throttled %vs, the broker counted %vs", fv.ThrottledSeconds, want)
+	}
+	if cv.ThrottledSeconds != 0 {
+		t.Errorf("calm throttled %vs, want 0", cv.ThrottledSeconds)
+	}
+	t.Logf("API: flood at %v msg/s (%v B/s) during the flood, throttled %.2fs", seen.MessagesInPerSec, seen.BytesInPerSec, fv.ThrottledSeconds)
 	// The bucket starts full (rate messages), then gives rate a second: a
 	// lower bound no load can break.
 	if min := time.Duration(float64(n-rate) / rate * float64(time.Second)); took < min*9/10 {

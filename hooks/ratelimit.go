@@ -34,7 +34,7 @@ type RateLimits struct {
 	mu        sync.Mutex
 	listeners map[string]*rate.Limiter
 	addrs     map[string]*rate.Limiter // bounded by maxRateAddrs
-	clients   sync.Map                 // *mqtt.Client -> *clientLimits
+	clients   sync.Map                 // *mqtt.Client -> *clientState
 
 	users atomic.Pointer[map[string]*userLimits] // made by Set; nil entries: none
 
