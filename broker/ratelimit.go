@@ -12,7 +12,8 @@ import (
 )
 
 // RateLimitConfig are the rate limits (hooks.RateLimits); 0 is no limit,
-// and all are off by default. A reload applies them.
+// and all but connect-rate-per-address are off by default. A reload
+// applies them.
 type RateLimitConfig struct {
 	// ConnectRatePerListener and ConnectRatePerAddress bound CONNECTs per
 	// second on each listener and from each source address; past them a
@@ -29,6 +30,19 @@ type RateLimitConfig struct {
 	// user's connections. Config file only.
 	UserRateLimits map[string]UserRateLimit `yaml:"user-rate-limits"`
 }
+
+// DefaultConnectRatePerAddress is the default connect-rate-per-address,
+// whose bucket holds ten seconds' worth (1,000 CONNECTs at once). It is
+// 360,000 connections an hour from one address: a fleet behind one NAT
+// address that reconnects at its ordinary churn stays far below it (100,000
+// devices reconnecting once an hour make 28 a second), and after a broker
+// restart its first 1,000 devices are back at once and the rest at 100 a
+// second, each refused one retrying on its back-off. Past ten seconds above
+// 100 a second, one address is a client reconnecting in a loop without
+// back-off (or cycling client ids), which a tight loop over a LAN does at
+// thousands a second: it is held to 100, each refused before its password
+// is hashed.
+const DefaultConnectRatePerAddress = 100
 
 // UserRateLimit is one user's rates, per second; 0: no limit.
 type UserRateLimit struct {

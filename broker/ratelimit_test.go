@@ -262,3 +262,45 @@ func TestUserRateLimitsNeedAuth(t *testing.T) {
 		t.Errorf("Validate: %v", err)
 	}
 }
+
+// TestDefaultConnectRatePerAddress: by default one address gets the
+// bucket's 1,000 CONNECTs at once and then 100 a second; a loop
+// reconnecting past that is refused 0x9F while another address connects.
+func TestDefaultConnectRatePerAddress(t *testing.T) {
+	cfg := testConfig(t)
+	if got := cfg.RateLimits.ConnectRatePerAddress; got != 100 {
+		t.Fatalf("default connect-rate-per-address %v", got)
+	}
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	start := time.Now()
+	accepted := 0
+	for range 20_000 { // a reconnect loop without back-off: bounded, refused long before
+		c := dialFrom(t, "127.0.0.1", addr)
+		write(t, c, mqtttest.Connect5("loop", nil, nil))
+		p, err := mqttwire.NewReader(c, 1<<16).Next()
+		ack, derr := mqttwire.DecodeConnack(mqttwire.Version5, p)
+		c.Close()
+		if err != nil || derr != nil {
+			t.Fatalf("CONNECT %d: %v %v", accepted+1, err, derr)
+		}
+		if ack.ReasonCode == 0x9F {
+			break
+		}
+		if ack.ReasonCode != 0 {
+			t.Fatalf("CONNECT %d: CONNACK %#x", accepted+1, ack.ReasonCode)
+		}
+		accepted++
+	}
+	took := time.Since(start)
+	// At least the bucket, at most the bucket and what refilled meanwhile.
+	if most := 1000 + int(100*took.Seconds()) + 1; accepted < 1000 || accepted > most {
+		t.Errorf("one address made %d CONNECTs in %v before a refusal, want 1,000 to %d", accepted, took, most)
+	}
+	other, err := mqtttest.TryConnectV5(dialFrom(t, "127.0.0.2", addr), &paho.Connect{ClientID: "other", CleanStart: true, KeepAlive: 30})
+	if err != nil {
+		t.Fatalf("another address was refused: %v", err)
+	}
+	other.Close()
+	t.Logf("%d CONNECTs from one address in %v before the first 0x9F", accepted, took)
+}

@@ -26,7 +26,8 @@ import (
 //
 // A zero rate is no limit. Each bucket holds one second's worth (at least
 // one message, or one packet's bytes at most: a packet larger than a
-// second's bytes waits a full second). Set changes the rates at run time.
+// second's bytes waits a full second), but a source address's CONNECT
+// bucket, which holds ten seconds' worth. Set changes the rates at run time.
 type RateLimits struct {
 	mqtt.HookBase
 	settings atomic.Pointer[RateSettings]
@@ -120,7 +121,7 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 	set = h.settings.Load() // as Set left it, with the maps
 	ok, scope := true, ""
 	if set.ConnectPerListener > 0 {
-		if !limiterOf(&h.listeners, cl.Net.Listener, set.ConnectPerListener).AllowN(now, 1) {
+		if !limiterOf(&h.listeners, cl.Net.Listener, set.ConnectPerListener, 1).AllowN(now, 1) {
 			ok, scope = false, "listener"
 			h.RefusedListener.Add(1)
 		}
@@ -138,7 +139,7 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 			}
 		}
 		if len(h.addrs) < maxRateAddrs || h.addrs[host] != nil {
-			if !limiterOf(&h.addrs, host, set.ConnectPerAddress).AllowN(now, 1) {
+			if !limiterOf(&h.addrs, host, set.ConnectPerAddress, addressBurst).AllowN(now, 1) {
 				ok, scope = false, "address"
 				h.RefusedAddress.Add(1)
 			}
@@ -153,13 +154,20 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 	return errConnectRate
 }
 
-func limiterOf(m *map[string]*rate.Limiter, key string, perSecond float64) *rate.Limiter {
+// addressBurst is how many seconds' worth a source address's CONNECT
+// bucket holds: a NAT'd fleet's devices reconnecting at once after a
+// restart get in together, a loop reconnecting for longer does not.
+const addressBurst = 10
+
+// limiterOf returns m's bucket for key, made with perSecond and holding
+// seconds' worth.
+func limiterOf(m *map[string]*rate.Limiter, key string, perSecond, seconds float64) *rate.Limiter {
 	if *m == nil {
 		*m = map[string]*rate.Limiter{}
 	}
 	l := (*m)[key]
 	if l == nil {
-		l = newBucket(perSecond)
+		l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond*seconds)))
 		(*m)[key] = l
 	}
 	return l
