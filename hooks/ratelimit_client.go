@@ -103,6 +103,9 @@ func (h *RateLimits) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	if c.user != nil {
 		wait = max(wait, reserve(c.user.msgs, now, 1), reserve(c.user.bytes, now, n))
 	}
+	if wait < minThrottle {
+		wait = 0 // the tokens are taken: the debt carries to the next publish
+	}
 	c.count(now, n, wait)
 	if wait <= 0 {
 		return
@@ -114,6 +117,16 @@ func (h *RateLimits) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	// a second).
 	time.Sleep(wait)
 }
+
+// minThrottle is the shortest wait ReadPacket sleeps: a shorter one is
+// carried (the buckets' tokens are taken, so the next publish's wait grows)
+// until it adds up to this. A connection held at its rate is then woken
+// about a hundred times a second, reading what came meanwhile in one go,
+// rather than once per message (a profile of one publisher held at 1,000
+// msg/s spent most of the broker's time in the per-message read and write
+// syscalls of waking for each); it gets ahead of its rate by at most 10 ms'
+// worth.
+const minThrottle = 10 * time.Millisecond
 
 // reserve takes n tokens (at most a bucket's worth) from l at now and
 // returns how long to wait for them; 0 for a nil l.
