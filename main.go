@@ -149,6 +149,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.TLSCRL, "tls-crl", cfg.TLSCRL, "PEM certificate revocation lists, signed by a CA of --tls-client-ca (reloaded on SIGHUP)")
 	f.StringVar(&cfg.JWTKey, "jwt-key", cfg.JWTKey, "PEM public keys (RSA, EC P-256) or JWKS file: a password that is a JWT (RS256/ES256) signed by one, unexpired, connects as its sub/username claim, until its exp (reloaded on SIGHUP)")
 	f.StringVar(&cfg.JWTACLClaim, "jwt-acl-claim", cfg.JWTACLClaim, "claim of a JWT holding its own ACL, {filter: access 0-3}, tried before the config's rules (empty: none)")
+	f.DurationVar(&cfg.ReloadWatch, "reload-watch", cfg.ReloadWatch, "poll the config file, password file, TLS files and JWT keys this often and reload when one changed (0: only on SIGHUP)")
 	f.StringVar(&cfg.PasswordFile, "password-file", cfg.PasswordFile, "users and password hashes, one user:hash a line (keyline passwd or mosquitto_passwd write it; reloaded on SIGHUP)")
 	f.StringVar(&cfg.HTTP, "http", cfg.HTTP, "HTTP address for /metrics, /healthz, /readyz and the admin API (empty disables)")
 	f.StringVar(&cfg.HTTPToken, "http-token", cfg.HTTPToken, "bearer token the admin API (/api/v1) requires (empty: none; also $KEYLINE_HTTP_TOKEN or the config file, which keep it off the command line)")
@@ -282,6 +283,7 @@ func parseArgs(args []string) (broker.Config, action, error) {
 	if err := fs.Parse(args); err != nil {
 		return cfg, actionRun, usageError{err}
 	}
+	cfg.ConfigFile = configPath
 	return cfg, actionRun, finishConfig(&cfg)
 }
 

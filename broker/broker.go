@@ -265,6 +265,13 @@ func (b *Broker) Start() error {
 			defer b.bg.Done()
 			b.releaseMemory()
 		}()
+		if b.cfg.ReloadWatch > 0 {
+			b.bg.Add(1)
+			go func() {
+				defer b.bg.Done()
+				b.watchReloadFiles(b.cfg.ReloadWatch)
+			}()
+		}
 		if idle, holding := b.cfg.GroupIdleTTL, b.cfg.GroupBacklogTTL; idle > 0 || holding > 0 {
 			b.bg.Add(1)
 			go func() {

@@ -272,6 +272,7 @@ func DefaultConfig() Config {
 		MaxPacketSize:    1 << 20,
 		MaxClients:       DefaultMaxClients(),
 		MaxInflight:      8192,
+		RateLimits:       RateLimitConfig{ConnectRatePerAddress: DefaultConnectRatePerAddress},
 		// A session's QoS 1/2 messages wait in memory while it is away; 8192
 		// of up to max-packet-size each would be 8 GiB.
 		MaxSessionQueueBytes:      64 << 20,
@@ -450,7 +451,7 @@ func (c *Config) Validate() error {
 	if err := c.validateIdentity(); err != nil {
 		return err
 	}
-	if err := c.RateLimits.validate(); err != nil {
+	if err := c.RateLimits.validate(c.authRequired()); err != nil {
 		return err
 	}
 	if err := c.validateBridges(); err != nil {

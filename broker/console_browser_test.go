@@ -13,6 +13,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/eclipse/paho.golang/paho"
 
+	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
@@ -243,6 +244,44 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Errorf("result %q", got)
 		}
 		apiErr(t, "GET", base+adminapi.PathGroupDetail+"?group="+url.QueryEscape(fixtureIdleGroup), "", 404, "no group")
+	})
+
+	t.Run("a throttled client's inbound rate, live", func(t *testing.T) {
+		const limit = 20
+		f.b.rates.Set(hooks.RateSettings{MessagesPerClient: limit})
+		defer f.b.rates.Set(f.b.cfg.RateLimits.settings())
+		flood := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, f.b.Addr("tcp"), nil), &paho.Connect{ClientID: "flood-1", CleanStart: true, KeepAlive: 30})
+		defer flood.Close()
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() { // past the limit until the page has shown it: the broker holds it at 20/s
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				flood.Publish(t, &paho.Publish{Topic: "flood/x", QoS: 1, Payload: []byte("f")})
+			}
+		}()
+		br.do(t, chromedp.Navigate(base+"/clients/view?id=flood-1"), chromedp.WaitVisible(chromedp.CSS("#c-msgs-in")))
+		// The page polls the API every 2 s: wait for a figure it put in.
+		br.waitJS(t, "a throttled time shown", `parseFloat(document.getElementById('c-throttled').textContent) > 0`)
+		br.waitJS(t, "an inbound rate shown", `parseFloat(document.getElementById('c-msgs-in').textContent) > 0`)
+		shown, _ := strconv.ParseFloat(br.text(t, "#c-msgs-in"), 64)
+		close(stop)
+		<-done
+		if shown > 2*limit {
+			t.Errorf("the page shows flood-1 at %v msg/s, past its limit of %d/s and a full bucket", shown, limit)
+		}
+		v := clientView(t, f.b, "flood-1")
+		if v.ThrottledSeconds <= 0 {
+			t.Errorf("the API shows flood-1 throttled %vs", v.ThrottledSeconds)
+		}
+		br.do(t, chromedp.Navigate(base+"/clients?q=flood-1"))
+		if got := br.text(t, `#clients tr[data-client="flood-1"] td[data-col="throttled"]`); got == "0.0 s" {
+			t.Errorf("clients page: flood-1 throttled %q", got)
+		}
 	})
 }
 

@@ -141,6 +141,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		FreshSessions: b.cfg.SessionOwnership == OwnershipFresh,
 		OnDiscard:     b.discardSession,
 		Identity:      b.certIdentity,
+		Admit:         b.rates.AdmitUser,
 	})
 	return &hooks.Protocol{MaxKeepAlive: uint16(b.cfg.MaxKeepAlive / time.Second)}, nil
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/keyline-mq/keyline/internal/enum"
 )
@@ -34,6 +35,13 @@ type IdentityConfig struct {
 	JWTKey string `yaml:"jwt-key"`
 	// JWTACLClaim names the claim that may carry a token's own ACL; "": none.
 	JWTACLClaim string `yaml:"jwt-acl-claim"`
+	// ReloadWatch polls the files a reload reads (this config file, the
+	// password file, TLS material, JWT keys) this often and reloads when one
+	// has changed (reloadwatch.go); 0: only SIGHUP and the API reload.
+	ReloadWatch time.Duration `yaml:"reload-watch"`
+	// ConfigFile is the file the configuration was read from (set by the
+	// command line's --config, not a key), watched with ReloadWatch.
+	ConfigFile string `yaml:"-"`
 }
 
 // DefaultIdentityConfig is the identity part of DefaultConfig.
@@ -66,6 +74,9 @@ func (c *Config) validateIdentity() error {
 		return fmt.Errorf("%w: tls-crl needs tls-client-ca", ErrInvalidConfig)
 	case c.JWTACLClaim != "" && c.JWTKey == "":
 		return fmt.Errorf("%w: jwt-acl-claim needs jwt-key", ErrInvalidConfig)
+	}
+	if c.ReloadWatch < 0 || (c.ReloadWatch > 0 && c.ReloadWatch < 100*time.Millisecond) {
+		return fmt.Errorf("%w: reload-watch %v is not 0 (off) or at least 100ms", ErrInvalidConfig, c.ReloadWatch)
 	}
 	return checkAddr("wss", c.WSS)
 }

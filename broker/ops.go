@@ -163,6 +163,8 @@ func (v opsView) viewOf(cl *mqtt.Client) adminapi.ClientView {
 		Subscriptions: cl.State.Subscriptions.Len(), Inflight: cl.State.Inflight.Len() + held,
 		Node: v.b.NodeID(),
 	}
+	r := v.b.rates.Rates(cl, time.Now())
+	cv.MessagesInPerSec, cv.BytesInPerSec, cv.ThrottledSeconds = r.MessagesPerSec, r.BytesPerSec, r.Throttled.Seconds()
 	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
 		cv.QueuedBytes = q.Queued()
 		cv.DroppedMessages, cv.DroppedBytes = q.Dropped()

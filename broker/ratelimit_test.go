@@ -1,7 +1,9 @@
 package broker
 
 import (
+	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	"github.com/eclipse/paho.golang/paho"
 	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/mqttwire"
 )
@@ -81,7 +84,8 @@ func TestConnectRatePerAddress(t *testing.T) {
 
 // TestClientMessagesRate: a client publishing past client-messages-rate is
 // read no faster than the rate (its publishes wait, none is lost), while
-// another client's publishes go through.
+// another client's publishes go through; the admin API shows its inbound
+// rate and the time it was throttled.
 func TestClientMessagesRate(t *testing.T) {
 	const rate, n = 50, 150 // a bucket of 50: the last 100 messages take at least 2 s
 	cfg := testConfig(t)
@@ -107,7 +111,25 @@ func TestClientMessagesRate(t *testing.T) {
 			t.Fatalf("calm publish: %#x", rc)
 		}
 	}
+	// While the flood goes on, the admin API shows its inbound rate: no
+	// whole second holds more than the bucket and a second's refill.
+	var seen adminapi.ClientView
+	eventually(t, "flood's inbound rate in the admin API", func() bool {
+		seen = clientView(t, b, "flood")
+		return seen.MessagesInPerSec > 0
+	})
+	if seen.MessagesInPerSec > 2*rate {
+		t.Errorf("the API shows flood reading %v messages/s, past its limit of %d/s and a full bucket", seen.MessagesInPerSec, rate)
+	}
 	took := <-done
+	fv, cv := clientView(t, b, "flood"), clientView(t, b, "calm")
+	if want := time.Duration(b.rates.ThrottledNanos.Load()).Seconds(); fv.ThrottledSeconds <= 0 || fv.ThrottledSeconds != want {
+		t.Errorf("the API shows flood throttled %vs, the broker counted %vs", fv.ThrottledSeconds, want)
+	}
+	if cv.ThrottledSeconds != 0 {
+		t.Errorf("calm throttled %vs, want 0", cv.ThrottledSeconds)
+	}
+	t.Logf("API: flood at %v msg/s (%v B/s) during the flood, throttled %.2fs", seen.MessagesInPerSec, seen.BytesInPerSec, fv.ThrottledSeconds)
 	// The bucket starts full (rate messages), then gives rate a second: a
 	// lower bound no load can break.
 	if min := time.Duration(float64(n-rate) / rate * float64(time.Second)); took < min*9/10 {
@@ -124,4 +146,161 @@ func TestClientMessagesRate(t *testing.T) {
 		t.Error("no throttling counted")
 	}
 	t.Logf("%d messages at %d/s took %v; throttled %v in %d waits", n, rate, took, time.Duration(b.rates.ThrottledNanos.Load()), b.rates.Throttled.Load())
+}
+
+// userRates has two users, fleet limited to 50 messages/s over all its
+// connections and one CONNECT per 100 s, and free with no limit.
+const userRates = `
+auth:
+  users:
+    fleet: {password: fleet-pw}
+    free: {password: free-pw}
+user-rate-limits:
+  fleet: {messages-rate: 50, connect-rate: 0.01}
+`
+
+// TestUserRateLimits: a user's clients share one bucket (two clients of
+// fleet publishing 75 messages each are read no faster than 50/s together)
+// while another user's publishes go through; the user's second CONNECT is
+// refused 0x9F, a CONNECT with a wrong password in its name does not count,
+// and another user connects.
+func TestUserRateLimits(t *testing.T) {
+	const rate, each = 50, 75 // 150 in all, a bucket of 50: the last 100 take at least 2 s
+	cfg := testConfig(t)
+	if err := DecodeConfig([]byte(userRates), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	connect := func(id, user, pw string) (*mqtttest.V5, error) {
+		return mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30,
+			Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true})
+	}
+	mustConnect := func(id, user, pw string) *mqtttest.V5 {
+		c, err := connect(id, user, pw)
+		if err != nil {
+			t.Fatalf("%s as %s: %v", id, user, err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	// A wrong password in fleet's name first: it must not use up fleet's CONNECT.
+	if _, err := connect("impostor", "fleet", "wrong"); err == nil {
+		t.Fatal("a wrong password was accepted")
+	}
+	sub := mustConnect("sub", "free", "free-pw")
+	sub.Subscribe(t, paho.SubscribeOptions{Topic: "#", QoS: 1})
+	f1 := mustConnect("f1", "fleet", "fleet-pw")
+	pc := paho.NewClient(paho.ClientConfig{Conn: mqtttest.Dial(t, mqtttest.TCP, addr, nil)})
+	ctx, cancel := context.WithTimeout(context.Background(), mqtttest.Timeout)
+	ack, err := pc.Connect(ctx, &paho.Connect{ClientID: "f2", CleanStart: true, KeepAlive: 30,
+		Username: "fleet", UsernameFlag: true, Password: []byte("fleet-pw"), PasswordFlag: true})
+	cancel()
+	if err == nil || ack == nil || ack.ReasonCode != 0x9F {
+		t.Fatalf("fleet's second CONNECT within 100 s: %+v %v, want refused 0x9F", ack, err)
+	}
+	<-pc.Done()
+	if got := b.rates.RefusedUser.Load(); got != 1 {
+		t.Errorf("user refusals counted: %d, want 1", got)
+	}
+	// Lift fleet's CONNECT rate (a reload), keep its message rate.
+	b.SetReloadSource(func() (Config, error) {
+		c := cfg
+		c.RateLimits.UserRateLimits = map[string]UserRateLimit{"fleet": {MessagesRate: rate}}
+		return c, nil
+	})
+	if _, err := b.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	f2 := mustConnect("f2", "fleet", "fleet-pw")
+	free := mustConnect("free", "free", "free-pw")
+
+	start := time.Now()
+	done := make(chan time.Duration, 2)
+	for _, c := range []*mqtttest.V5{f1, f2} {
+		go func() {
+			for range each - 1 {
+				c.Publish(t, &paho.Publish{Topic: "fleet/x", QoS: 0, Payload: []byte("f")})
+			}
+			c.Publish(t, &paho.Publish{Topic: "fleet/x", QoS: 1, Payload: []byte("last")})
+			done <- time.Since(start)
+		}()
+	}
+	for i := range 10 {
+		if rc := free.Publish(t, &paho.Publish{Topic: "free/x", QoS: 1, Payload: []byte{byte(i)}}); rc != 0 {
+			t.Fatalf("free publish: %#x", rc)
+		}
+	}
+	took := max(<-done, <-done)
+	if min := time.Duration(float64(2*each-rate) / rate * float64(time.Second)); took < min*9/10 {
+		t.Errorf("fleet's %d messages past its rate of %d/s were read in %v, want at least %v", 2*each, rate, took, min)
+	}
+	got := map[string]int{}
+	for range 2*each + 10 {
+		got[sub.Next(t).Topic]++
+	}
+	if got["fleet/x"] != 2*each || got["free/x"] != 10 {
+		t.Errorf("delivered %v, want %d fleet/x and 10 free/x: nothing is dropped", got, 2*each)
+	}
+	t.Logf("fleet's %d messages at %d/s took %v", 2*each, rate, took)
+}
+
+// TestUserRateLimitsNeedAuth: per-user limits without authentication (a
+// user name being whatever a client says) are refused, naming the setting.
+func TestUserRateLimitsNeedAuth(t *testing.T) {
+	cfg := testConfig(t)
+	if err := DecodeConfig([]byte("user-rate-limits:\n  fleet: {messages-rate: 5}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "user-rate-limits needs authentication") {
+		t.Errorf("Validate: %v", err)
+	}
+	if err := DecodeConfig([]byte(userRates+"  free: {connect-rate: -1}\n"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "user-rate-limits free connect-rate") {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+// TestDefaultConnectRatePerAddress: by default one address gets the
+// bucket's 1,000 CONNECTs at once and then 100 a second; a loop
+// reconnecting past that is refused 0x9F while another address connects.
+func TestDefaultConnectRatePerAddress(t *testing.T) {
+	cfg := testConfig(t)
+	if got := cfg.RateLimits.ConnectRatePerAddress; got != 100 {
+		t.Fatalf("default connect-rate-per-address %v", got)
+	}
+	b := startBroker(t, cfg)
+	addr := b.Addr("tcp")
+	start := time.Now()
+	accepted := 0
+	for range 20_000 { // a reconnect loop without back-off: bounded, refused long before
+		c := dialFrom(t, "127.0.0.1", addr)
+		write(t, c, mqtttest.Connect5("loop", nil, nil))
+		p, err := mqttwire.NewReader(c, 1<<16).Next()
+		ack, derr := mqttwire.DecodeConnack(mqttwire.Version5, p)
+		c.Close()
+		if err != nil || derr != nil {
+			t.Fatalf("CONNECT %d: %v %v", accepted+1, err, derr)
+		}
+		if ack.ReasonCode == 0x9F {
+			break
+		}
+		if ack.ReasonCode != 0 {
+			t.Fatalf("CONNECT %d: CONNACK %#x", accepted+1, ack.ReasonCode)
+		}
+		accepted++
+	}
+	took := time.Since(start)
+	// At least the bucket, at most the bucket and what refilled meanwhile.
+	if most := 1000 + int(100*took.Seconds()) + 1; accepted < 1000 || accepted > most {
+		t.Errorf("one address made %d CONNECTs in %v before a refusal, want 1,000 to %d", accepted, took, most)
+	}
+	other, err := mqtttest.TryConnectV5(dialFrom(t, "127.0.0.2", addr), &paho.Connect{ClientID: "other", CleanStart: true, KeepAlive: 30})
+	if err != nil {
+		t.Fatalf("another address was refused: %v", err)
+	}
+	other.Close()
+	t.Logf("%d CONNECTs from one address in %v before the first 0x9F", accepted, took)
 }

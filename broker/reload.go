@@ -155,6 +155,9 @@ func restartOnly(was, next *Config) []string {
 			if was.WSS != next.WSS {
 				out = append(out, "WSS")
 			}
+			if was.ReloadWatch != next.ReloadWatch {
+				out = append(out, "ReloadWatch")
+			}
 		case reloadable[f.Name]:
 		case !reflect.DeepEqual(a.Field(i).Interface(), z.Field(i).Interface()):
 			out = append(out, f.Name)

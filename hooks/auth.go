@@ -79,6 +79,10 @@ type AuthConfig struct {
 	// certificate on a listener that uses it as the user name (the broker's
 	// --tls-identity); ok is false without one.
 	Identity func(cl *mqtt.Client) (name string, ok bool)
+	// Admit (nil: none) decides, once a CONNECT has authenticated as user,
+	// whether it is within the user's CONNECT rate; when it is not, Admit
+	// answers the CONNECT itself (RateLimits.AdmitUser).
+	Admit func(cl *mqtt.Client, user string) bool
 }
 
 // NewAuth returns an auth hook over rules and the policy they hold
@@ -112,6 +116,9 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	if !ok {
 		h.Log.Info("client failed authentication", "client", clip(cl.ID), "username", clip(string(pk.Connect.Username)), "remote", cl.Net.Remote)
 		return false
+	}
+	if h.cfg.Admit != nil && !h.cfg.Admit(cl, string(cl.Properties.Username)) {
+		return false // answered 0x9F: mochi's CONNACK finds the connection closed
 	}
 	if !h.ownsClientID(cl) {
 		return false

@@ -16,13 +16,18 @@ import (
 //   - CONNECTs per second per listener and per source address: past them a
 //     CONNECT is answered 0x9F Connection rate exceeded (MQTT 3.1.1: 0x03
 //     Server unavailable) before its password is checked;
-//   - PUBLISH messages and bytes (topic and payload) per second per client:
-//     past them the broker stops reading that connection until the bucket
-//     has refilled, so TCP pushes back on the client; nothing is dropped.
+//   - PUBLISH messages and bytes (topic and payload) per second per client
+//     and per user (one bucket for all the user's connections): past them
+//     the broker stops reading that connection until the bucket has
+//     refilled, so TCP pushes back on the client; nothing is dropped;
+//   - CONNECTs per second per user, counted once the CONNECT has
+//     authenticated (so that nobody can lock a user out by sending CONNECTs
+//     in its name): past it, 0x9F (3.1.1: 0x03) instead of the CONNACK.
 //
 // A zero rate is no limit. Each bucket holds one second's worth (at least
 // one message, or one packet's bytes at most: a packet larger than a
-// second's bytes waits a full second). Set changes the rates at run time.
+// second's bytes waits a full second), but a source address's CONNECT
+// bucket, which holds ten seconds' worth. Set changes the rates at run time.
 type RateLimits struct {
 	mqtt.HookBase
 	settings atomic.Pointer[RateSettings]
@@ -30,10 +35,13 @@ type RateLimits struct {
 	mu        sync.Mutex
 	listeners map[string]*rate.Limiter
 	addrs     map[string]*rate.Limiter // bounded by maxRateAddrs
-	clients   sync.Map                 // *mqtt.Client -> *clientLimits
+	clients   sync.Map                 // *mqtt.Client -> *clientState
 
-	// Refused counts CONNECTs refused, by listener (0) and address (1).
-	RefusedListener, RefusedAddress atomic.Uint64
+	users atomic.Pointer[map[string]*userLimits] // made by Set; nil entries: none
+
+	// RefusedListener, RefusedAddress and RefusedUser count CONNECTs
+	// refused, by scope.
+	RefusedListener, RefusedAddress, RefusedUser atomic.Uint64
 	// ThrottledNanos is the time connections spent not being read because
 	// of the per-client limits; Throttled counts the waits.
 	ThrottledNanos, Throttled atomic.Uint64
@@ -43,22 +51,48 @@ type RateLimits struct {
 type RateSettings struct {
 	ConnectPerListener, ConnectPerAddress float64
 	MessagesPerClient, BytesPerClient     float64
+	// Users are the rates of named users (the user name a client
+	// authenticated as: its certificate's identity, its token's user, or
+	// its CONNECT's); users not named have no per-user limit.
+	Users map[string]UserRates
 }
+
+// UserRates are one user's rates, per second; 0: no limit.
+type UserRates struct {
+	Messages, Bytes, Connects float64
+}
+
+// userLimits are one user's buckets, shared by its connections.
+type userLimits struct{ msgs, bytes, connects *rate.Limiter }
 
 // NewRateLimits returns the hook with rates s.
 func NewRateLimits(s RateSettings) *RateLimits {
 	h := &RateLimits{}
-	h.settings.Store(&s)
+	h.Set(s)
 	return h
 }
 
-// Set puts new rates in force: CONNECT buckets start afresh (full), and each
-// client's at its next publish.
+// Set puts new rates in force: CONNECT and user buckets start afresh
+// (full), and each client's at its next publish.
 func (h *RateLimits) Set(s RateSettings) {
+	users := make(map[string]*userLimits, len(s.Users))
+	for name, r := range s.Users {
+		users[name] = &userLimits{msgs: newBucket(r.Messages), bytes: newBucket(r.Bytes), connects: newBucket(r.Connects)}
+	}
 	h.mu.Lock()
 	h.settings.Store(&s)
+	h.users.Store(&users)
 	h.listeners, h.addrs = nil, nil
 	h.mu.Unlock()
+}
+
+// newBucket is a token bucket of perSecond holding a second's worth (at
+// least 1); nil for no limit.
+func newBucket(perSecond float64) *rate.Limiter {
+	if perSecond <= 0 {
+		return nil
+	}
+	return rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))
 }
 
 // maxRateAddrs bounds the source addresses RateLimits tracks: when full, the
@@ -87,7 +121,7 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 	set = h.settings.Load() // as Set left it, with the maps
 	ok, scope := true, ""
 	if set.ConnectPerListener > 0 {
-		if !limiterOf(&h.listeners, cl.Net.Listener, set.ConnectPerListener).AllowN(now, 1) {
+		if !limiterOf(&h.listeners, cl.Net.Listener, set.ConnectPerListener, 1).AllowN(now, 1) {
 			ok, scope = false, "listener"
 			h.RefusedListener.Add(1)
 		}
@@ -105,7 +139,7 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 			}
 		}
 		if len(h.addrs) < maxRateAddrs || h.addrs[host] != nil {
-			if !limiterOf(&h.addrs, host, set.ConnectPerAddress).AllowN(now, 1) {
+			if !limiterOf(&h.addrs, host, set.ConnectPerAddress, addressBurst).AllowN(now, 1) {
 				ok, scope = false, "address"
 				h.RefusedAddress.Add(1)
 			}
@@ -120,61 +154,21 @@ func (h *RateLimits) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 	return errConnectRate
 }
 
-func limiterOf(m *map[string]*rate.Limiter, key string, perSecond float64) *rate.Limiter {
+// addressBurst is how many seconds' worth a source address's CONNECT
+// bucket holds: a NAT'd fleet's devices reconnecting at once after a
+// restart get in together, a loop reconnecting for longer does not.
+const addressBurst = 10
+
+// limiterOf returns m's bucket for key, made with perSecond and holding
+// seconds' worth.
+func limiterOf(m *map[string]*rate.Limiter, key string, perSecond, seconds float64) *rate.Limiter {
 	if *m == nil {
 		*m = map[string]*rate.Limiter{}
 	}
 	l := (*m)[key]
 	if l == nil {
-		l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond)))
+		l = rate.NewLimiter(rate.Limit(perSecond), max(1, int(perSecond*seconds)))
 		(*m)[key] = l
 	}
 	return l
-}
-
-// clientLimits are one connection's inbound buckets, made under set.
-type clientLimits struct {
-	set         *RateSettings
-	msgs, bytes *rate.Limiter
-}
-
-// ReadPacket (a PacketReader step) waits, in the connection's read
-// goroutine, until the client's buckets allow this PUBLISH. The buckets are
-// made at its first publish and forgotten when it disconnects.
-func (h *RateLimits) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
-	set := h.settings.Load()
-	if pk.FixedHeader.Type != packets.Publish || cl.Net.Inline || (set.MessagesPerClient <= 0 && set.BytesPerClient <= 0) {
-		return
-	}
-	var l *clientLimits
-	if v, ok := h.clients.Load(cl); ok {
-		l = v.(*clientLimits)
-	}
-	if l == nil || l.set != set { // only the client's read goroutine gets here: no race on the entry
-		l = &clientLimits{set: set}
-		if set.MessagesPerClient > 0 {
-			l.msgs = rate.NewLimiter(rate.Limit(set.MessagesPerClient), max(1, int(set.MessagesPerClient)))
-		}
-		if set.BytesPerClient > 0 {
-			l.bytes = rate.NewLimiter(rate.Limit(set.BytesPerClient), max(1, int(set.BytesPerClient)))
-		}
-		h.clients.Store(cl, l)
-	}
-	now := time.Now()
-	var wait time.Duration
-	if l.msgs != nil {
-		wait = l.msgs.ReserveN(now, 1).DelayFrom(now)
-	}
-	if l.bytes != nil {
-		n := min(len(pk.TopicName)+len(pk.Payload), l.bytes.Burst())
-		wait = max(wait, l.bytes.ReserveN(now, n).DelayFrom(now))
-	}
-	if wait <= 0 {
-		return
-	}
-	h.Throttled.Add(1)
-	h.ThrottledNanos.Add(uint64(wait))
-	// Not reading is the point: the client's socket fills and TCP pushes
-	// back. The wait is at most about a second (a bucket holds a second).
-	time.Sleep(wait)
 }

@@ -266,6 +266,12 @@ type ClientView struct {
 	SlowPolicy        string `json:"slow_policy,omitempty"`
 	QueueSoft         int    `json:"conn_queue_soft,omitempty"`
 	QueueHard         int    `json:"conn_queue_hard,omitempty"`
+	// Inbound: PUBLISH messages and bytes (topic and payload) read in the
+	// last whole second, and the time the rate limits held the connection
+	// unread (client-messages-rate, client-bytes-rate, user-rate-limits).
+	MessagesInPerSec float64 `json:"messages_in_per_sec"`
+	BytesInPerSec    float64 `json:"bytes_in_per_sec"`
+	ThrottledSeconds float64 `json:"throttled_seconds"`
 }
 
 // ClusterClientList answers GET PathClusterClients.

@@ -623,7 +623,9 @@ func writeMarkdown(w *strings.Builder, m *meta, t *table, recs []*rec, charts []
 	p("go run ./integration/loadgen -addr 127.0.0.1:1883 -scenario shared -consumers 8 -keys 64   # one run, any broker\n")
 	p("```\n\n")
 	p("It needs Linux (`/proc`), Go, and mosquitto (`apt-get install mosquitto` is run if it is missing). All traffic\n")
-	p("stays on 127.0.0.1. `loadgen -h` lists every knob; each run prints one JSON line.\n\n")
+	p("stays on 127.0.0.1. `loadgen -h` lists every knob; each run prints one JSON line. Every connection comes from\n")
+	p("127.0.0.1, so `run` starts keyline with `--connect-rate-per-address 0` (the default, 100 a second past a burst of\n")
+	p("1,000, would hold back the 10,000-connection cases); do the same for a keyline you point loadgen at.\n\n")
 	p("## Machine\n\n")
 	p("| | |\n|---|---|\n")
 	for _, k := range [][2]string{{"date", "date"}, {"cpu", "CPU"}, {"nproc", "cores (nproc)"}, {"memory", "memory"}, {"kernel", "kernel"},
