@@ -11,42 +11,31 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
-// ErrRevision is returned when a session record changed since the writer
-// read it: another node owns the session now.
-var ErrRevision = errors.New("cluster: session record changed (taken over)")
+// SessionStore returns the node's session records: the JetStream
+// key-value bucket KL_SESSIONS, as a sessionstore.Store (the contract is
+// written there; sessionstore/storetest checks it).
+func (n *Node) SessionStore() sessionstore.Store { return kvSessions{n} }
 
-// SessionRecord is a session as the cluster keeps it. The broker fills
-// State; the cluster reads only the fields it needs to replay.
-type SessionRecord struct {
-	ClientID   string `json:"id"`
-	Owner      string `json:"owner"`      // node id holding the session
-	Persistent bool   `json:"persistent"` // outlives its connection
-	Connected  bool   `json:"connected"`
-	// Floor: every KL_MSGS message at or below it that matched the session
-	// was acknowledged by the client or dropped. Replay starts above it.
-	Floor uint64 `json:"floor"`
-	// Acked lists sequences above Floor the client has acknowledged, so a
-	// replay does not send them again (bounded; losing some only costs duplicates).
-	Acked          []uint64        `json:"acked,omitempty"`
-	DisconnectedAt int64           `json:"disconnected_at,omitempty"` // unix seconds
-	State          json.RawMessage `json:"state,omitempty"`
-}
+// kvSessions is the session store over the node's bucket. A read can be
+// stale (any replica answers); writes decide.
+type kvSessions struct{ n *Node }
 
 func sessionKey(clientID string) string { return "c." + hashToken(clientID) }
 
-// LoadSession reads a client's record: nil and revision 0 when there is
-// none. A read can be stale (any replica answers); writes decide.
-func (n *Node) LoadSession(ctx context.Context, clientID string) (*SessionRecord, uint64, error) {
-	e, err := n.kv.Get(ctx, sessionKey(clientID))
+// Load reads a client's record: nil and revision 0 when there is none.
+func (s kvSessions) Load(ctx context.Context, clientID string) (*sessionstore.Record, uint64, error) {
+	e, err := s.n.kv.Get(ctx, sessionKey(clientID))
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, nil
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("cluster: load session: %w", err)
 	}
-	var rec SessionRecord
+	var rec sessionstore.Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, e.Revision(), fmt.Errorf("cluster: session record of %q: %w", clientID, err)
 	}
@@ -56,10 +45,11 @@ func (n *Node) LoadSession(ctx context.Context, clientID string) (*SessionRecord
 	return &rec, e.Revision(), nil
 }
 
-// SaveSession writes rec if the record's revision is still rev (0: the
-// record must not exist) and returns the new revision. ErrRevision means
-// the session belongs to someone else now.
-func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) (uint64, error) {
+// Save writes rec if the record's revision is still rev (0: the record
+// must not exist) and returns the new revision. sessionstore.ErrRevision
+// means the session belongs to someone else now.
+func (s kvSessions) Save(ctx context.Context, rec *sessionstore.Record, rev uint64) (uint64, error) {
+	n := s.n
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: encode session: %w", err)
@@ -79,7 +69,7 @@ func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) 
 			return nrev, nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, ErrRevision
+			return 0, sessionstore.ErrRevision
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) || n.stopped() {
 			return 0, fmt.Errorf("cluster: save session: %w (%v)", ErrNotReady, err)
@@ -90,11 +80,11 @@ func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) 
 	}
 }
 
-// DeleteSession deletes a client's record if it is still at revision rev.
-func (n *Node) DeleteSession(ctx context.Context, clientID string, rev uint64) error {
-	err := n.kv.Delete(ctx, sessionKey(clientID), jetstream.LastRevision(rev))
+// Delete deletes a client's record if it is still at revision rev.
+func (s kvSessions) Delete(ctx context.Context, clientID string, rev uint64) error {
+	err := s.n.kv.Delete(ctx, sessionKey(clientID), jetstream.LastRevision(rev))
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return ErrRevision
+		return sessionstore.ErrRevision
 	}
 	if err != nil {
 		return fmt.Errorf("cluster: delete session: %w", err)
@@ -249,21 +239,21 @@ func (n *Node) LastSequence(ctx context.Context) (uint64, error) {
 // Sessions returns up to limit session records, sorted by client id: every
 // client connected to any node and every persistent session, with its
 // owner (without State and Acked).
-func (n *Node) Sessions(ctx context.Context, limit int) ([]SessionRecord, error) {
-	var out []SessionRecord
-	err := n.ForEachSession(ctx, func(rec *SessionRecord, _ uint64) bool {
+func (n *Node) Sessions(ctx context.Context, limit int) ([]sessionstore.Record, error) {
+	var out []sessionstore.Record
+	err := n.SessionStore().ForEach(ctx, func(rec *sessionstore.Record, _ uint64) bool {
 		rec.State, rec.Acked = nil, nil
 		out = append(out, *rec)
 		return len(out) < limit
 	})
-	slices.SortFunc(out, func(a, b SessionRecord) int { return strings.Compare(a.ClientID, b.ClientID) })
+	slices.SortFunc(out, func(a, b sessionstore.Record) int { return strings.Compare(a.ClientID, b.ClientID) })
 	return out, err
 }
 
-// ForEachSession calls fn with every session record and its revision until
-// fn returns false.
-func (n *Node) ForEachSession(ctx context.Context, fn func(rec *SessionRecord, rev uint64) bool) error {
-	lister, err := n.kv.ListKeys(ctx)
+// ForEach calls fn with every session record and its revision until fn
+// returns false.
+func (s kvSessions) ForEach(ctx context.Context, fn func(rec *sessionstore.Record, rev uint64) bool) error {
+	lister, err := s.n.kv.ListKeys(ctx)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
 			return nil
@@ -272,11 +262,11 @@ func (n *Node) ForEachSession(ctx context.Context, fn func(rec *SessionRecord, r
 	}
 	defer func() { _ = lister.Stop() }()
 	for key := range lister.Keys() {
-		e, err := n.kv.Get(ctx, key)
+		e, err := s.n.kv.Get(ctx, key)
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		var rec SessionRecord
+		var rec sessionstore.Record
 		if json.Unmarshal(e.Value(), &rec) == nil && !fn(&rec, e.Revision()) {
 			break
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // SessionOutboxes is what the cluster hook needs of the fan-out's session
@@ -64,7 +65,9 @@ type Cluster struct {
 	mqtt.HookBase
 	server *mqtt.Server
 	node   *cluster.Node
-	Stats  ClusterStats
+	// records is where session records live (the node's bucket).
+	records sessionstore.Store
+	Stats   ClusterStats
 	// Outboxes is the fan-out: a session taken over from another node gets
 	// its queued messages there, and one another node took leaves it.
 	Outboxes SessionOutboxes
@@ -85,11 +88,12 @@ type Cluster struct {
 
 	mu struct {
 		sync.Mutex
-		nodes   map[string]nodeFigures // other nodes' figures, by node id
-		orphans map[string]time.Time   // client id -> when its owner was first found gone
+		nodes map[string]nodeFigures // other nodes' figures, by node id
 	}
-	stop chan struct{}
-	wg   sync.WaitGroup
+	sweep     *orphanSweep // made on the first sweep
+	sweepOnce sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // NewCluster returns the cluster hook for server. Bind it to a node with
@@ -97,7 +101,6 @@ type Cluster struct {
 func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
 	h.mu.nodes = map[string]nodeFigures{}
-	h.mu.orphans = map[string]time.Time{}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -115,7 +118,7 @@ func (h *Cluster) Handler() cluster.Handler {
 
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
-	h.node = n
+	h.node, h.records = n, n.SessionStore()
 	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop} {
 		h.wg.Add(1)
 		go func() {
