@@ -58,6 +58,7 @@ type Broker struct {
 	rates     *hooks.RateLimits
 	auth      *hooks.Auth
 	storage   *hooks.Storage // single node only
+	retained  *hooks.Retained
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
 	bridges   *bridge.Manager // broker/bridges.go

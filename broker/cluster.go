@@ -159,12 +159,17 @@ func (b *Broker) startCluster(ctx context.Context) error {
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
-	n, err := cluster.Start(ctx, cfg, b.cluster.Handler())
+	retained := hooks.NewClusterRetained(b.retained.Apply)
+	h := b.cluster.Handler()
+	h.Retained = retained.Deliver // Start applies what KL_RETAINED holds
+	n, err := cluster.Start(ctx, cfg, h)
 	if err != nil {
 		return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
 	b.node = n
 	b.cluster.SetNode(n)
+	retained.SetNode(n)
+	b.retained.SetStore(retained, b.cluster.FromCluster)
 	return nil
 }
 

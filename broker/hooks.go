@@ -36,12 +36,13 @@ func (b *Broker) hookTable(protocol *hooks.Protocol) []hookRow {
 		{b.auth, true, "right after the rate limits: authentication, the ACL and client id ownership decide before any other hook acts on a client"},
 		{new(hooks.BridgeMark), true, "before the hooks that take a SUBSCRIBE: a bridge's filters get No Local before they are stored (mosquitto's try_private)"},
 		{b.storage, single, "before Key-Shared: a subscription that cannot be stored is refused before Key-Shared makes the client a member"},
+		{b.retained, true, "before the cluster and the fan-out: its OnSubscribe makes a SUBSCRIBE wait until what other nodes retained is in the index the fan-out sends retained messages from"},
 		{b.keySharedHook(), true, "before the cluster and the fan-out: it takes the $share part of every publish before the fan-out's OnPublish ends the chain"},
 		{b.cluster, clustered, "before the fan-out: forwarding to other nodes must not depend on mochi's routing, which the fan-out's OnPublish ends"},
 		{protocol, true, "anywhere: its OnConnect (max keep alive) depends on no other hook; its CONNACK and ack corrections run in the packet-encode hook"},
 		{b.fanout, true, "after every hook that must see a publish: its OnPublish answers CodeSuccessIgnore for the deliveries it makes itself"},
 		{&hooks.PacketReader{Rates: b.rates, Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, true, "the only OnPacketRead hook (mochi copies a packet per hook): the rate limits hold back a publisher first, Auth renames $SYS publishes for the ACL check, Key-Shared takes its members' acks before the fan-out takes its outboxes'"},
-		{&hooks.PacketEncoder{Auth: b.auth, Storage: b.storage, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
+		{&hooks.PacketEncoder{Auth: b.auth, Retained: b.retained, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
 		{&hooks.Observe{Watching: b.ops.Watching, Published: b.ops.Published}, true, "last: it sees publishes once they are routed (the console's topic streams)"},
 	}
 }
@@ -87,6 +88,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	}
 	// In cluster mode sessions, retained messages and Key-Shared groups
 	// live in the cluster, not in the data file.
+	b.retained = hooks.NewRetained(b.server)
 	var backend keyshared.Backend
 	if b.clusterMode() {
 		if err := b.joinCluster(); err != nil {
@@ -94,6 +96,11 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		}
 		backend = b.groups
 	} else {
+		retained, err := hooks.NewBoltRetained(b.sessions, b.retained.Apply)
+		if err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
+		b.retained.SetStore(retained, nil)
 		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
 	var spill *outbox.Spill

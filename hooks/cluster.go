@@ -53,8 +53,8 @@ type ClusterStats struct {
 	Injected      atomic.Uint64 // packets injected into mochi (other nodes' messages, $SYS); mochi counts them as received
 }
 
-// Cluster is the mochi glue of cluster mode: it forwards local publishes,
-// retained messages and wills to the other nodes, delivers theirs locally,
+// Cluster is the mochi glue of cluster mode: it forwards local publishes
+// and wills to the other nodes, delivers theirs locally,
 // keeps the node's interest equal to its local subscriptions, and keeps
 // session records (ownership, subscriptions, progress) in the cluster.
 //
@@ -113,7 +113,7 @@ func NewCluster(server *mqtt.Server) *Cluster {
 
 // Handler returns what the cluster node calls back.
 func (h *Cluster) Handler() cluster.Handler {
-	return cluster.Handler{Message: h.deliver, Retained: h.retained, Release: h.Release, NodeStats: h.nodeStats}
+	return cluster.Handler{Message: h.deliver, Release: h.Release, NodeStats: h.nodeStats}
 }
 
 // SetNode binds the hook to its node and starts the session flusher.
@@ -139,8 +139,8 @@ func (h *Cluster) Provides(b byte) bool { return clusterEvents.has(b) }
 
 var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
-	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
-	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
+	mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
+	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnWillSent,
 	mqtt.OnClientExpired, mqtt.OnPacketSent,
 )
 
@@ -221,25 +221,8 @@ func (h *Cluster) OnPublished(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnRetainMessage stores a retained message (or its deletion) for every
-// node, before the publisher is acknowledged.
-func (h *Cluster) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, _ int64) {
-	if h.FromCluster(cl) || h.node == nil {
-		return
-	}
-	body, err := encodeEnvelope(pk)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
-		err = h.node.StoreRetained(ctx, pk.TopicName, body)
-		cancel()
-	}
-	if err != nil {
-		h.Log.Error("cluster: retained message not stored for the other nodes", "topic", pk.TopicName, "error", err)
-	}
-}
-
 // OnWillSent forwards a will to the other nodes (mochi has delivered it
-// locally; a retained will was stored by OnRetainMessage).
+// locally; a retained will was stored by the Retained hook).
 func (h *Cluster) OnWillSent(cl *mqtt.Client, pk packets.Packet) {
 	if h.node == nil || cl.Net.Inline {
 		return
@@ -290,22 +273,6 @@ func (h *Cluster) deliver(in cluster.Incoming) {
 	h.Stats.Delivered.Add(1)
 }
 
-// retained applies the retained stream to the local index.
-func (h *Cluster) retained(in cluster.Incoming) {
-	pk, err := decodeEnvelope(in.Data)
-	if err != nil {
-		h.Log.Warn("cluster: dropping a malformed retained message", "error", err)
-		return
-	}
-	pk.FixedHeader.Retain = true
-	pk.FixedHeader.Qos = min(pk.FixedHeader.Qos, 2)
-	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
-		pk.Payload = nil // expired while stored: a deletion
-	}
-	h.server.Topics.RetainMessage(pk)
-	atomic.StoreInt64(&h.server.Info.Retained, int64(h.server.Topics.Retained.Len()))
-}
-
 // OnSelectSubscribers keeps a queued message from a session that already
 // got it through a replay (a session taken over from another node), or
 // whose matching subscriptions are younger than the message.
@@ -325,27 +292,6 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 }
 
 // --- subscriptions: the node's interest ---
-
-// OnSubscribe waits, for a SUBSCRIBE with non-shared filters, until the
-// retained messages stored anywhere in the cluster before it are in the
-// local index (at most two seconds), so it gets what another node retained
-// just before.
-func (h *Cluster) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if h.node == nil || cl.Net.Inline {
-		return pk
-	}
-	for _, f := range pk.Filters {
-		if !mqtt.IsSharedFilter(f.Filter) && f.RetainHandling != 2 {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := h.node.CatchUpRetained(ctx); err != nil {
-				h.Log.Debug("cluster: retained messages may lag behind", "error", err)
-			}
-			cancel()
-			break
-		}
-	}
-	return pk
-}
 
 // OnSubscribed registers the granted subscriptions' filters with the node
 // (waiting until other nodes' messages will reach it) and stores them in a
