@@ -12,7 +12,6 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/outbox"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -89,19 +88,16 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	// In cluster mode sessions, retained messages and Key-Shared groups
 	// live in the cluster, not in the data file.
 	b.retained = hooks.NewRetained(b.server)
-	var backend keyshared.Backend
 	if b.clusterMode() {
 		if err := b.joinCluster(); err != nil {
 			return nil, err
 		}
-		backend = b.groups
+		b.be = b.clusterBackends()
 	} else {
-		retained, err := hooks.NewBoltRetained(b.sessions, b.retained.Apply)
-		if err != nil {
+		var err error
+		if b.be, err = b.singleBackends(); err != nil {
 			return nil, fmt.Errorf("broker: %w", err)
 		}
-		b.retained.SetStore(retained, nil)
-		backend = keyshared.NewLocalBackend(b.db.Groups())
 	}
 	var spill *outbox.Spill
 	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
@@ -116,17 +112,17 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 			l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 			return l
 		},
-		Store:           b.outboxStore(),
+		Store:           b.be.outbox,
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
 		Spill:           spill,
 		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
-		Refs:            b.messageRefs(),
+		Refs:            b.be.refs,
 	})
 	if b.cluster != nil {
 		b.cluster.Outboxes = b.fanout // a session taken over gets its queued messages there
 	}
-	b.keyShared = hooks.NewKeyShared(b.server, backend, hooks.KeySharedConfig{
+	b.keyShared = hooks.NewKeyShared(b.server, b.be.groups, hooks.KeySharedConfig{
 		KeyProperty:        b.cfg.KeyProperty,
 		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
@@ -156,11 +152,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 // CONNECT (session-ownership: fresh) wherever it is kept, as mochi's
 // expiry would.
 func (b *Broker) discardSession(cl *mqtt.Client) {
-	if b.cluster != nil {
-		b.cluster.OnClientExpired(cl)
-	} else {
-		b.storage.OnClientExpired(cl)
-	}
+	b.be.expire(cl)
 	b.fanout.OnClientExpired(cl)
 }
 

@@ -118,10 +118,8 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnSlowDisconnects, f.ConnProtocolErrors = cs.SlowDisconnects.Load(), cs.ProtocolErrors.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
 	}
-	if b.cluster == nil {
-		st := b.db.LogStats()
-		f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
-	}
+	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's
+	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()
 		f.GroupSubscriptionsRefused, f.GroupResultsDropped = ks.GroupsRefused.Load(), ks.ResultsDropped.Load()
