@@ -86,10 +86,7 @@ type Cluster struct {
 	// settled, until their CONNACK (a refusal) is out.
 	refused sync.Map // *mqtt.Client -> struct{}
 
-	mu struct {
-		sync.Mutex
-		nodes map[string]nodeFigures // other nodes' figures, by node id
-	}
+	nodes     nodeTable    // other nodes' figures
 	sweep     *orphanSweep // made on the first sweep
 	sweepOnce sync.Once
 	stop      chan struct{}
@@ -100,7 +97,6 @@ type Cluster struct {
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
-	h.mu.nodes = map[string]nodeFigures{}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
