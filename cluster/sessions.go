@@ -158,8 +158,10 @@ func (n *Node) onAnnounce(m *nats.Msg) {
 // Replay calls fn, in stream order, for every KL_MSGS message above
 // sequence after whose subject one of the MQTT filters may match, up to the
 // stream's last message when Replay starts. It returns that last sequence.
-// fn sees candidates: it must match each message against the session's
-// subscriptions itself.
+// fn sees candidates (the message at the stream's last sequence among them,
+// whatever its subject): it must match each message against the session's
+// subscriptions itself. It waits, within ctx, for a consumer on a stream
+// replica that lags behind.
 func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn func(seq uint64, body []byte)) (uint64, error) {
 	st, err := n.js.Stream(ctx, StreamMessages)
 	if err != nil {
@@ -181,6 +183,20 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 		}
 		subjects = append(subjects, s...)
 	}
+	// The consumer lives on any peer of the stream (nats-server places an
+	// R1 consumer on a shuffled one), possibly a follower that has not
+	// applied the newest messages yet: its pending count can be 0 while
+	// messages up to last exist, and a replay that believed it lost them
+	// (found by TestClusterNodes' replay failing once: "replay got []").
+	// So the replay also takes the subject of the message at last and ends
+	// when that message arrives: everything before it that the filters
+	// take has come, in order. Without that subject (the message is gone)
+	// it reads every subject.
+	if subj, err := messageSubject(ctx, st, last); err == nil {
+		subjects = append(subjects, subj)
+	} else {
+		subjects = []string{Prefix + "." + KindQueued + ".>"}
+	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: consumerFilters(subjects), DeliverPolicy: jetstream.DeliverAllPolicy}
 	if after > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
@@ -188,13 +204,6 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 	cons, err := n.js.OrderedConsumer(ctx, StreamMessages, cfg)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: replay: %w", err)
-	}
-	ci, err := cons.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("cluster: replay: %w", err)
-	}
-	if ci.NumPending == 0 {
-		return last, nil
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -204,7 +213,10 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(n.cfg.RequestTimeout))
 		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-			return last, nil // nothing more within the wait: everything matching is delivered
+			if ctx.Err() != nil || n.stopped() {
+				return 0, fmt.Errorf("cluster: replay: the stream's message %d never came: %w", last, ErrNotReady)
+			}
+			continue // the consumer's peer is catching up
 		}
 		if err != nil {
 			return 0, fmt.Errorf("cluster: replay: %w", err)
@@ -214,13 +226,35 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 			continue
 		}
 		if md.Sequence.Stream > last {
-			return last, nil
+			return last, nil // last itself is gone: everything before it came
 		}
 		fn(md.Sequence.Stream, m.Data())
-		if md.Sequence.Stream == last || md.NumPending == 0 {
+		if md.Sequence.Stream == last {
 			return last, nil
 		}
 	}
+}
+
+// messageSubject returns the subject of the stream's message seq, asking
+// again a few times: a direct get may be answered by a replica that does
+// not have it yet.
+func messageSubject(ctx context.Context, st jetstream.Stream, seq uint64) (string, error) {
+	var err error
+	for attempt := range 5 {
+		var m *jetstream.RawStreamMsg
+		if m, err = st.GetMsg(ctx, seq); err == nil {
+			return m.Subject, nil
+		}
+		if !errors.Is(err, jetstream.ErrMsgNotFound) || ctx.Err() != nil {
+			return "", err
+		}
+		select {
+		case <-time.After(backoff(attempt)):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return "", err
 }
 
 // LastSequence returns the sequence of the last message in KL_MSGS.

@@ -2,7 +2,10 @@ package integration
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +23,7 @@ import (
 // clients run in the test.
 //
 //	git worktree add --detach /tmp/before c8dc5e6 && (cd /tmp/before && go build -o /tmp/keyline-before .)
-//	KEYLINE_BEFORE=/tmp/keyline-before KEYLINE_BENCH_ROUNDS=3 \
+//	KEYLINE_BEFORE=/tmp/keyline-before KEYLINE_BENCH_ROUNDS=3 [KEYLINE_BENCH_PROFILE=/tmp/prof] \
 //	  go test -run '^$' -bench ClusterFanoutBeforeAfter -benchtime 1x ./integration/
 func BenchmarkClusterFanoutBeforeAfter(b *testing.B) {
 	before := os.Getenv("KEYLINE_BEFORE")
@@ -33,6 +36,9 @@ func BenchmarkClusterFanoutBeforeAfter(b *testing.B) {
 			b.Fatalf("KEYLINE_BENCH_ROUNDS=%q: want 1 to 20", v)
 		}
 	}
+	// KEYLINE_BENCH_PROFILE names a directory for a CPU profile of the
+	// publishers' node per run (8 s from its start).
+	profiles := os.Getenv("KEYLINE_BENCH_PROFILE")
 	const subs, msgs = 30, 3000
 	sides := []struct{ name, bin string }{{"before", before}, {"after", keylineBin}}
 	rates := make([][]float64, len(sides))
@@ -40,16 +46,31 @@ func BenchmarkClusterFanoutBeforeAfter(b *testing.B) {
 		for i, side := range sides {
 			b.Run(fmt.Sprintf("round%d/%s", r+1, side.name), func(b *testing.B) {
 				nc := natstest.Start(b, 3)
-				var addrs []string
+				var addrs, https []string
 				for j, u := range nc.URLs() {
+					args := []string{"--nats", u, "--node-id", fmt.Sprintf("bench-%d", j), "--nats-replicas", "3"}
+					if profiles != "" {
+						args = append(args, "--config", pprofConfig(b))
+					}
 					// One after the other: nodes started together did not
 					// come up before issue 22 (c8dc5e6 is such a build).
-					p := launchBinary(b, side.bin, 0, b.TempDir(),
-						"--nats", u, "--node-id", fmt.Sprintf("bench-%d", j), "--nats-replicas", "3")
+					p := launchBinary(b, side.bin, 0, b.TempDir(), args...)
 					p.waitStarted(b, startTimeout)
-					addrs = append(addrs, p.addrs["tcp"])
+					addrs, https = append(addrs, p.addrs["tcp"]), append(https, p.addrs["http"])
+				}
+				var profiled chan error
+				if profiles != "" { // the publishers' node, through most of the run
+					profiled = make(chan error, 1)
+					go func() {
+						profiled <- fetchProfile(https[0], filepath.Join(profiles, fmt.Sprintf("%s-round%d.pprof", side.name, r+1)))
+					}()
 				}
 				run := mqtttest.MeasureFanout(b, mqtttest.FanoutTarget{Subs: addrs, Pub: addrs[0]}, subs, msgs, 1)
+				if profiled != nil {
+					if err := <-profiled; err != nil {
+						b.Fatal(err)
+					}
+				}
 				rates[i] = append(rates[i], run.Deliveries)
 				b.ReportMetric(run.Deliveries, "deliveries/s")
 			})
@@ -69,4 +90,30 @@ func BenchmarkClusterFanoutBeforeAfter(b *testing.B) {
 	fmt.Fprintf(&line, "after/before %.2fx", median(rates[1])/median(rates[0]))
 	b.Log(line.String())
 	fmt.Println("cluster fan-out QoS 1, 30 subscribers over 3 nodes:", line.String())
+}
+
+// pprofConfig writes a config file that turns the profiler on.
+func pprofConfig(b *testing.B) string {
+	path := filepath.Join(b.TempDir(), "pprof.yaml")
+	if err := os.WriteFile(path, []byte("pprof: true\n"), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return path
+}
+
+// fetchProfile writes an 8 s CPU profile of the node serving HTTP at addr.
+func fetchProfile(addr, path string) error {
+	resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=8")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile from %s: %s", addr, resp.Status)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o600)
 }
