@@ -120,6 +120,7 @@ func (v opsView) Figures() ops.Figures {
 	}
 	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's
 	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
+	f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()
 		f.GroupSubscriptionsRefused, f.GroupResultsDropped = ks.GroupsRefused.Load(), ks.ResultsDropped.Load()
