@@ -58,7 +58,9 @@ type Broker struct {
 	reload    reloads         // live reload (reload.go)
 	rates     *hooks.RateLimits
 	auth      *hooks.Auth
+	be        backends       // the implementation behind each seam (backends.go)
 	storage   *hooks.Storage // single node only
+	retained  *hooks.Retained
 	fanout    *hooks.Fanout
 	keyShared *hooks.KeyShared
 	bridges   *bridge.Manager // broker/bridges.go
@@ -442,14 +444,8 @@ func (b *Broker) closeResources() error {
 			errs = append(errs, ignoreClosed(ln.ln.Close()))
 		}
 	}
-	if b.cluster != nil {
-		_ = b.cluster.Stop() // mochi stops it too once it served
-	}
-	if b.groups != nil {
-		b.groups.Close() // hands its leases over, each after a last state write
-	}
-	if b.node != nil {
-		b.node.Close() // after the server: its hooks write session records on the way out
+	if b.be.close != nil { // nil: the backends were never made
+		b.be.close()
 	}
 	if b.poller != nil {
 		errs = append(errs, b.poller.Close()) // after the server: its connections have ended
@@ -507,7 +503,7 @@ func (b *Broker) NotReady() error {
 			return err
 		}
 	}
-	if !b.clusterReady() {
+	if b.be.ready != nil && !b.be.ready() {
 		return errors.New("cluster: not connected to NATS with JetStream available")
 	}
 	return nil

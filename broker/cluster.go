@@ -9,14 +9,12 @@ import (
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
-	"github.com/mochi-mqtt/server/v2/packets"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keyline-mq/keyline/broker/ops"
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
-	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -107,10 +105,10 @@ func (b *Broker) clusterMode() bool { return b.cfg.Cluster.Enabled() }
 // keySharedHook is the Key-Shared hook as added to mochi: in cluster mode
 // its groups span the nodes, and publishes from other nodes are theirs.
 func (b *Broker) keySharedHook() mqtt.Hook {
-	if b.cluster == nil {
+	if b.be.fromCluster == nil {
 		return b.keyShared
 	}
-	return hooks.ClusterKeyShared{KeyShared: b.keyShared, FromCluster: b.cluster.FromCluster}
+	return hooks.ClusterKeyShared{KeyShared: b.keyShared, FromCluster: b.be.fromCluster}
 }
 
 // joinCluster joins the cluster and its Key-Shared groups, waiting for NATS
@@ -120,9 +118,14 @@ func (b *Broker) joinCluster() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Cluster.StartTimeout)
 	defer cancel()
 	if err := b.startCluster(ctx); err != nil {
+		return err // nothing of it left running
+	}
+	if err := b.startGroups(ctx); err != nil {
+		_ = b.cluster.Stop()
+		b.node.Close()
 		return err
 	}
-	return b.startGroups(ctx)
+	return nil
 }
 
 // startGroups joins the cluster's Key-Shared groups (after startCluster).
@@ -159,44 +162,22 @@ func (b *Broker) startCluster(ctx context.Context) error {
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
-	n, err := cluster.Start(ctx, cfg, b.cluster.Handler())
+	retained := hooks.NewClusterRetained(b.retained.Apply)
+	h := b.cluster.Handler()
+	h.Retained = retained.Deliver // Start applies what KL_RETAINED holds
+	n, err := cluster.Start(ctx, cfg, h)
 	if err != nil {
 		return fmt.Errorf("broker: join the cluster at %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
 	b.node = n
 	b.cluster.SetNode(n)
+	retained.SetNode(n)
+	b.retained.SetStore(retained, b.cluster.FromCluster)
 	return nil
 }
-
-// outboxStore is where persistent sessions' outboxes are kept: bbolt on
-// one node; in cluster mode the messages stay in JetStream and the cluster
-// hook keeps how far each session has got.
-func (b *Broker) outboxStore() outbox.Store {
-	if b.cluster != nil {
-		return b.cluster.OutboxStore()
-	}
-	return hooks.NewOutboxStore(b.sessions)
-}
-
-// messageRefs is what the fan-out records with each outbox copy of a
-// QoS 1/2 message: its JetStream sequence in cluster mode, nothing on one node.
-func (b *Broker) messageRefs() func(packets.Packet) uint64 {
-	if b.cluster != nil {
-		return b.cluster.MessageRef
-	}
-	return nil
-}
-
-// clusterReady reports whether the cluster side lets the node serve.
-func (b *Broker) clusterReady() bool { return b.cluster == nil || b.cluster.Ready() }
 
 // NodeID returns the node's id in cluster mode, "" otherwise.
-func (b *Broker) NodeID() string {
-	if b.node == nil {
-		return ""
-	}
-	return b.node.NodeID()
-}
+func (b *Broker) NodeID() string { return b.be.nodeID }
 
 // ClusterNode returns the cluster node (nil in single-node mode), for tests.
 func (b *Broker) ClusterNode() *cluster.Node { return b.node }

@@ -15,10 +15,10 @@ import (
 
 	"github.com/eclipse/paho.golang/paho"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/adminapi"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // startClusterBrokers starts n Keyline nodes on one NATS cluster, node i
@@ -460,12 +460,12 @@ func TestClusterConcurrentConnectsOneOwner(t *testing.T) {
 		}
 		waitFor(t, 10*time.Second, "one connection left", func() bool { return len(alive()) == 1 })
 		winner := alive()[0]
-		rec, _, err := bs[0].ClusterNode().LoadSession(context.Background(), "racer")
+		rec, _, err := bs[0].ClusterNode().SessionStore().Load(context.Background(), "racer")
 		if err != nil || rec == nil {
 			t.Fatalf("round %d: record %v %v", round, rec, err)
 		}
 		waitFor(t, 5*time.Second, "the record to name the winner", func() bool {
-			rec, _, _ := bs[winner].ClusterNode().LoadSession(context.Background(), "racer")
+			rec, _, _ := bs[winner].ClusterNode().SessionStore().Load(context.Background(), "racer")
 			return rec != nil && rec.Owner == bs[winner].NodeID() && rec.Connected
 		})
 		for _, c := range clients {
@@ -568,7 +568,7 @@ func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
 	state := func(version byte, expiry uint32) json.RawMessage {
 		return json.RawMessage(fmt.Sprintf(`{"client":{"protocolVersion":%d,"properties":{"sessionExpiryInterval":%d,"sessionExpiryIntervalFlag":true}}}`, version, expiry))
 	}
-	for _, rec := range []cluster.SessionRecord{
+	for _, rec := range []sessionstore.Record{
 		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 10)},
 		{ClientID: "young", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 3600)},
 		{ClientID: "clean", Owner: "node-gone", Connected: true},
@@ -577,7 +577,7 @@ func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
 		{ClientID: "v311-old", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-8 * 24 * time.Hour).Unix(), State: state(4, 0)},
 		{ClientID: "was-connected", Owner: "node-gone", Persistent: true, Connected: true, State: state(5, 10)},
 	} {
-		if _, err := a.ClusterNode().SaveSession(ctx, &rec, 0); err != nil {
+		if _, err := a.ClusterNode().SessionStore().Save(ctx, &rec, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -607,7 +607,7 @@ func TestClusterSweepsSessionsOfGoneNodes(t *testing.T) {
 		t.Fatalf("third sweep deleted %q, want young", got)
 	}
 	for _, id := range []string{"v311", "held"} {
-		if rec, _, err := a.ClusterNode().LoadSession(ctx, id); err != nil || rec == nil {
+		if rec, _, err := a.ClusterNode().SessionStore().Load(ctx, id); err != nil || rec == nil {
 			t.Errorf("%s: record %v %v, want kept", id, rec, err)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/outbox"
-	"github.com/keyline-mq/keyline/keyshared"
 	"github.com/keyline-mq/keyline/persistence"
 )
 
@@ -36,12 +35,13 @@ func (b *Broker) hookTable(protocol *hooks.Protocol) []hookRow {
 		{b.auth, true, "right after the rate limits: authentication, the ACL and client id ownership decide before any other hook acts on a client"},
 		{new(hooks.BridgeMark), true, "before the hooks that take a SUBSCRIBE: a bridge's filters get No Local before they are stored (mosquitto's try_private)"},
 		{b.storage, single, "before Key-Shared: a subscription that cannot be stored is refused before Key-Shared makes the client a member"},
+		{b.retained, true, "before the cluster and the fan-out: its OnSubscribe makes a SUBSCRIBE wait until what other nodes retained is in the index the fan-out sends retained messages from"},
 		{b.keySharedHook(), true, "before the cluster and the fan-out: it takes the $share part of every publish before the fan-out's OnPublish ends the chain"},
 		{b.cluster, clustered, "before the fan-out: forwarding to other nodes must not depend on mochi's routing, which the fan-out's OnPublish ends"},
 		{protocol, true, "anywhere: its OnConnect (max keep alive) depends on no other hook; its CONNACK and ack corrections run in the packet-encode hook"},
 		{b.fanout, true, "after every hook that must see a publish: its OnPublish answers CodeSuccessIgnore for the deliveries it makes itself"},
 		{&hooks.PacketReader{Rates: b.rates, Auth: b.auth, KeyShared: b.keyShared, Fanout: b.fanout}, true, "the only OnPacketRead hook (mochi copies a packet per hook): the rate limits hold back a publisher first, Auth renames $SYS publishes for the ACL check, Key-Shared takes its members' acks before the fan-out takes its outboxes'"},
-		{&hooks.PacketEncoder{Auth: b.auth, Storage: b.storage, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
+		{&hooks.PacketEncoder{Auth: b.auth, Retained: b.retained, Cluster: b.cluster, Protocol: protocol, Fanout: b.fanout}, true, "the only OnPacketEncode hook (mochi copies a packet per hook): Protocol maps CONNACK codes after the steps that set them, the fan-out marks acks last"},
 		{&hooks.Observe{Watching: b.ops.Watching, Published: b.ops.Published}, true, "last: it sees publishes once they are routed (the console's topic streams)"},
 	}
 }
@@ -87,14 +87,17 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	}
 	// In cluster mode sessions, retained messages and Key-Shared groups
 	// live in the cluster, not in the data file.
-	var backend keyshared.Backend
+	b.retained = hooks.NewRetained(b.server)
 	if b.clusterMode() {
 		if err := b.joinCluster(); err != nil {
 			return nil, err
 		}
-		backend = b.groups
+		b.be = b.clusterBackends()
 	} else {
-		backend = keyshared.NewLocalBackend(b.db.Groups())
+		var err error
+		if b.be, err = b.singleBackends(); err != nil {
+			return nil, fmt.Errorf("broker: %w", err)
+		}
 	}
 	var spill *outbox.Spill
 	if b.cfg.SpillAfter > 0 && b.cfg.DataDir != "" {
@@ -109,17 +112,17 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 			l, _ := b.cfg.connLimits(cl.Net.Listener, cl.ID) // validated
 			return l
 		},
-		Store:           b.outboxStore(),
+		Store:           b.be.outbox,
 		MaxSessionBytes: int64(b.cfg.MaxSessionQueueBytes),
 		MaxTotalBytes:   int64(b.cfg.MaxQueuedBytes),
 		Spill:           spill,
 		SharedElsewhere: true, // the Key-Shared hook delivers every $share group
-		Refs:            b.messageRefs(),
+		Refs:            b.be.refs,
 	})
 	if b.cluster != nil {
 		b.cluster.Outboxes = b.fanout // a session taken over gets its queued messages there
 	}
-	b.keyShared = hooks.NewKeyShared(b.server, backend, hooks.KeySharedConfig{
+	b.keyShared = hooks.NewKeyShared(b.server, b.be.groups, hooks.KeySharedConfig{
 		KeyProperty:        b.cfg.KeyProperty,
 		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
@@ -150,11 +153,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 // CONNECT (session-ownership: fresh) wherever it is kept, as mochi's
 // expiry would.
 func (b *Broker) discardSession(cl *mqtt.Client) {
-	if b.cluster != nil {
-		b.cluster.OnClientExpired(cl)
-	} else {
-		b.storage.OnClientExpired(cl)
-	}
+	b.be.expire(cl)
 	b.fanout.OnClientExpired(cl)
 }
 

@@ -118,11 +118,9 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnSlowDisconnects, f.ConnProtocolErrors = cs.SlowDisconnects.Load(), cs.ProtocolErrors.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
 	}
-	if b.cluster == nil {
-		st := b.db.LogStats()
-		f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
-		f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime
-	}
+	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's
+	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
+	f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()
 		f.GroupSubscriptionsRefused, f.GroupResultsDropped = ks.GroupsRefused.Load(), ks.ResultsDropped.Load()

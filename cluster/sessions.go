@@ -11,42 +11,31 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
-// ErrRevision is returned when a session record changed since the writer
-// read it: another node owns the session now.
-var ErrRevision = errors.New("cluster: session record changed (taken over)")
+// SessionStore returns the node's session records: the JetStream
+// key-value bucket KL_SESSIONS, as a sessionstore.Store (the contract is
+// written there; sessionstore/storetest checks it).
+func (n *Node) SessionStore() sessionstore.Store { return kvSessions{n} }
 
-// SessionRecord is a session as the cluster keeps it. The broker fills
-// State; the cluster reads only the fields it needs to replay.
-type SessionRecord struct {
-	ClientID   string `json:"id"`
-	Owner      string `json:"owner"`      // node id holding the session
-	Persistent bool   `json:"persistent"` // outlives its connection
-	Connected  bool   `json:"connected"`
-	// Floor: every KL_MSGS message at or below it that matched the session
-	// was acknowledged by the client or dropped. Replay starts above it.
-	Floor uint64 `json:"floor"`
-	// Acked lists sequences above Floor the client has acknowledged, so a
-	// replay does not send them again (bounded; losing some only costs duplicates).
-	Acked          []uint64        `json:"acked,omitempty"`
-	DisconnectedAt int64           `json:"disconnected_at,omitempty"` // unix seconds
-	State          json.RawMessage `json:"state,omitempty"`
-}
+// kvSessions is the session store over the node's bucket. A read can be
+// stale (any replica answers); writes decide.
+type kvSessions struct{ n *Node }
 
 func sessionKey(clientID string) string { return "c." + hashToken(clientID) }
 
-// LoadSession reads a client's record: nil and revision 0 when there is
-// none. A read can be stale (any replica answers); writes decide.
-func (n *Node) LoadSession(ctx context.Context, clientID string) (*SessionRecord, uint64, error) {
-	e, err := n.kv.Get(ctx, sessionKey(clientID))
+// Load reads a client's record: nil and revision 0 when there is none.
+func (s kvSessions) Load(ctx context.Context, clientID string) (*sessionstore.Record, uint64, error) {
+	e, err := s.n.kv.Get(ctx, sessionKey(clientID))
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, nil
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("cluster: load session: %w", err)
 	}
-	var rec SessionRecord
+	var rec sessionstore.Record
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		return nil, e.Revision(), fmt.Errorf("cluster: session record of %q: %w", clientID, err)
 	}
@@ -56,10 +45,11 @@ func (n *Node) LoadSession(ctx context.Context, clientID string) (*SessionRecord
 	return &rec, e.Revision(), nil
 }
 
-// SaveSession writes rec if the record's revision is still rev (0: the
-// record must not exist) and returns the new revision. ErrRevision means
-// the session belongs to someone else now.
-func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) (uint64, error) {
+// Save writes rec if the record's revision is still rev (0: the record
+// must not exist) and returns the new revision. sessionstore.ErrRevision
+// means the session belongs to someone else now.
+func (s kvSessions) Save(ctx context.Context, rec *sessionstore.Record, rev uint64) (uint64, error) {
+	n := s.n
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: encode session: %w", err)
@@ -79,7 +69,7 @@ func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) 
 			return nrev, nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, ErrRevision
+			return 0, sessionstore.ErrRevision
 		}
 		if ctx.Err() != nil || time.Now().After(deadline) || n.stopped() {
 			return 0, fmt.Errorf("cluster: save session: %w (%v)", ErrNotReady, err)
@@ -90,11 +80,11 @@ func (n *Node) SaveSession(ctx context.Context, rec *SessionRecord, rev uint64) 
 	}
 }
 
-// DeleteSession deletes a client's record if it is still at revision rev.
-func (n *Node) DeleteSession(ctx context.Context, clientID string, rev uint64) error {
-	err := n.kv.Delete(ctx, sessionKey(clientID), jetstream.LastRevision(rev))
+// Delete deletes a client's record if it is still at revision rev.
+func (s kvSessions) Delete(ctx context.Context, clientID string, rev uint64) error {
+	err := s.n.kv.Delete(ctx, sessionKey(clientID), jetstream.LastRevision(rev))
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return ErrRevision
+		return sessionstore.ErrRevision
 	}
 	if err != nil {
 		return fmt.Errorf("cluster: delete session: %w", err)
@@ -168,8 +158,10 @@ func (n *Node) onAnnounce(m *nats.Msg) {
 // Replay calls fn, in stream order, for every KL_MSGS message above
 // sequence after whose subject one of the MQTT filters may match, up to the
 // stream's last message when Replay starts. It returns that last sequence.
-// fn sees candidates: it must match each message against the session's
-// subscriptions itself.
+// fn sees candidates (the message at the stream's last sequence among them,
+// whatever its subject): it must match each message against the session's
+// subscriptions itself. It waits, within ctx, for a consumer on a stream
+// replica that lags behind.
 func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn func(seq uint64, body []byte)) (uint64, error) {
 	st, err := n.js.Stream(ctx, StreamMessages)
 	if err != nil {
@@ -191,6 +183,20 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 		}
 		subjects = append(subjects, s...)
 	}
+	// The consumer lives on any peer of the stream (nats-server places an
+	// R1 consumer on a shuffled one), possibly a follower that has not
+	// applied the newest messages yet: its pending count can be 0 while
+	// messages up to last exist, and a replay that believed it lost them
+	// (found by TestClusterNodes' replay failing once: "replay got []").
+	// So the replay also takes the subject of the message at last and ends
+	// when that message arrives: everything before it that the filters
+	// take has come, in order. Without that subject (the message is gone)
+	// it reads every subject.
+	if subj, err := messageSubject(ctx, st, last); err == nil {
+		subjects = append(subjects, subj)
+	} else {
+		subjects = []string{Prefix + "." + KindQueued + ".>"}
+	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: consumerFilters(subjects), DeliverPolicy: jetstream.DeliverAllPolicy}
 	if after > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
@@ -199,34 +205,18 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 	if err != nil {
 		return 0, fmt.Errorf("cluster: replay: %w", err)
 	}
-	ci, err := cons.Info(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("cluster: replay: %w", err)
-	}
-	if ci.NumPending == 0 {
-		return last, nil
-	}
-	it, err := cons.Messages(pullOpts(500)...)
+	it, err := cons.Messages(pullOpts(500)...) // heartbeats: a lost pull request is noticed within pullHeartbeat
 	if err != nil {
 		return 0, fmt.Errorf("cluster: replay: %w", err)
 	}
 	defer it.Stop()
-	var seen uint64 // stream sequence of the last message delivered here
 	for {
 		m, err := it.Next(jetstream.NextMaxWait(n.cfg.RequestTimeout))
 		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
-			// Nothing within the wait. It is the end only if the consumer
-			// has nothing left to send and nothing on its way: a lost pull
-			// request stalls an ordered consumer until its heartbeat check
-			// recreates it (pullHeartbeat), and a replay cut short there
-			// would lose the session's messages.
-			if ctx.Err() != nil {
-				return 0, fmt.Errorf("cluster: replay: %w", ctx.Err())
+			if ctx.Err() != nil || n.stopped() {
+				return 0, fmt.Errorf("cluster: replay: the stream's message %d never came: %w", last, ErrNotReady)
 			}
-			if ci, ierr := cons.Info(ctx); ierr == nil && ci.NumPending == 0 && ci.Delivered.Stream <= max(seen, after) {
-				return last, nil
-			}
-			continue
+			continue // the consumer's peer is catching up
 		}
 		if err != nil {
 			return 0, fmt.Errorf("cluster: replay: %w", err)
@@ -235,15 +225,36 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 		if err != nil {
 			continue
 		}
-		seen = md.Sequence.Stream
 		if md.Sequence.Stream > last {
-			return last, nil
+			return last, nil // last itself is gone: everything before it came
 		}
 		fn(md.Sequence.Stream, m.Data())
-		if md.Sequence.Stream == last || md.NumPending == 0 {
+		if md.Sequence.Stream == last {
 			return last, nil
 		}
 	}
+}
+
+// messageSubject returns the subject of the stream's message seq, asking
+// again a few times: a direct get may be answered by a replica that does
+// not have it yet.
+func messageSubject(ctx context.Context, st jetstream.Stream, seq uint64) (string, error) {
+	var err error
+	for attempt := range 5 {
+		var m *jetstream.RawStreamMsg
+		if m, err = st.GetMsg(ctx, seq); err == nil {
+			return m.Subject, nil
+		}
+		if !errors.Is(err, jetstream.ErrMsgNotFound) || ctx.Err() != nil {
+			return "", err
+		}
+		select {
+		case <-time.After(backoff(attempt)):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return "", err
 }
 
 // LastSequence returns the sequence of the last message in KL_MSGS.
@@ -262,21 +273,21 @@ func (n *Node) LastSequence(ctx context.Context) (uint64, error) {
 // Sessions returns up to limit session records, sorted by client id: every
 // client connected to any node and every persistent session, with its
 // owner (without State and Acked).
-func (n *Node) Sessions(ctx context.Context, limit int) ([]SessionRecord, error) {
-	var out []SessionRecord
-	err := n.ForEachSession(ctx, func(rec *SessionRecord, _ uint64) bool {
+func (n *Node) Sessions(ctx context.Context, limit int) ([]sessionstore.Record, error) {
+	var out []sessionstore.Record
+	err := n.SessionStore().ForEach(ctx, func(rec *sessionstore.Record, _ uint64) bool {
 		rec.State, rec.Acked = nil, nil
 		out = append(out, *rec)
 		return len(out) < limit
 	})
-	slices.SortFunc(out, func(a, b SessionRecord) int { return strings.Compare(a.ClientID, b.ClientID) })
+	slices.SortFunc(out, func(a, b sessionstore.Record) int { return strings.Compare(a.ClientID, b.ClientID) })
 	return out, err
 }
 
-// ForEachSession calls fn with every session record and its revision until
-// fn returns false.
-func (n *Node) ForEachSession(ctx context.Context, fn func(rec *SessionRecord, rev uint64) bool) error {
-	lister, err := n.kv.ListKeys(ctx)
+// ForEach calls fn with every session record and its revision until fn
+// returns false.
+func (s kvSessions) ForEach(ctx context.Context, fn func(rec *sessionstore.Record, rev uint64) bool) error {
+	lister, err := s.n.kv.ListKeys(ctx)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
 			return nil
@@ -285,11 +296,11 @@ func (n *Node) ForEachSession(ctx context.Context, fn func(rec *SessionRecord, r
 	}
 	defer func() { _ = lister.Stop() }()
 	for key := range lister.Keys() {
-		e, err := n.kv.Get(ctx, key)
+		e, err := s.n.kv.Get(ctx, key)
 		if err != nil {
 			continue // deleted meanwhile
 		}
-		var rec SessionRecord
+		var rec sessionstore.Record
 		if json.Unmarshal(e.Value(), &rec) == nil && !fn(&rec, e.Revision()) {
 			break
 		}

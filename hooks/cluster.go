@@ -13,6 +13,7 @@ import (
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // SessionOutboxes is what the cluster hook needs of the fan-out's session
@@ -52,8 +53,8 @@ type ClusterStats struct {
 	Injected      atomic.Uint64 // packets injected into mochi (other nodes' messages, $SYS); mochi counts them as received
 }
 
-// Cluster is the mochi glue of cluster mode: it forwards local publishes,
-// retained messages and wills to the other nodes, delivers theirs locally,
+// Cluster is the mochi glue of cluster mode: it forwards local publishes
+// and wills to the other nodes, delivers theirs locally,
 // keeps the node's interest equal to its local subscriptions, and keeps
 // session records (ownership, subscriptions, progress) in the cluster.
 //
@@ -64,7 +65,9 @@ type Cluster struct {
 	mqtt.HookBase
 	server *mqtt.Server
 	node   *cluster.Node
-	Stats  ClusterStats
+	// records is where session records live (the node's bucket).
+	records sessionstore.Store
+	Stats   ClusterStats
 	// Outboxes is the fan-out: a session taken over from another node gets
 	// its queued messages there, and one another node took leaves it.
 	Outboxes SessionOutboxes
@@ -83,21 +86,17 @@ type Cluster struct {
 	// settled, until their CONNACK (a refusal) is out.
 	refused sync.Map // *mqtt.Client -> struct{}
 
-	mu struct {
-		sync.Mutex
-		nodes   map[string]nodeFigures // other nodes' figures, by node id
-		orphans map[string]time.Time   // client id -> when its owner was first found gone
-	}
-	stop chan struct{}
-	wg   sync.WaitGroup
+	nodes     nodeTable    // other nodes' figures
+	sweep     *orphanSweep // made on the first sweep
+	sweepOnce sync.Once
+	stop      chan struct{}
+	wg        sync.WaitGroup
 }
 
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
-	h.mu.nodes = map[string]nodeFigures{}
-	h.mu.orphans = map[string]time.Time{}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -110,12 +109,12 @@ func NewCluster(server *mqtt.Server) *Cluster {
 
 // Handler returns what the cluster node calls back.
 func (h *Cluster) Handler() cluster.Handler {
-	return cluster.Handler{Message: h.deliver, Retained: h.retained, Release: h.Release, NodeStats: h.nodeStats}
+	return cluster.Handler{Message: h.deliver, Release: h.Release, NodeStats: h.nodeStats}
 }
 
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
-	h.node = n
+	h.node, h.records = n, n.SessionStore()
 	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop} {
 		h.wg.Add(1)
 		go func() {
@@ -136,8 +135,8 @@ func (h *Cluster) Provides(b byte) bool { return clusterEvents.has(b) }
 
 var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
-	mqtt.OnSubscribe, mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
-	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnRetainMessage, mqtt.OnWillSent,
+	mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
+	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnWillSent,
 	mqtt.OnClientExpired, mqtt.OnPacketSent,
 )
 
@@ -218,25 +217,8 @@ func (h *Cluster) OnPublished(cl *mqtt.Client, _ packets.Packet) {
 	}
 }
 
-// OnRetainMessage stores a retained message (or its deletion) for every
-// node, before the publisher is acknowledged.
-func (h *Cluster) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, _ int64) {
-	if h.FromCluster(cl) || h.node == nil {
-		return
-	}
-	body, err := encodeEnvelope(pk)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
-		err = h.node.StoreRetained(ctx, pk.TopicName, body)
-		cancel()
-	}
-	if err != nil {
-		h.Log.Error("cluster: retained message not stored for the other nodes", "topic", pk.TopicName, "error", err)
-	}
-}
-
 // OnWillSent forwards a will to the other nodes (mochi has delivered it
-// locally; a retained will was stored by OnRetainMessage).
+// locally; a retained will was stored by the Retained hook).
 func (h *Cluster) OnWillSent(cl *mqtt.Client, pk packets.Packet) {
 	if h.node == nil || cl.Net.Inline {
 		return
@@ -287,22 +269,6 @@ func (h *Cluster) deliver(in cluster.Incoming) {
 	h.Stats.Delivered.Add(1)
 }
 
-// retained applies the retained stream to the local index.
-func (h *Cluster) retained(in cluster.Incoming) {
-	pk, err := decodeEnvelope(in.Data)
-	if err != nil {
-		h.Log.Warn("cluster: dropping a malformed retained message", "error", err)
-		return
-	}
-	pk.FixedHeader.Retain = true
-	pk.FixedHeader.Qos = min(pk.FixedHeader.Qos, 2)
-	if pk.Expiry > 0 && pk.Expiry < time.Now().Unix() {
-		pk.Payload = nil // expired while stored: a deletion
-	}
-	h.server.Topics.RetainMessage(pk)
-	atomic.StoreInt64(&h.server.Info.Retained, int64(h.server.Topics.Retained.Len()))
-}
-
 // OnSelectSubscribers keeps a queued message from a session that already
 // got it through a replay (a session taken over from another node), or
 // whose matching subscriptions are younger than the message.
@@ -322,27 +288,6 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 }
 
 // --- subscriptions: the node's interest ---
-
-// OnSubscribe waits, for a SUBSCRIBE with non-shared filters, until the
-// retained messages stored anywhere in the cluster before it are in the
-// local index (at most two seconds), so it gets what another node retained
-// just before.
-func (h *Cluster) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if h.node == nil || cl.Net.Inline {
-		return pk
-	}
-	for _, f := range pk.Filters {
-		if !mqtt.IsSharedFilter(f.Filter) && f.RetainHandling != 2 {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			if err := h.node.CatchUpRetained(ctx); err != nil {
-				h.Log.Debug("cluster: retained messages may lag behind", "error", err)
-			}
-			cancel()
-			break
-		}
-	}
-	return pk
-}
 
 // OnSubscribed registers the granted subscriptions' filters with the node
 // (waiting until other nodes' messages will reach it) and stores them in a

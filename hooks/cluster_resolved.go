@@ -8,8 +8,8 @@ import (
 
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // What a cluster session has resolved: its in-flight deliveries tied to their KL_MSGS
@@ -144,8 +144,8 @@ func (h *Cluster) write(ctx context.Context, s *clusterSession, force bool) {
 	s.dirty = false
 	s.mu.Unlock()
 
-	nrev, err := h.node.SaveSession(ctx, &rec, rev)
-	if errors.Is(err, cluster.ErrRevision) {
+	nrev, err := h.records.Save(ctx, &rec, rev)
+	if errors.Is(err, sessionstore.ErrRevision) {
 		if h.table.removeStale(s) {
 			h.Log.Info("cluster: session taken over by another node", "client", s.id)
 			h.dropCopy(s)

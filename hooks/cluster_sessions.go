@@ -15,8 +15,8 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/packets"
 
-	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // Ownership protocol (a CONNECT on node N for client id C):
@@ -71,7 +71,7 @@ type clusterSession struct {
 
 	mu       sync.Mutex
 	rev      uint64                // record revision last read or written
-	rec      cluster.SessionRecord // as last written
+	rec      sessionstore.Record   // as last written
 	subs     map[string]clusterSub // persistent sessions: filter -> subscription
 	filters  map[string]bool       // filters registered with the node's interest
 	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
@@ -176,7 +176,7 @@ func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 
 // acquire runs steps 1-3 of the ownership protocol. It returns the record
 // to rebuild the session from when the session must be restored.
-func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*clusterSession, *cluster.SessionRecord, error) {
+func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*clusterSession, *sessionstore.Record, error) {
 	self := h.node.NodeID()
 	id := cl.ID
 	persist := persistent(cl)
@@ -191,7 +191,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 				return nil, nil, ctx.Err()
 			}
 		}
-		rec, rev, err := h.node.LoadSession(ctx, id)
+		rec, rev, err := h.records.Load(ctx, id)
 		if err != nil {
 			lastErr = err
 			continue
@@ -203,9 +203,9 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		}
 		prev := h.table.get(id)
 		keepLocal := !clean && prev != nil && rec != nil && rec.Owner == self && rec.Persistent
-		var restore *cluster.SessionRecord
+		var restore *sessionstore.Record
 		s := newClusterSession(id, cl, persist)
-		nr := cluster.SessionRecord{ClientID: id, Owner: self, Persistent: persist, Connected: true}
+		nr := sessionstore.Record{ClientID: id, Owner: self, Persistent: persist, Connected: true}
 		switch {
 		case keepLocal: // mochi holds it in memory and resumes it
 			prev.mu.Lock()
@@ -230,8 +230,8 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			nr.State = s.stateLocked()
 		}
 		s.mu.Unlock()
-		nrev, err := h.node.SaveSession(ctx, &nr, rev)
-		if errors.Is(err, cluster.ErrRevision) {
+		nrev, err := h.records.Save(ctx, &nr, rev)
+		if errors.Is(err, sessionstore.ErrRevision) {
 			lastErr = err
 			continue
 		}
@@ -277,7 +277,7 @@ func (h *Cluster) dropInterest(s *clusterSession) {
 // the replay of its queued messages into its outbox (Outboxes), then a
 // placeholder client with its subscriptions, which mochi resumes the
 // session from (session present).
-func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *cluster.SessionRecord) {
+func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *sessionstore.Record) {
 	var st clusterState
 	if len(rec.State) > 0 {
 		if err := json.Unmarshal(rec.State, &st); err != nil {
@@ -518,7 +518,7 @@ func (h *Cluster) forget(ctx context.Context, s *clusterSession) {
 	s.mu.Lock()
 	rev := s.rev
 	s.mu.Unlock()
-	if err := h.node.DeleteSession(ctx, s.id, rev); err != nil && !errors.Is(err, cluster.ErrRevision) {
+	if err := h.records.Delete(ctx, s.id, rev); err != nil && !errors.Is(err, sessionstore.ErrRevision) {
 		h.Stats.RecordErrors.Add(1)
 		h.Log.Warn("cluster: session record not deleted", "client", s.id, "error", err)
 	}

@@ -4,34 +4,60 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
-	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // sweepInterval is how often a node looks for sessions left behind by nodes
 // that are gone.
 const sweepInterval = time.Minute
 
-// SweepOrphans deletes the records of sessions whose owner is gone and that
-// nobody will expire: a persistent session past its expiry interval
-// (counted from its disconnect, or from when this node first found its owner
-// gone), and a clean session at once. Sessions a live node holds are its to
-// expire. It returns the client ids deleted.
+// orphanSweep deletes the records of sessions whose owner is gone and
+// that nobody will expire: a persistent session past its expiry interval
+// (counted from its disconnect, or from when this node first found its
+// owner gone), and a clean session at once. Sessions a live node holds are
+// its to expire. It owns what it remembers of orphans between sweeps, and
+// needs of the cluster only the records and whether a node answers.
+type orphanSweep struct {
+	records sessionstore.Store
+	self    string                                               // this node's id
+	alive   func(ctx context.Context, node string) (bool, error) // whether a node answers
+	// maxExpiry is the broker's max-session-expiry, in seconds.
+	maxExpiry uint32
+
+	mu      sync.Mutex
+	orphans map[string]time.Time // client id -> when its owner was first found gone
+}
+
+// SweepOrphans deletes the records of sessions left by nodes that are gone
+// (orphanSweep) and returns the client ids deleted.
 func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, error) {
-	self := h.node.NodeID()
+	h.sweepOnce.Do(func() {
+		h.sweep = &orphanSweep{
+			records: h.records, self: h.node.NodeID(), alive: h.node.Alive,
+			maxExpiry: h.server.Options.Capabilities.MaximumSessionExpiryInterval,
+			orphans:   map[string]time.Time{},
+		}
+	})
+	return h.sweep.run(ctx, now)
+}
+
+// run sweeps once at now and returns the client ids deleted.
+func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) {
 	alive := map[string]bool{}
 	var deleted []string
 	var firstErr error
 	seen := map[string]bool{}
-	err := h.node.ForEachSession(ctx, func(rec *cluster.SessionRecord, rev uint64) bool {
-		if rec.Owner == self {
+	err := o.records.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
+		if rec.Owner == o.self {
 			return true
 		}
 		up, known := alive[rec.Owner]
 		if !known {
 			var err error
-			if up, err = h.node.Alive(ctx, rec.Owner); err != nil {
+			if up, err = o.alive(ctx, rec.Owner); err != nil {
 				firstErr = err
 				return ctx.Err() == nil
 			}
@@ -41,37 +67,40 @@ func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, er
 			return true
 		}
 		seen[rec.ClientID] = true
-		h.mu.Lock()
-		since, ok := h.mu.orphans[rec.ClientID]
+		o.mu.Lock()
+		since, ok := o.orphans[rec.ClientID]
 		if !ok {
 			since = now
-			h.mu.orphans[rec.ClientID] = now
+			o.orphans[rec.ClientID] = now
 		}
-		h.mu.Unlock()
+		o.mu.Unlock()
 		if rec.Persistent {
 			base := since
 			if !rec.Connected && rec.DisconnectedAt > 0 {
 				base = time.Unix(rec.DisconnectedAt, 0)
 			}
-			expiry, ok := h.recordExpiry(rec)
+			expiry, ok := o.recordExpiry(rec)
 			if !ok || now.Before(base.Add(expiry)) {
 				return true
 			}
 		}
-		if err := h.node.DeleteSession(ctx, rec.ClientID, rev); err != nil && !errors.Is(err, cluster.ErrRevision) && firstErr == nil {
+		if err := o.records.Delete(ctx, rec.ClientID, rev); err != nil && !errors.Is(err, sessionstore.ErrRevision) && firstErr == nil {
 			firstErr = err
 		} else if err == nil {
 			deleted = append(deleted, rec.ClientID)
+			o.mu.Lock()
+			delete(o.orphans, rec.ClientID)
+			o.mu.Unlock()
 		}
 		return true
 	})
-	h.mu.Lock()
-	for id := range h.mu.orphans {
+	o.mu.Lock()
+	for id := range o.orphans {
 		if !seen[id] {
-			delete(h.mu.orphans, id) // taken over or deleted meanwhile
+			delete(o.orphans, id) // taken over or deleted meanwhile
 		}
 	}
-	h.mu.Unlock()
+	o.mu.Unlock()
 	if err != nil {
 		return deleted, err
 	}
@@ -80,12 +109,12 @@ func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, er
 
 // recordExpiry is how long a persistent session outlives its connection,
 // as its owner would have applied it; false: never.
-func (h *Cluster) recordExpiry(rec *cluster.SessionRecord) (time.Duration, bool) {
+func (o *orphanSweep) recordExpiry(rec *sessionstore.Record) (time.Duration, bool) {
 	var st clusterState
 	if json.Unmarshal(rec.State, &st) != nil {
 		return 0, false
 	}
-	expiry := h.server.Options.Capabilities.MaximumSessionExpiryInterval
+	expiry := o.maxExpiry
 	if st.Client.ProtocolVersion == 5 && st.Client.Properties.SessionExpiryIntervalFlag {
 		expiry = min(expiry, st.Client.Properties.SessionExpiryInterval)
 	}

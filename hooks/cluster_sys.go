@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,37 +44,52 @@ func (h *Cluster) localFigures() nodeFigures {
 	}
 }
 
-func (h *Cluster) nodeStats(data []byte) {
+// nodeTable owns the figures other nodes sent, by node id; it needs
+// nothing of NATS or mochi (times are given).
+type nodeTable struct {
+	mu    sync.Mutex
+	nodes map[string]nodeFigures
+}
+
+// heard records a node's figures as sent (JSON), at now; malformed ones and
+// ones without a node id are ignored.
+func (t *nodeTable) heard(data []byte, now time.Time) {
 	var f nodeFigures
 	if json.Unmarshal(data, &f) != nil || f.Node == "" {
 		return
 	}
-	f.At = time.Now()
-	h.mu.Lock()
-	h.mu.nodes[f.Node] = f
-	h.mu.Unlock()
+	f.At = now
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.nodes == nil {
+		t.nodes = map[string]nodeFigures{}
+	}
+	t.nodes[f.Node] = f
 }
 
-// ClusterFigures returns the figures of every node heard from recently,
-// this one first.
-func (h *Cluster) ClusterFigures() []nodeFigures {
-	out := []nodeFigures{h.localFigures()}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for id, f := range h.mu.nodes {
-		if time.Since(f.At) > nodeStale {
-			delete(h.mu.nodes, id)
+// figures returns local then the figures of every node heard from within
+// nodeStale of now, sorted by node id, forgetting the others.
+func (t *nodeTable) figures(local nodeFigures, now time.Time) []nodeFigures {
+	out := []nodeFigures{local}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, f := range t.nodes {
+		if now.Sub(f.At) > nodeStale {
+			delete(t.nodes, id)
 			continue
 		}
 		out = append(out, f)
 	}
-	slices.SortFunc(out[1:], func(a, b nodeFigures) int {
-		if a.Node < b.Node {
-			return -1
-		}
-		return 1
-	})
+	slices.SortFunc(out[1:], func(a, b nodeFigures) int { return strings.Compare(a.Node, b.Node) })
 	return out
+}
+
+func (h *Cluster) nodeStats(data []byte) { h.nodes.heard(data, time.Now()) }
+
+// ClusterFigures returns the figures of every node heard from recently,
+// this one first.
+func (h *Cluster) ClusterFigures() []nodeFigures {
+	return h.nodes.figures(h.localFigures(), time.Now())
 }
 
 // sysLoop sends this node's figures to the others and publishes the

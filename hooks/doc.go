@@ -7,14 +7,18 @@
 //     the read check of the fan-out and Key-Shared), reserved topics, client
 //     id ownership;
 //   - BridgeMark (bridgemark.go): No Local on a bridge's subscriptions;
-//   - Storage (storage.go; single node): persistent sessions, retained
-//     messages and $SYS figures in the data file;
+//   - Storage (storage.go; single node): persistent sessions and $SYS
+//     figures in the data file;
+//   - Retained (retained*.go; both modes): retained messages through one
+//     RetainedStore, the data file's on one node, KL_RETAINED in a cluster
+//     (contract suite: retainedtest);
 //   - KeyShared (keyshared.go, ks_*.go; ClusterKeyShared in cluster mode):
 //     Key-Shared dispatch of $share groups over the durable group logs
 //     (ks_publish.go appends, ks_deliver.go delivers, ks_dlq.go publishes
 //     dead letters live);
-//   - Cluster (cluster*.go; cluster mode): publishes, retained messages,
-//     wills and sessions across nodes on NATS JetStream;
+//   - Cluster (cluster*.go; cluster mode): publishes, wills and sessions
+//     across nodes on NATS JetStream (session records through
+//     sessionstore.Store);
 //   - Protocol (protocol.go): CONNACK, SUBACK, UNSUBACK and PUBLISH as MQTT
 //     wants them where mochi writes them otherwise; max keep alive;
 //   - Fanout (fanout*.go, outbox_store.go): deliveries to ordinary
@@ -24,7 +28,7 @@
 //     arrive, calling the ReadPacket steps of Auth, KeyShared and Fanout in
 //     order (mochi copies a packet into every OnPacketRead hook);
 //   - PacketEncoder (packet_encode.go): the one hook correcting packets
-//     mochi writes, calling the EncodePacket steps of Auth, Storage,
+//     mochi writes, calling the EncodePacket steps of Auth, Retained,
 //     Cluster, Protocol and Fanout in order (mochi copies a packet into
 //     every OnPacketEncode hook);
 //   - Observe (observe.go): publishes as routed, while the console watches.

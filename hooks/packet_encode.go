@@ -10,7 +10,7 @@ import (
 // EncodePacket methods) on the packet in place, in this order:
 //   - Auth drops from a resumed session's inflight state what its user may
 //     no longer read, when the CONNACK goes out (mochi resends it next);
-//   - Storage fails the ack of a publish whose retained message was not
+//   - Retained fails the ack of a publish whose retained message was not
 //     stored;
 //   - Cluster refuses the CONNACK of a session whose ownership is unsettled;
 //   - Protocol maps CONNACK codes for MQTT 3.1.1 (after every step that may
@@ -25,7 +25,7 @@ import (
 type PacketEncoder struct {
 	mqtt.HookBase
 	Auth     *Auth     // nil: skipped (and skipped without auth)
-	Storage  *Storage  // nil: skipped (cluster mode)
+	Retained *Retained // nil: skipped
 	Cluster  *Cluster  // nil: skipped (single node)
 	Protocol *Protocol // nil: skipped
 	Fanout   *Fanout   // nil: skipped
@@ -42,8 +42,8 @@ func (h *PacketEncoder) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packe
 	if h.Auth != nil && h.Auth.rules.Configured() {
 		h.Auth.EncodePacket(cl, &pk)
 	}
-	if h.Storage != nil {
-		h.Storage.EncodePacket(cl, &pk)
+	if h.Retained != nil {
+		h.Retained.EncodePacket(cl, &pk)
 	}
 	if h.Cluster != nil {
 		h.Cluster.EncodePacket(cl, &pk)

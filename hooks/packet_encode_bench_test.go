@@ -8,7 +8,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
-// authEncode, storageEncode, protocolEncode and fanoutEncode are the
+// authEncode, retainedEncode, protocolEncode and fanoutEncode are the
 // EncodePacket steps as their own OnPacketEncode hooks, called directly as
 // the hooks' OnPacketEncode methods were before PacketEncoder: mochi copies
 // the packet into and out of each.
@@ -24,14 +24,14 @@ func (e *authEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.
 	return pk
 }
 
-type storageEncode struct {
+type retainedEncode struct {
 	mqtt.HookBase
-	h *Storage
+	h *Retained
 }
 
-func (e *storageEncode) ID() string           { return "storage" }
-func (e *storageEncode) Provides(b byte) bool { return b == mqtt.OnPacketEncode }
-func (e *storageEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+func (e *retainedEncode) ID() string           { return "retained" }
+func (e *retainedEncode) Provides(b byte) bool { return b == mqtt.OnPacketEncode }
+func (e *retainedEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
 	e.h.EncodePacket(cl, &pk)
 	return pk
 }
@@ -62,7 +62,7 @@ func (e *fanoutEncode) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packet
 
 // BenchmarkPacketEncode measures mochi's OnPacketEncode chain on the PUBACK
 // a QoS 1 publisher gets for every publish, single node with auth: one hook
-// per concern (Auth, Storage, Protocol, Fanout, as before PacketEncoder)
+// per concern (Auth, Retained, Protocol, Fanout, as before PacketEncoder)
 // against the one PacketEncoder, in the same run.
 func BenchmarkPacketEncode(b *testing.B) {
 	server := mqtt.New(nil)
@@ -72,7 +72,7 @@ func BenchmarkPacketEncode(b *testing.B) {
 		b.Fatal(err)
 	}
 	a := NewAuth(server, NewACL(NewAuthPolicy(ledger, creds, true)), AuthConfig{})
-	s := NewStorage(server, nil, nil)
+	s := NewRetained(server)
 	p := &Protocol{}
 	f := NewFanout(server, FanoutConfig{})
 	cl := server.NewClient(nil, "t", "c1", false)
@@ -83,9 +83,9 @@ func BenchmarkPacketEncode(b *testing.B) {
 		hooks []mqtt.Hook
 	}{
 		{"hook-per-concern", []mqtt.Hook{
-			&authEncode{h: a}, &storageEncode{h: s}, &protocolEncode{h: p}, &fanoutEncode{h: f},
+			&authEncode{h: a}, &retainedEncode{h: s}, &protocolEncode{h: p}, &fanoutEncode{h: f},
 		}},
-		{"one-hook", []mqtt.Hook{&PacketEncoder{Auth: a, Storage: s, Protocol: p, Fanout: f}}},
+		{"one-hook", []mqtt.Hook{&PacketEncoder{Auth: a, Retained: s, Protocol: p, Fanout: f}}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			h := &mqtt.Hooks{}

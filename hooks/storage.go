@@ -3,8 +3,6 @@ package hooks
 import (
 	"encoding/binary"
 	"encoding/json"
-	"sync"
-	"sync/atomic"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -14,13 +12,14 @@ import (
 	"github.com/keyline-mq/keyline/persistence"
 )
 
-// Storage persists mochi's session state (clients, subscriptions, retained
-// and inflight messages with their packet ids, sysinfo) in Keyline's bbolt file.
+// Storage persists mochi's session state (clients, subscriptions, inflight
+// messages with their packet ids, sysinfo) in Keyline's bbolt file; retained
+// messages are the Retained hook's (NewBoltRetained on one node).
 //
 // Only persistent sessions are written (MQTT 5 session expiry > 0, MQTT 3.1.1
 // clean session false): a clean session dies with its connection anyway.
-// Subscriptions and retained messages are durable before mochi sends the
-// SUBACK or PUBACK; inflight messages are written behind, within one commit.
+// Subscriptions are durable before mochi sends the
+// SUBACK; inflight messages are written behind, within one commit.
 type Storage struct {
 	mqtt.HookBase
 	server *mqtt.Server
@@ -28,13 +27,6 @@ type Storage struct {
 	// skipInflight (nil: none) names inflight messages not to store
 	// (Key-Shared deliveries, whose durable copy is their group log).
 	skipInflight func(client string, packetID uint16) bool
-
-	// failedRetain holds the publishes whose retained message could not be
-	// stored, until their acknowledgement is encoded (as a failure).
-	failedRetain sync.Map // packetKey -> struct{}
-	// failedRetains counts failedRetain's entries (at least), so that the
-	// acks of every other publish skip the lookup.
-	failedRetains atomic.Int64
 }
 
 // NewStorage returns a storage hook writing to store. skipInflight (nil:
@@ -55,18 +47,15 @@ var storageEvents = eventSet(
 	mqtt.OnDisconnect,
 	mqtt.OnSubscribed,
 	mqtt.OnUnsubscribed,
-	mqtt.OnRetainMessage,
 	mqtt.OnWillSent,
 	mqtt.OnQosPublish,
 	mqtt.OnQosComplete,
 	mqtt.OnQosDropped,
 	mqtt.OnSysInfoTick,
 	mqtt.OnClientExpired,
-	mqtt.OnRetainedExpired,
 	mqtt.StoredClients,
 	mqtt.StoredSubscriptions,
 	mqtt.StoredInflightMessages,
-	mqtt.StoredRetainedMessages,
 	mqtt.StoredSysInfo,
 )
 
@@ -249,61 +238,6 @@ func storedMessage(pk packets.Packet) *storage.Message {
 	}
 }
 
-// OnRetainMessage stores (r >= 0) or deletes (r == -1) a retained message and
-// waits for the commit, so the publisher's PUBACK means it survives a crash.
-// When it cannot be stored (a topic longer than bbolt's 32 KiB keys, a
-// failed commit) the PUBACK/PUBREC mochi is about to send says 0x80 (MQTT 5)
-// or the 3.1.1 publisher is disconnected without one.
-func (h *Storage) OnRetainMessage(cl *mqtt.Client, pk packets.Packet, r int64) {
-	w := persistence.SessionWrite{Kind: persistence.KindRetained, Key: []byte(pk.TopicName), Delete: r == -1}
-	if r != -1 {
-		m := storedMessage(pk)
-		m.ID, m.T, m.Client = pk.TopicName, storage.RetainedKey, cl.ID
-		data, err := m.MarshalBinary()
-		if err != nil {
-			h.Log.Error("storage: encode retained message", "topic", clip(pk.TopicName), "error", err)
-			return
-		}
-		w.Val = data
-	}
-	err := h.store.Write(w)[0]
-	if err == nil {
-		return
-	}
-	h.Log.Error("storage: retained message not stored; the publish is refused", "client", clip(cl.ID), "topic", clip(pk.TopicName), "error", err)
-	if cl.Net.Inline || pk.FixedHeader.Qos == 0 {
-		return
-	}
-	if cl.Properties.ProtocolVersion < 5 {
-		cl.Stop(err) // 3.1.1 cannot refuse a publish
-		return
-	}
-	h.failedRetain.Store(packetKey{cl.ID, pk.PacketID}, struct{}{})
-	h.failedRetains.Add(1)
-}
-
-// packetKey names one packet id of one client.
-type packetKey struct {
-	client string
-	id     uint16
-}
-
-// EncodePacket (a PacketEncoder step) turns the acknowledgement of a publish
-// whose retained message was not stored into a failure (0x80).
-func (h *Storage) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
-	if t := pk.FixedHeader.Type; (t == packets.Puback || t == packets.Pubrec) && h.failedRetains.Load() > 0 {
-		if _, failed := h.failedRetain.LoadAndDelete(packetKey{cl.ID, pk.PacketID}); failed {
-			h.failedRetains.Add(-1)
-			pk.ReasonCode = packets.ErrUnspecifiedError.Code
-		}
-	}
-}
-
-// OnRetainedExpired deletes an expired retained message.
-func (h *Storage) OnRetainedExpired(topic string) {
-	h.store.Delete(persistence.KindRetained, []byte(topic))
-}
-
 // OnQosPublish stores an inflight message of a persistent session, packet id included.
 func (h *Storage) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, _ int) {
 	// mochi records its own PUBACK to a QoS 1 publisher and completes it at
@@ -367,11 +301,6 @@ func (h *Storage) StoredSubscriptions() ([]storage.Subscription, error) {
 // StoredInflightMessages returns the stored inflight messages.
 func (h *Storage) StoredInflightMessages() ([]storage.Message, error) {
 	return loadAll[storage.Message](h, persistence.KindInflight)
-}
-
-// StoredRetainedMessages returns the stored retained messages.
-func (h *Storage) StoredRetainedMessages() ([]storage.Message, error) {
-	return loadAll[storage.Message](h, persistence.KindRetained)
 }
 
 // StoredSysInfo returns the stored system info.

@@ -89,6 +89,13 @@ func startKeylineLimited(t testing.TB, nofile int, dataDir string, extra ...stri
 // with its open-files limit at nofile (0: the test's).
 func launchKeyline(t testing.TB, nofile int, dataDir string, extra ...string) *proc {
 	t.Helper()
+	return launchBinary(t, keylineBin, nofile, dataDir, extra...)
+}
+
+// launchBinary is launchKeyline with another keyline binary (an older
+// build, for a benchmark against it).
+func launchBinary(t testing.TB, keylineBin string, nofile int, dataDir string, extra ...string) *proc {
+	t.Helper()
 	args := append([]string{
 		"--tcp", "127.0.0.1:0", "--http", "127.0.0.1:0", "--data-dir", dataDir, "--log-format", "json",
 		"--segment-size", "1MiB", // small segments: every test broker writes one at start

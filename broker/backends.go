@@ -1,0 +1,75 @@
+package broker
+
+import (
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/hooks"
+	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/keyshared"
+)
+
+// backends is what differs between one node and a cluster node: the
+// implementation behind each seam, chosen once by singleBackends or
+// (startCluster) the cluster's, in buildHooks' one branch on the mode. The
+// rest of the broker reads them without asking which mode it runs in.
+//
+//	seam                one node                      cluster
+//	Key-Shared groups   keyshared.NewLocalBackend     cluster.Groups (JetStream)
+//	                    (segment log + bbolt)
+//	retained messages   hooks.NewBoltRetained         hooks.ClusterRetained (KL_RETAINED)
+//	session outboxes    hooks.NewOutboxStore (bbolt)  the cluster hook's (JetStream sequences)
+//	session records     hooks.Storage (bbolt)         sessionstore.Store (KL_SESSIONS)
+//	cross-node route    none                          hooks.Cluster over cluster.Node
+type backends struct {
+	groups keyshared.Backend
+	outbox outbox.Store
+	// refs is what the fan-out records with each outbox copy of a QoS 1/2
+	// message (nil: nothing; a cluster: its JetStream sequence).
+	refs func(packets.Packet) uint64
+	// ready reports whether the backends let the node serve.
+	ready func() bool
+	// nodeID is the node's id ("" on one node).
+	nodeID string
+	// expire forgets a session wherever its record is kept.
+	expire func(*mqtt.Client)
+	// fromCluster names the inline clients that inject what other nodes
+	// sent (nil on one node).
+	fromCluster func(*mqtt.Client) bool
+	// close ends the backends' own work, after the server has stopped.
+	close func()
+}
+
+// singleBackends are one node's: everything in the data file.
+func (b *Broker) singleBackends() (backends, error) {
+	retained, err := hooks.NewBoltRetained(b.sessions, b.retained.Apply)
+	if err != nil {
+		return backends{}, err
+	}
+	b.retained.SetStore(retained, nil)
+	return backends{
+		groups: keyshared.NewLocalBackend(b.db.Groups()),
+		outbox: hooks.NewOutboxStore(b.sessions),
+		ready:  func() bool { return true },
+		expire: func(cl *mqtt.Client) { b.storage.OnClientExpired(cl) }, // made after Key-Shared
+		close:  func() {},
+	}, nil
+}
+
+// clusterBackends are a cluster node's (after startCluster and startGroups).
+func (b *Broker) clusterBackends() backends {
+	return backends{
+		groups:      b.groups,
+		outbox:      b.cluster.OutboxStore(),
+		refs:        b.cluster.MessageRef,
+		ready:       b.cluster.Ready,
+		nodeID:      b.node.NodeID(),
+		expire:      b.cluster.OnClientExpired,
+		fromCluster: b.cluster.FromCluster,
+		close: func() {
+			_ = b.cluster.Stop() // mochi stops it too once it served
+			b.groups.Close()     // hands its leases over, each after a last state write
+			b.node.Close()       // after the server: its hooks write session records on the way out
+		},
+	}
+}
