@@ -128,8 +128,8 @@ type Options struct {
 
 // StartWith is Start with options.
 //
-// Each server's ports are chosen as it starts: its client (and MQTT)
-// listener on a port the kernel picks at bind, its route listener on a
+// Each server's ports are chosen as it starts: its client listener on a
+// port the kernel picks at bind, its route (and MQTT) listener on a
 // FreePort taken just before, with routes to the servers started before it
 // (and to itself, which nats-server ignores, so the first server has the
 // configured route JetStream clustering asks for). Choosing every port up
