@@ -3184,7 +3184,8 @@ func TestServerDisconnectClientMQTT311(t *testing.T) {
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
 	require.Empty(t, buf)
-	require.True(t, cl.Closed())
+	// Stop closes the connection (the EOF above) before it marks the client closed.
+	require.Eventually(t, cl.Closed, 10*time.Second, time.Millisecond)
 }
 
 func TestServerProcessPacketDisconnect(t *testing.T) {
