@@ -121,6 +121,7 @@ func (v opsView) Figures() ops.Figures {
 	if b.cluster == nil {
 		st := b.db.LogStats()
 		f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
+		f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime
 	}
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()

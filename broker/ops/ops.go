@@ -105,6 +105,10 @@ type Figures struct {
 	// groups' segment log's commits, fdatasyncs, appended messages and
 	// commits held back for more appends (commit-interval); 0 in cluster mode.
 	LogCommits, LogSyncs, LogAppends, LogCommitWaits uint64
+	// LogResolveCommits counts its commits of resolutions alone;
+	// LogWriteTime is the time its commits spent in write and fdatasync.
+	LogResolveCommits uint64
+	LogWriteTime      time.Duration
 	// DataFile is the path of the data file (its size is shown).
 	DataFile string
 }

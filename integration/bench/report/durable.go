@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math"
+	"sort"
 	"strconv"
 	"strings"
 )
@@ -112,6 +113,7 @@ func writeDurable(w *strings.Builder, m *meta, t *table) {
 		p("commit and every commit carries the whole window: in flight / (write + fdatasync latency), measured with\n")
 		p("`loadgen probe` on the same disk just before each round (its median over the rounds is shown); keyline / bound\n")
 		p("is the median over the rounds of each round's rate over that round's bound.\n\n")
+		writeInRunCommits(w, m, flood)
 	}
 	if len(paced) > 0 {
 		p("| case | load | broker CPU, %% of a core: mosquitto | keyline | ratio | broker µs/msg: mosquitto | keyline | p50: mosquitto | keyline | p99: mosquitto | keyline | p99 ratio | missing: mosquitto; keyline | order violations: mosquitto; keyline |\n")
@@ -133,7 +135,32 @@ func writeDurable(w *strings.Builder, m *meta, t *table) {
 		p("\nAt a fixed rate the latency keyline adds over mosquitto is its durability: the commit (a write and, with\n")
 		p("`--fsync=true`, an fdatasync, coalesced with other appends over at most the commit interval) before the\n")
 		p("consumer's delivery.\n\n")
+		writeInRunCommits(w, m, paced)
 	}
+}
+
+// writeInRunCommits lists what keyline's segment log reported after each
+// durable run (integration/bench/run reads its /metrics): the disk idle
+// (the probe) and the disk under the run's load can differ several times.
+func writeInRunCommits(w *strings.Builder, m *meta, cases []string) {
+	var lines []string
+	for _, cs := range cases {
+		for k, v := range m.kv {
+			if rest, ok := strings.CutPrefix(k, "in_run_commits:"+cs+":"); ok {
+				lines = append(lines, fmt.Sprintf("- %s, round %s: %s\n", cs, rest, v))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	sort.Strings(lines)
+	fmt.Fprintf(w, "What keyline's segment log reported after each of these runs (`keyline_group_log_*` on /metrics): the\n")
+	fmt.Fprintf(w, "fdatasync latency under the run's load, and the fsync bound it gives, beside the idle probe's above.\n\n")
+	for _, l := range lines {
+		w.WriteString(l)
+	}
+	w.WriteString("\n")
 }
 
 // boundShare is the median over rounds of keyline's rate in a round over the
