@@ -211,7 +211,15 @@ func TestClusterRetainedAndWills(t *testing.T) {
 	mqtttest.ConnectV5(t, conn, &paho.Connect{ClientID: "dying", CleanStart: true, KeepAlive: 30,
 		WillMessage: &paho.WillMessage{Topic: "wills/dying", QoS: 1, Payload: []byte("gone")}})
 	_ = conn.Close() // without DISCONNECT: the will goes out
-	if m := willSub.Next(t); string(m.Payload) != "gone" || m.Topic != "wills/dying" {
+	select {
+	case m = <-willSub.Msgs:
+	case <-time.After(mqtttest.Timeout):
+		// Lost 1 in 18 runs under load, root cause not found (no loss path in
+		// the code read, none reproduced with these counters): they say
+		// where the will stopped the next time.
+		t.Fatalf("will: none within %v; %s", mqtttest.Timeout, clusterCounters(b, c))
+	}
+	if string(m.Payload) != "gone" || m.Topic != "wills/dying" {
 		t.Fatalf("will: got %s %q", m.Topic, m.Payload)
 	}
 
@@ -225,6 +233,22 @@ func TestClusterRetainedAndWills(t *testing.T) {
 	if m := lateSub.Next(t); string(m.Payload) != "v2" {
 		t.Fatalf("late node: got %q", m.Payload)
 	}
+}
+
+// clusterCounters describes where QoS 1/2 messages went on each node: stored
+// in KL_MSGS, read by its consumer, handed to mochi, queued in a session.
+func clusterCounters(bs ...*Broker) string {
+	var out []string
+	for _, b := range bs {
+		n, h := b.ClusterNode(), b.ClusterHook()
+		st := &n.Stats
+		out = append(out, fmt.Sprintf("%s: filters %v, KL_MSGS stored %d, consumer at %d (received %d, own %d, redelivered %d, updates %d), "+
+			"hook forwarded %d (errors %d), delivered %d, expired %d, fan-out tracked %d",
+			n.NodeID(), n.Filters(), st.QueuedPublished.Load(), n.QueuedPosition(), st.QueuedReceived.Load(), st.QueuedOwn.Load(),
+			st.QueuedRedeliver.Load(), st.ConsumerUpdates.Load(), h.Stats.Forwarded.Load(), h.Stats.ForwardErrors.Load(),
+			h.Stats.Delivered.Load(), h.Stats.Expired.Load(), b.fanout.Stats.Tracked.Load()))
+	}
+	return strings.Join(out, "; ")
 }
 
 // client5 is an MQTT 5 client that records the server's DISCONNECT.

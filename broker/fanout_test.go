@@ -2,6 +2,7 @@ package broker
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -204,30 +205,74 @@ func TestSlowReadersFollowTheirPolicyAndHurtNobody(t *testing.T) {
 
 	// 400 x 64 KiB = 25 MiB: far more than the stalled readers' socket
 	// buffers and queues hold.
+	//
+	// The publisher runs on its own; the test follows the reading
+	// subscriber, one message at a time. A publisher held up by the stalled
+	// readers shows as that subscriber getting nothing more: each wait
+	// covers one message's fan-out. (Waiting for each QoS 1 publish's
+	// PUBACK within mqtttest.Timeout, as this test did, covered the fan-out
+	// of every QoS 0 publish still in the socket buffers before it, up to
+	// 49 x 64 KiB, and that wait measures how much CPU the process gets: it
+	// took 2-7 s on the shared machine and failed past 10 s under load.)
 	const n = 400
-	payload := make([]byte, 64<<10)
 	pub := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: "pub", CleanStart: true, KeepAlive: 30})
-	for i := range n {
-		copy(payload, fmt.Sprintf("%06d", i))
-		qos := byte(0)
-		if i%50 == 49 {
-			qos = 1 // the QoS 1 messages must be acknowledged: the publisher is never held up
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	published := make(chan error, 1)
+	go func() {
+		payload := make([]byte, 64<<10)
+		for i := range n {
+			copy(payload, fmt.Sprintf("%06d", i))
+			qos := byte(0)
+			if i%50 == 49 {
+				qos = 1 // the QoS 1 messages must be acknowledged: the publisher is never held up
+			}
+			if r, err := pub.Client.Publish(ctx, &paho.Publish{Topic: "big/data", QoS: qos, Payload: payload}); err != nil || (r != nil && r.ReasonCode != 0) {
+				published <- fmt.Errorf("publish %d: %v %+v", i, err, r)
+				return
+			}
 		}
-		if rc := pub.Publish(t, &paho.Publish{Topic: "big/data", QoS: qos, Payload: payload}); rc != 0 {
-			t.Fatalf("publish %d: reason %#x", i, rc)
-		}
-	}
-	// A QoS 1 sentinel: its PUBACK means every earlier publish has been fanned out.
-	pub.Publish(t, &paho.Publish{Topic: "big/end", QoS: 1, Payload: []byte("end")})
+		// A QoS 1 sentinel: its PUBACK means every earlier publish has been fanned out.
+		_, err := pub.Client.Publish(ctx, &paho.Publish{Topic: "big/end", QoS: 1, Payload: []byte("end")})
+		published <- err
+	}()
 
 	// The reading subscriber got everything, in order.
+	pubDone := published // nil once the publisher finished without an error
+	next := func() *paho.Publish {
+		t.Helper()
+		for {
+			select {
+			case m := <-fast.Msgs:
+				return m
+			case err := <-pubDone:
+				if err != nil {
+					t.Fatalf("the publisher stopped before the subscriber got everything: %v", err)
+				}
+				pubDone = nil
+			case <-time.After(mqtttest.Timeout):
+				t.Fatalf("fast subscriber: no message within %v: the publisher is held up", mqtttest.Timeout)
+			}
+		}
+	}
 	for i := range n {
-		if m := fast.Next(t); string(m.Payload[:6]) != fmt.Sprintf("%06d", i) {
+		if m := next(); string(m.Payload[:6]) != fmt.Sprintf("%06d", i) {
 			t.Fatalf("fast subscriber message %d = %q", i, m.Payload[:6])
 		}
 	}
-	if m := fast.Next(t); string(m.Payload) != "end" {
+	if m := next(); string(m.Payload) != "end" {
 		t.Fatalf("fast subscriber last message %q", m.Payload)
+	}
+	// The sentinel has been fanned out: its PUBACK is on its way.
+	if pubDone != nil {
+		select {
+		case err := <-pubDone:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(mqtttest.Timeout):
+			t.Fatal("the publisher got no PUBACK for a message every subscriber was sent")
+		}
 	}
 
 	t.Run("disconnect cuts the client", func(t *testing.T) {

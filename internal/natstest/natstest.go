@@ -16,8 +16,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -125,10 +127,28 @@ type Options struct {
 }
 
 // StartWith is Start with options.
+//
+// Each server's ports are chosen as it starts: its client listener on a
+// port the kernel picks at bind, its route (and MQTT) listener on a
+// FreePort taken just before, with routes to the servers started before it
+// (and to itself, which nats-server ignores, so the first server has the
+// configured route JetStream clustering asks for). Choosing every port up
+// front, as Start once did, left the later servers' ports free for seconds
+// while the earlier ones started, and another test process's FreePort
+// could take one meanwhile: that server then did not listen, silently
+// (NoLog), and the test failed after a 10 s wait with "not ready".
 func StartWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	c := &Cluster{}
-	for _, s := range specs(t, n) {
+	t.Cleanup(c.Shutdown)
+	dir := t.TempDir()
+	var routes []string
+	for i := range n {
+		s := spec{Name: fmt.Sprintf("n%d", i+1), Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
+		if n > 1 {
+			s.ClusterPort = FreePort(t)
+			s.Routes = append(slices.Clone(routes), fmt.Sprintf("nats-route://127.0.0.1:%d", s.ClusterPort))
+		}
 		o := s.options()
 		if n == 1 {
 			o.Cluster, o.Routes = server.ClusterOpts{}, nil
@@ -137,20 +157,82 @@ func StartWith(t testing.TB, n int, opts Options) *Cluster {
 			o.MQTT = server.MQTTOpts{Host: "127.0.0.1", Port: FreePort(t)}
 			c.MQTTAddrs = append(c.MQTTAddrs, fmt.Sprintf("127.0.0.1:%d", o.MQTT.Port))
 		}
-		srv, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv.Start()
-		if !srv.ReadyForConnections(10 * time.Second) {
-			t.Fatalf("nats server %s not ready", s.Name)
-		}
-		c.Servers = append(c.Servers, srv)
+		c.Servers = append(c.Servers, startServer(t, o))
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", s.ClusterPort))
 	}
-	t.Cleanup(c.Shutdown)
 	mqtttest.Eventually(t, 30*time.Second, "a JetStream meta leader", func() bool { return c.hasLeader(n) })
 	return c
 }
+
+// startServer starts one in-process server and returns once its listeners
+// listen. Start binds the client (and MQTT) listener before it returns and
+// starts the route listener on a goroutine of its own: the server's log says
+// when that listens, or why a listener could not bind (a port another
+// process took), which fails the test at once with nats-server's reason.
+func startServer(t testing.TB, o *server.Options) *server.Server {
+	t.Helper()
+	srv, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg := &startLog{routes: make(chan struct{}), fatal: make(chan string, 4)}
+	srv.SetLogger(lg, false, false)
+	srv.Start()
+	if o.Cluster.Port == 0 {
+		lg.close()
+	}
+	select {
+	case <-lg.routes:
+	case msg := <-lg.fatal:
+		srv.Shutdown()
+		t.Fatalf("nats server %s: %s", o.ServerName, msg)
+	case <-time.After(time.Minute):
+		// The route listener binds on a goroutine Start has just started:
+		// a minute only bounds a server that hangs.
+		srv.Shutdown()
+		t.Fatalf("nats server %s: route listener not listening after a minute", o.ServerName)
+	}
+	select {
+	case msg := <-lg.fatal:
+		srv.Shutdown()
+		t.Fatalf("nats server %s: %s", o.ServerName, msg)
+	default:
+	}
+	if srv.Addr() == nil {
+		srv.Shutdown()
+		t.Fatalf("nats server %s: not listening for clients", o.ServerName)
+	}
+	return srv
+}
+
+// startLog is a server's logger while it starts: it reports the route
+// listener listening and fatal errors (the listeners' bind errors among
+// them), and drops everything else (the servers run with NoLog).
+type startLog struct {
+	once   sync.Once
+	routes chan struct{}
+	fatal  chan string
+}
+
+func (l *startLog) close() { l.once.Do(func() { close(l.routes) }) }
+
+func (l *startLog) Noticef(format string, v ...any) {
+	if strings.HasPrefix(format, "Listening for route connections") {
+		l.close()
+	}
+}
+
+func (l *startLog) Fatalf(format string, v ...any) {
+	select {
+	case l.fatal <- fmt.Sprintf(format, v...):
+	default:
+	}
+}
+
+func (l *startLog) Warnf(string, ...any)  {}
+func (l *startLog) Errorf(string, ...any) {}
+func (l *startLog) Debugf(string, ...any) {}
+func (l *startLog) Tracef(string, ...any) {}
 
 func (c *Cluster) hasLeader(n int) bool {
 	for _, s := range c.Servers {

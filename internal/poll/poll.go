@@ -37,3 +37,19 @@ func Within(timeout time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// Progress waits until count reaches target, failing the test when count
+// stays put for stall. Use it for a long run of like steps (messages
+// delivered, records acknowledged): each wait then covers one step, which
+// a working system makes in far less than stall however loaded the machine
+// is, where one deadline for the whole run measures how much CPU the test
+// got. A stuck system still fails after stall.
+func Progress(t testing.TB, stall time.Duration, what string, count func() uint64, target uint64) {
+	t.Helper()
+	for last := count(); last < target; {
+		if !Within(stall, func() bool { return count() != last }) {
+			t.Fatalf("%s: stuck at %d of %d for %v", what, last, target, stall)
+		}
+		last = count()
+	}
+}

@@ -92,7 +92,42 @@ func (h *DelayHook) Provides(b byte) bool {
 }
 
 func (h *DelayHook) OnDisconnect(cl *Client, err error, expire bool) {
-	time.Sleep(h.DisconnectDelay)
+	time.Sleep(h.DisconnectDelay) // the slow hook issue 173 is about, not a synchronisation
+}
+
+// establishedHook reports each client whose session is established (its
+// CONNACK, and any resent inflights, written).
+type establishedHook struct {
+	HookBase
+	ch chan string
+}
+
+func newEstablishedHook() *establishedHook { return &establishedHook{ch: make(chan string, 8)} }
+
+func (h *establishedHook) ID() string { return "established-hook" }
+
+func (h *establishedHook) Provides(b byte) bool { return b == OnSessionEstablished }
+
+func (h *establishedHook) OnSessionEstablished(cl *Client, _ packets.Packet) { h.ch <- cl.ID }
+
+// await waits for the next established session.
+func (h *establishedHook) await(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no session established within 10 s")
+	}
+}
+
+// mockServing waits until listener id of s is serving.
+func mockServing(t *testing.T, s *Server, id string) *listeners.MockListener {
+	t.Helper()
+	l, ok := s.Listeners.Get(id)
+	require.True(t, ok)
+	ml := l.(*listeners.MockListener)
+	require.Eventually(t, ml.IsServing, 10*time.Second, time.Millisecond)
+	return ml
 }
 
 func newServer() *Server {
@@ -326,13 +361,8 @@ func TestServerServe(t *testing.T) {
 	err = s.Serve()
 	require.NoError(t, err)
 
-	time.Sleep(time.Millisecond)
-
 	require.Equal(t, 1, s.Listeners.Len())
-	listener, ok := s.Listeners.Get("t1")
-
-	require.Equal(t, true, ok)
-	require.Equal(t, true, listener.(*listeners.MockListener).IsServing())
+	mockServing(t, s, "t1")
 }
 
 func TestServerServeFromConfig(t *testing.T) {
@@ -351,13 +381,8 @@ func TestServerServeFromConfig(t *testing.T) {
 	err := s.Serve()
 	require.NoError(t, err)
 
-	time.Sleep(time.Millisecond)
-
 	require.Equal(t, 1, s.Listeners.Len())
-	listener, ok := s.Listeners.Get("mock")
-
-	require.Equal(t, true, ok)
-	require.Equal(t, true, listener.(*listeners.MockListener).IsServing())
+	mockServing(t, s, "mock")
 }
 
 func TestServerServeFromConfigListenerError(t *testing.T) {
@@ -415,7 +440,8 @@ func TestServerEventLoop(t *testing.T) {
 	s.loop.willDelaySend = time.NewTicker(time.Millisecond)
 	go s.eventLoop()
 
-	time.Sleep(time.Millisecond * 3)
+	// The loop ran its $SYS tick (it records the memory in use).
+	require.Eventually(t, func() bool { return atomic.LoadInt64(&s.Info.MemoryAlloc) > 0 }, 10*time.Second, time.Millisecond)
 }
 
 func TestServerReadConnectionPacket(t *testing.T) {
@@ -607,6 +633,8 @@ func TestEstablishConnectionReadError(t *testing.T) {
 
 func TestEstablishConnectionInheritExisting(t *testing.T) {
 	s := newServer()
+	est := newEstablishedHook()
+	_ = s.AddHook(est, nil)
 	defer s.Close()
 
 	cl, r0, _ := newTestClient()
@@ -626,7 +654,9 @@ func TestEstablishConnectionInheritExisting(t *testing.T) {
 
 	go func() {
 		_, _ = w.Write(packets.TPacketData[packets.Connect].Get(packets.TConnectMqtt311).RawBytes)
-		time.Sleep(time.Millisecond) // we want to receive the queued inflight, so we need to wait a moment before sending the disconnect.
+		// The queued inflight is resent before the session is established:
+		// the disconnect goes after it.
+		est.await(t)
 		_, _ = w.Write(packets.TPacketData[packets.Disconnect].Get(packets.TDisconnect).RawBytes)
 	}()
 
@@ -661,7 +691,6 @@ func TestEstablishConnectionInheritExisting(t *testing.T) {
 	require.Equal(t, connackPlusPacket, <-recv)
 	require.Equal(t, packets.TPacketData[packets.Disconnect].Get(packets.TDisconnectTakeover).RawBytes, <-takeover)
 
-	time.Sleep(time.Microsecond * 100)
 	_ = w.Close()
 	_ = r.Close()
 
@@ -680,6 +709,8 @@ func TestEstablishConnectionInheritExistingTrueTakeover(t *testing.T) {
 	d := new(DelayHook)
 	d.DisconnectDelay = time.Millisecond * 200
 	_ = s.AddHook(d, nil)
+	est := newEstablishedHook()
+	_ = s.AddHook(est, nil)
 	defer s.Close()
 
 	// Clean session, 0 session expiry interval
@@ -715,14 +746,10 @@ func TestEstablishConnectionInheritExistingTrueTakeover(t *testing.T) {
 		recv <- buf
 	}()
 
-	// Get the first client pointer (Keyline: once it is there; a fixed 50 ms
-	// sleep was too short on a loaded machine)
-	var cl1 *Client
-	require.Eventually(t, func() bool {
-		var ok bool
-		cl1, ok = s.Clients.Get(packets.TPacketData[packets.Connect].Get(packets.TConnectUserPass).Packet.Connect.ClientIdentifier)
-		return ok
-	}, 10*time.Second, time.Millisecond)
+	// Get the first client pointer once its session is established
+	est.await(t)
+	cl1, ok := s.Clients.Get(packets.TPacketData[packets.Connect].Get(packets.TConnectUserPass).Packet.Connect.ClientIdentifier)
+	require.True(t, ok)
 	cl1.State.Subscriptions.Add("a/b/c", packets.Subscription{Filter: "a/b/c", Qos: 1})
 	cl1.State.Subscriptions.Add("d/e/f", packets.Subscription{Filter: "d/e/f", Qos: 0})
 
@@ -2785,8 +2812,7 @@ func TestServerProcessOutboundQos2Flow(t *testing.T) {
 	for i, tx := range tt {
 		t.Run("qos step"+strconv.Itoa(i), func(t *testing.T) {
 			r, w := net.Pipe()
-			time.Sleep(time.Millisecond)
-			cl.Net.Conn = w
+			cl.Net.Conn = w // the last step's packets are written (closeWhenWritten)
 
 			recv := make(chan []byte)
 			go func() { // receive the ack
@@ -3162,7 +3188,8 @@ func TestServerDisconnectClientMQTT311(t *testing.T) {
 	buf, err := io.ReadAll(r)
 	require.NoError(t, err)
 	require.Empty(t, buf)
-	require.True(t, cl.Closed())
+	// Stop closes the connection (the EOF above) before it marks the client closed.
+	require.Eventually(t, cl.Closed, 10*time.Second, time.Millisecond)
 }
 
 func TestServerProcessPacketDisconnect(t *testing.T) {
@@ -3589,16 +3616,11 @@ func TestServerClose(t *testing.T) {
 		recv <- buf
 	}()
 
-	time.Sleep(time.Millisecond)
 	require.Equal(t, 1, s.Listeners.Len())
-
-	listener, ok := s.Listeners.Get("t1")
-	require.Equal(t, true, ok)
-	require.Equal(t, true, listener.(*listeners.MockListener).IsServing())
+	listener := mockServing(t, s, "t1")
 
 	_ = s.Close()
-	time.Sleep(time.Millisecond)
-	require.Equal(t, false, listener.(*listeners.MockListener).IsServing())
+	require.Eventually(t, func() bool { return !listener.IsServing() }, 10*time.Second, time.Millisecond)
 	require.Equal(t, packets.TPacketData[packets.Disconnect].Get(packets.TDisconnectShuttingDown).RawBytes, <-recv)
 }
 

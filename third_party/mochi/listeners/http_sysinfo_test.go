@@ -119,6 +119,7 @@ func TestHTTPStatsServeTLSAndClose(t *testing.T) {
 
 	time.Sleep(time.Millisecond)
 	l.Close(MockCloser)
+	<-o // Serve has returned: it shares tlsConfigBasic, which http2 setup writes, with the next TLS test
 }
 
 func TestHTTPStatsFailedToServe(t *testing.T) {
