@@ -96,7 +96,16 @@ func (a *appender) start(r *appendReq) {
 // publish stores r, retrying until its deadline.
 func (a *appender) publish(r *appendReq) (uint64, error) {
 	for attempt := 0; ; attempt++ {
-		fut, err := a.g.node.js.PublishMsgAsync(r.msg, jetstream.WithExpectStream(groupStream(r.gh)))
+		// A fresh message each attempt: nats.go writes the publish options
+		// into the message's header and keeps the message for its own
+		// retries of a future that may still be running when this loop
+		// gives up on it (the race detector saw the two meet in
+		// TestBackend/Committed). The id header dedupes a late first store.
+		m := &nats.Msg{Subject: r.msg.Subject, Data: r.msg.Data, Header: nats.Header{}}
+		for k, v := range r.msg.Header {
+			m.Header[k] = append([]string(nil), v...)
+		}
+		fut, err := a.g.node.js.PublishMsgAsync(m, jetstream.WithExpectStream(groupStream(r.gh)))
 		if err == nil {
 			t := time.NewTimer(a.g.node.cfg.RequestTimeout)
 			select {
