@@ -6,6 +6,7 @@ package listeners
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -61,7 +62,13 @@ func TestHTTPHealthCheckServeAndClose(t *testing.T) {
 		o <- true
 	}(o)
 
-	time.Sleep(time.Millisecond)
+	serving(t, func() bool {
+		c, err := net.Dial("tcp", "localhost"+testAddr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
 
 	// call healthcheck
 	resp, err := http.Get("http://localhost" + testAddr + "/healthcheck")
@@ -97,7 +104,13 @@ func TestHTTPHealthCheckServeAndCloseMethodNotAllowed(t *testing.T) {
 		o <- true
 	}(o)
 
-	time.Sleep(time.Millisecond)
+	serving(t, func() bool {
+		c, err := net.Dial("tcp", "localhost"+testAddr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
 
 	// make disallowed method type http request
 	resp, err := http.Post("http://localhost"+testAddr+"/healthcheck", "application/json", http.NoBody)

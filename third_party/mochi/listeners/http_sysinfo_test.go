@@ -7,6 +7,7 @@ package listeners
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -71,7 +72,13 @@ func TestHTTPStatsServeAndClose(t *testing.T) {
 		o <- true
 	}(o)
 
-	time.Sleep(time.Millisecond)
+	serving(t, func() bool {
+		c, err := net.Dial("tcp", "localhost"+testAddr)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
 
 	// get body from stats address
 	resp, err := http.Get("http://localhost" + testAddr)
