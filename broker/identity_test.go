@@ -252,27 +252,7 @@ auth:
 		c := cfg
 		return c, DecodeConfig([]byte(acl), &c)
 	}
-	first, err := source()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startBroker(t, first)
-	b.SetReloadSource(source)
-	addr := b.Addr("tcp")
-	connect := func(id, user, pw string) (*mqtttest.V5, error) {
-		return mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30,
-			Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true})
-	}
-	alice, err := connect("alice", "alice", "apw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer alice.Close()
-	bob, err := connect("bob", "bob", "bpw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bob.Close()
+	b, connect, alice, bob := startReloadable(t, source)
 	if _, err := connect("carol", "carol", "cpw"); err == nil {
 		t.Fatal("carol connected before she was added")
 	}
@@ -430,4 +410,33 @@ func copyFile(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// startReloadable starts a broker whose reloads read source, with alice
+// (password apw) and bob (bpw) connected; connect connects another client.
+func startReloadable(t *testing.T, source func() (Config, error)) (b *Broker, connect func(id, user, pw string) (*mqtttest.V5, error), alice, bob *mqtttest.V5) {
+	t.Helper()
+	first, err := source()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = startBroker(t, first)
+	b.SetReloadSource(source)
+	addr := b.Addr("tcp")
+	connect = func(id, user, pw string) (*mqtttest.V5, error) {
+		return mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30,
+			Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true})
+	}
+	for _, c := range []struct {
+		v  **mqtttest.V5
+		id string
+	}{{&alice, "alice"}, {&bob, "bob"}} {
+		v, err := connect(c.id, c.id, c.id[:1]+"pw")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(v.Close)
+		*c.v = v
+	}
+	return b, connect, alice, bob
 }

@@ -35,27 +35,7 @@ func TestReloadWatch(t *testing.T) {
 		c := cfg
 		return c, LoadConfigFile(cfgFile, &c)
 	}
-	first, err := source()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startBroker(t, first)
-	b.SetReloadSource(source)
-	addr := b.Addr("tcp")
-	connect := func(id, user, pw string) (*mqtttest.V5, error) {
-		return mqtttest.TryConnectV5(mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30,
-			Username: user, UsernameFlag: true, Password: []byte(pw), PasswordFlag: true})
-	}
-	alice, err := connect("alice", "alice", "apw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer alice.Close()
-	bob, err := connect("bob", "bob", "bpw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bob.Close()
+	b, _, alice, bob := startReloadable(t, source)
 
 	// bob leaves the password file: the watch reloads and cuts him off.
 	writePasswd(t, pwFile, map[string]string{"alice": aliceHash})
