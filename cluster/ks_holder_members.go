@@ -142,18 +142,10 @@ func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 		return false
 	case h.g.node.cfg.NodeID:
 		ng := h.g.nodeGroupOf(h.gh)
-		return ng != nil && ng.deliverHeld(member, m, attempt) // sent at the round's Flush
+		return ng != nil && ng.deliverLocal(member, m, attempt)
 	}
 	p := h.link(node)
 	return p != nil && p.push(downItem{kind: downDeliver, member: member, offset: m.Offset, attempt: uint32(attempt), msg: keyshared.EncodeMessage(m)})
-}
-
-// Flush implements keyshared.Flusher: the dispatcher's round is over, so
-// what it delivered to members on this node leaves (one write per member).
-func (o holderOut) Flush() {
-	if ng := o.h.g.nodeGroupOf(o.h.gh); ng != nil {
-		ng.flushLocal()
-	}
 }
 
 func (o holderOut) Revoke(member string, offset uint64) {

@@ -273,25 +273,9 @@ func (ng *nodeGroup) kickRetry() {
 	}
 }
 
-// deliverLocal writes a delivery to a member on this node and flushes it.
+// deliverLocal writes a delivery to a member on this node. The delivery is
+// outstanding from before the write, so an ack cannot overtake it.
 func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) bool {
-	ok := ng.deliverHeld(member, m, attempt)
-	ng.flushLocal()
-	return ok
-}
-
-// flushLocal sends what deliverHeld left in the members' queues
-// (keyshared.Flusher: one write per member for the deliveries of a round).
-func (ng *nodeGroup) flushLocal() {
-	if f, flushes := ng.local.(keyshared.Flusher); flushes {
-		f.Flush()
-	}
-}
-
-// deliverHeld writes a delivery to a member on this node, to be sent at the
-// next flushLocal. The delivery is outstanding from before the write, so an
-// ack cannot overtake it.
-func (ng *nodeGroup) deliverHeld(member string, m *keyshared.Message, attempt int) bool {
 	ng.mu.Lock()
 	lm := ng.mu.members[member]
 	if lm == nil || !lm.active {
@@ -312,6 +296,9 @@ func (ng *nodeGroup) deliverHeld(member string, m *keyshared.Message, attempt in
 		return true
 	}
 	ok := ng.local.Deliver(member, m, attempt)
+	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+		f.Flush() // no round here to wait for (keyshared.Output)
+	}
 	if !ok && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)
@@ -377,11 +364,11 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 			msg.Offset = it.offset
 			if it.kind == downQoS0 {
 				msg.QoS = 0
-				ng.deliverHeld(it.member, &msg, 1)
+				ng.deliverLocal(it.member, &msg, 1)
 				continue
 			}
 			outcome := deliveredOK
-			if !ng.deliverHeld(it.member, &msg, int(it.attempt)) {
+			if !ng.deliverLocal(it.member, &msg, int(it.attempt)) {
 				outcome = deliveryRefused
 			}
 			reply = append(reply, outcome)
@@ -389,7 +376,6 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 			ng.revokeLocal(it.member, it.offset)
 		}
 	}
-	ng.flushLocal() // the batch is a round: one write per member
 	ng.mu.Lock()
 	ng.mu.downSeq, ng.mu.downReply = b.seq, reply
 	ng.mu.Unlock()
