@@ -4,6 +4,7 @@ package netpoll
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/poll"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 )
@@ -222,13 +224,7 @@ func TestWakePauseResume(t *testing.T) {
 	}
 	waitWakes := func(n int32) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for r.wakes.Load() < n {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d runs, want %d", r.wakes.Load(), n)
-			}
-			time.Sleep(time.Millisecond) // polling the run counter
-		}
+		poll.Until(t, 10*time.Second, fmt.Sprintf("%d handler runs", n), func() bool { return r.wakes.Load() >= n })
 	}
 	before := r.wakes.Load()
 	pc.Wake()
@@ -239,13 +235,7 @@ func TestWakePauseResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The event arrives while paused: nothing is read. Wait for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for pc.state.Load()&pending == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no readiness event while paused")
-		}
-		time.Sleep(time.Millisecond) // polling the state word
-	}
+	poll.Until(t, 10*time.Second, "a readiness event while paused", func() bool { return pc.state.Load()&pending != 0 })
 	select {
 	case b := <-r.got:
 		t.Fatalf("read %q while paused", b)
@@ -283,18 +273,11 @@ func waitQueued(t *testing.T, c *net.TCPConn, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	poll.Until(t, 10*time.Second, fmt.Sprintf("%d bytes queued", n), func() bool {
 		var queued int
 		_ = rc.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if queued >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes queued, want %d", queued, n)
-		}
-		time.Sleep(time.Millisecond) // polling the socket's receive queue
-	}
+		return queued >= n
+	})
 }
 
 func TestAddAfterClose(t *testing.T) {
