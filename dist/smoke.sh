@@ -26,12 +26,16 @@ start() {
   "${run[@]}" "$bin" --tcp 127.0.0.1:$mqtt --http 127.0.0.1:$http --data-dir "$dir/data" >>"$dir/log" 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do
-    if curl -sf "127.0.0.1:$http/readyz" >/dev/null; then return 0; fi
+    if curl -sf --max-time 2 "127.0.0.1:$http/readyz" >/dev/null; then return 0; fi
     if ! kill -0 $pid 2>/dev/null; then cat "$dir/log" >&2; echo "smoke: keyline exited" >&2; exit 1; fi
     sleep 0.1 # polling readiness of a child process; no event to wait on
   done
   cat "$dir/log" >&2; echo "smoke: keyline not ready within 20s" >&2; exit 1
 }
+# Every client call is bounded (mosquitto_sub -W, timeout for mosquitto_pub, curl --max-time): a
+# broker that dies or wedges under qemu fails the smoke test with its log instead of hanging CI.
+fail() { cat "$dir/log" >&2; echo "smoke: $*" >&2; exit 1; }
+pub() { timeout 10 mosquitto_pub -p $mqtt "$@" || fail "mosquitto_pub $* failed"; }
 expect() { # expect WANT GOT
   if [ "$1" != "$2" ]; then echo "smoke: want '$1', got '$2'" >&2; cat "$dir/log" >&2; exit 1; fi
 }
@@ -40,16 +44,16 @@ start
 # Sessions and groups are set up first and the publishes come after, so that nothing depends
 # on a subscriber being ready in time: a persistent session keeps what is published while it is
 # away, and a group keeps its log while it has no member.
-mosquitto_sub -p $mqtt -i smoke-live -c -q 1 -t 'smoke/live' -E
-mosquitto_sub -p $mqtt -i smoke-persist -c -q 1 -t 'smoke/queued' -E
-mosquitto_sub -p $mqtt -V 5 -t '$share/smoke/jobs/#' -q 1 -E
-mosquitto_pub -p $mqtt -t smoke/live -q 1 -m live
-mosquitto_pub -p $mqtt -V 5 -t jobs/1 -q 1 -m job -D publish user-property key k1
+mosquitto_sub -p $mqtt -i smoke-live -c -q 1 -t 'smoke/live' -E -W 10 || fail "subscribe 'smoke/live'"
+mosquitto_sub -p $mqtt -i smoke-persist -c -q 1 -t 'smoke/queued' -E -W 10 || fail "subscribe 'smoke/queued'"
+mosquitto_sub -p $mqtt -V 5 -t '$share/smoke/jobs/#' -q 1 -E -W 10 || fail "subscribe '$share/smoke/jobs/#'"
+pub -t smoke/live -q 1 -m live
+pub -V 5 -t jobs/1 -q 1 -m job -D publish user-property key k1
 expect live "$(mosquitto_sub -p $mqtt -i smoke-live -c -q 1 -t 'smoke/live' -C 1 -W 10)"
 expect job "$(mosquitto_sub -p $mqtt -V 5 -t '$share/smoke/jobs/#' -q 1 -C 1 -W 10)"
-mosquitto_pub -p $mqtt -t smoke/retained -r -q 1 -m kept
-mosquitto_pub -p $mqtt -t smoke/queued -q 1 -m queued
-curl -sf "127.0.0.1:$http/metrics" | grep -q '^keyline_messages_received_total'
+pub -t smoke/retained -r -q 1 -m kept
+pub -t smoke/queued -q 1 -m queued
+curl -sf --max-time 10 "127.0.0.1:$http/metrics" | grep -q '^keyline_messages_received_total' || fail "/metrics has no keyline_messages_received_total"
 kill -9 $pid; wait $pid 2>/dev/null || true; pid= # the crash being tested
 start
 expect kept "$(mosquitto_sub -p $mqtt -t smoke/retained -C 1 -W 10)"

@@ -148,8 +148,8 @@ type ClientState struct {
 	stopCause       atomic.Value         // reason for stopping
 	Inflight        *Inflight            // a map of in-flight qos messages
 	Subscriptions   *Subscriptions       // a map of the subscription filters a client maintains
-	disconnected    int64                // the time the client disconnected in unix time, for calculating expiry
-	stoppedAt       int64                // the same in unix nanoseconds (Keyline: expiry to the interval, not to the second)
+	disconnected    atomic.Int64         // the time the client disconnected in unix time, for calculating expiry
+	stoppedAt       atomic.Int64         // the same in unix nanoseconds (Keyline: expiry to the interval, not to the second; atomic.Int64 so it is 64-bit aligned on 32-bit ARM, PATCHES.md item 20)
 	outbound        chan *packets.Packet // queue for pending outbound packets
 	done            chan struct{}        // closed by Stop; made only for a client with a WriteLoop
 	endOnce         sync.Once            // only end once
@@ -434,8 +434,8 @@ func (cl *Client) Stop(err error) {
 		}
 
 		now := time.Now()
-		atomic.StoreInt64(&cl.State.stoppedAt, now.UnixNano())
-		atomic.StoreInt64(&cl.State.disconnected, now.Unix())
+		cl.State.stoppedAt.Store(now.UnixNano())
+		cl.State.disconnected.Store(now.Unix())
 	})
 }
 
@@ -457,7 +457,7 @@ func (cl *Client) StopCause() error {
 
 // StopTime returns the the time the client disconnected in unix time, else zero.
 func (cl *Client) StopTime() int64 {
-	return atomic.LoadInt64(&cl.State.disconnected)
+	return cl.State.disconnected.Load()
 }
 
 // Closed returns true if client connection is closed.

@@ -243,8 +243,8 @@ func (cl *Client) offline() *Client {
 	o.State.Keepalive = cl.State.Keepalive
 	o.State.ServerKeepalive = cl.State.ServerKeepalive
 	o.State.packetID = atomic.LoadUint32(&cl.State.packetID)
-	o.State.disconnected = cl.StopTime()
-	o.State.stoppedAt = atomic.LoadInt64(&cl.State.stoppedAt)
+	o.State.disconnected.Store(cl.StopTime())
+	o.State.stoppedAt.Store(cl.State.stoppedAt.Load())
 	if cause := cl.StopCause(); cause != nil {
 		o.State.stopCause.Store(cause)
 	}

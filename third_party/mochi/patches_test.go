@@ -83,7 +83,7 @@ func TestPatchExpiredClientLeavesTheTopicIndex(t *testing.T) {
 	cl, _, _ := newTestClient()
 	cl.ID = "gone"
 	cl.ops.hooks = s.hooks
-	cl.State.disconnected = time.Now().Unix() - 10
+	cl.State.disconnected.Store(time.Now().Unix() - 10)
 	cl.State.cancelOpen()
 	cl.Properties.ProtocolVersion = 5
 	cl.Properties.Props.SessionExpiryInterval = 5
@@ -439,14 +439,14 @@ func TestPatchSessionExpiresToTheInterval(t *testing.T) {
 	s.Topics.Subscribe(cl.ID, sub)
 	s.Clients.Add(cl)
 	cl.Stop(nil)
-	stopped := time.Unix(0, cl.State.stoppedAt)
+	stopped := time.Unix(0, cl.State.stoppedAt.Load())
 	require.False(t, s.sessionExpiredAt(cl, stopped.Add(999*time.Millisecond)))
 	require.True(t, s.sessionExpiredAt(cl, stopped.Add(time.Second)))
 
 	// Back-date the end by 1.2 s within the same second as now: whole
 	// seconds would call it alive for up to two more.
-	cl.State.stoppedAt = time.Now().Add(-1200 * time.Millisecond).UnixNano()
-	cl.State.disconnected = time.Now().Unix()
+	cl.State.stoppedAt.Store(time.Now().Add(-1200 * time.Millisecond).UnixNano())
+	cl.State.disconnected.Store(time.Now().Unix())
 	next, _, _ := newTestClient()
 	next.ID = "short"
 	require.False(t, s.inheritClientSession(packets.Packet{}, next), "the expired session was resumed")

@@ -1940,7 +1940,7 @@ func (s *Server) sessionExpired(client *Client, dt int64) bool {
 // whole seconds and expired a session up to two seconds late, and a client
 // reconnecting within those found it present), else as sessionExpired.
 func (s *Server) sessionExpiredAt(client *Client, now time.Time) bool {
-	stopped := atomic.LoadInt64(&client.State.stoppedAt)
+	stopped := client.State.stoppedAt.Load()
 	if stopped == 0 || client.StopTime() == 0 {
 		return s.sessionExpired(client, now.Unix())
 	}
