@@ -201,7 +201,7 @@ func (n *Node) queuedLoop() {
 		}
 		i.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
-		cons, err := n.js.OrderedConsumer(ctx, StreamMessages, jetstream.OrderedConsumerConfig{
+		cons, err := n.orderedConsumer(ctx, StreamMessages, jetstream.OrderedConsumerConfig{
 			FilterSubjects:    consumerFilters(subjects),
 			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:       n.queuedPos.Load() + 1,

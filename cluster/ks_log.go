@@ -87,7 +87,7 @@ func (l *groupLog) read() {
 		from := l.mu.last + 1
 		l.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), l.g.node.cfg.RequestTimeout)
-		cons, err := l.g.node.js.OrderedConsumer(ctx, groupStream(l.gh), jetstream.OrderedConsumerConfig{
+		cons, err := l.g.node.orderedConsumer(ctx, groupStream(l.gh), jetstream.OrderedConsumerConfig{
 			DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from, InactiveThreshold: 30 * time.Second,
 		})
 		cancel()
@@ -128,7 +128,7 @@ func (l *groupLog) consume(it jetstream.MessagesContext) {
 		m, err := it.Next()
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				l.g.log.Debug("key-shared group log: reading", "group", l.name, "error", err)
+				l.g.log.Warn("key-shared group log: reading ended; reopening", "group", l.name, "error", err)
 			}
 			return
 		}

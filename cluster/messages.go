@@ -24,6 +24,21 @@ const (
 	pullHeartbeat = time.Second
 )
 
+// orderedConsumer makes the ordered consumer every reader of the node uses.
+// nats.go recreates an ordered consumer after missed heartbeats, by default
+// retrying forever, every try under the same consumer name. When the NATS
+// server the cluster placed that consumer on (an R1 consumer has one) is
+// dead, every try waits 10 s for an answer that never comes while Next
+// returns nothing: a group log stopped for good after its stream leader was
+// SIGKILLed (TestClusterKeySharedNATSServerKilled, 1 run in 3), with the
+// consumer listed on the dead server. One try per recovery instead: when it
+// fails, Next returns the error and the reader makes a new ordered consumer
+// (a new name, placed anew) from the last message it handled.
+func (n *Node) orderedConsumer(ctx context.Context, stream string, cfg jetstream.OrderedConsumerConfig) (jetstream.Consumer, error) {
+	cfg.MaxResetAttempts = 1
+	return n.js.OrderedConsumer(ctx, stream, cfg)
+}
+
 // pullOpts are the options of every ordered consumer's Messages.
 func pullOpts(max int) []jetstream.PullMessagesOpt {
 	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(max), jetstream.PullExpiry(pullExpiry), jetstream.PullHeartbeat(pullHeartbeat)}
@@ -155,18 +170,9 @@ func (n *Node) startRetained(ctx context.Context) error {
 		return fmt.Errorf("retained stream: %w", err)
 	}
 	empty := st.CachedInfo().State.Msgs == 0
-	cons, err := n.js.OrderedConsumer(ctx, StreamRetained, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverAllPolicy, // one message per subject: the last
-		FilterSubjects: []string{
-			Prefix + "." + KindRetained + ".>",
-		},
-	})
+	it, err := n.retainedIterator(ctx, 0)
 	if err != nil {
-		return fmt.Errorf("retained consumer: %w", err)
-	}
-	it, err := cons.Messages(pullOpts(500)...)
-	if err != nil {
-		return fmt.Errorf("retained consumer: %w", err)
+		return err
 	}
 	if !n.trackIterator(it) {
 		return ErrNotReady
@@ -176,29 +182,78 @@ func (n *Node) startRetained(ctx context.Context) error {
 	}
 	n.goFunc(func() {
 		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || n.stopped() {
+			n.readRetained(it)
+			n.untrackIterator(it)
+			it.Stop()
+			// The consumer failed (see orderedConsumer): a new one from
+			// the last message handled.
+			for attempt := 0; ; attempt++ {
+				if n.stopped() {
 					return
 				}
-				n.log.Debug("reading retained messages", "error", err)
-				continue
+				ctx, cancel := context.WithTimeout(context.Background(), n.cfg.RequestTimeout)
+				it, err = n.retainedIterator(ctx, n.retainedPos.Load())
+				cancel()
+				if err == nil {
+					break
+				}
+				n.log.Warn("reading retained messages: consumer not created; retrying", "error", err, "attempt", attempt+1)
+				if !n.sleep(backoff(attempt)) {
+					return
+				}
 			}
-			n.Stats.RetainedReceived.Add(1)
-			if n.h.Retained != nil {
-				n.h.Retained(Incoming{Data: m.Data()})
-			}
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			n.retainedPos.Store(md.Sequence.Stream)
-			if md.NumPending == 0 {
-				n.retainedLoaded()
+			if !n.trackIterator(it) {
+				return
 			}
 		}
 	})
 	return nil
+}
+
+// retainedIterator reads the retained stream after sequence after (0: all of
+// it; one message per subject, the last).
+func (n *Node) retainedIterator(ctx context.Context, after uint64) (jetstream.MessagesContext, error) {
+	cfg := jetstream.OrderedConsumerConfig{
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		FilterSubjects: []string{Prefix + "." + KindRetained + ".>"},
+	}
+	if after > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
+	}
+	cons, err := n.orderedConsumer(ctx, StreamRetained, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("retained consumer: %w", err)
+	}
+	it, err := cons.Messages(pullOpts(500)...)
+	if err != nil {
+		return nil, fmt.Errorf("retained consumer: %w", err)
+	}
+	return it, nil
+}
+
+// readRetained hands retained messages to the handler until the iterator ends.
+func (n *Node) readRetained(it jetstream.MessagesContext) {
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) && !n.stopped() {
+				n.log.Warn("reading retained messages: consumer failed; reopening", "error", err)
+			}
+			return
+		}
+		n.Stats.RetainedReceived.Add(1)
+		if n.h.Retained != nil {
+			n.h.Retained(Incoming{Data: m.Data()})
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			continue
+		}
+		n.retainedPos.Store(md.Sequence.Stream)
+		if md.NumPending == 0 {
+			n.retainedLoaded()
+		}
+	}
 }
 
 // retainedLoaded marks the retained stream as read up to its tail.

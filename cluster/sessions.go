@@ -201,7 +201,7 @@ func (n *Node) Replay(ctx context.Context, filters []string, after uint64, fn fu
 	if after > 0 {
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, after+1
 	}
-	cons, err := n.js.OrderedConsumer(ctx, StreamMessages, cfg)
+	cons, err := n.orderedConsumer(ctx, StreamMessages, cfg)
 	if err != nil {
 		return 0, fmt.Errorf("cluster: replay: %w", err)
 	}

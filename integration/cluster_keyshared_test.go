@@ -285,6 +285,16 @@ func TestClusterKeySharedNATSServerKilled(t *testing.T) {
 		return v.Holder != "" && len(v.PerMember) == 6
 	})
 	var killedAt time.Time
+	l.describe = func() string {
+		var b strings.Builder
+		for _, n := range nodes {
+			v := groupView(t, n, ksGroup)
+			fmt.Fprintf(&b, "\n%s: holder %s running %v head %d cursor %d backlog %d lag %d in flight %d blocked %d members %v counters %+v",
+				n.addrs["tcp"], v.Holder, v.Running, v.Head, v.Cursor, v.Backlog, v.Lag, v.InFlight, v.Blocked, v.Members, v.Counters)
+		}
+		b.WriteString("\n" + streamConsumers(urls, cluster.GroupStream(ksGroup)))
+		return b.String()
+	}
 	publishRounds(t, addrs, keys, perKey, pubs, func(round int) {
 		if round == perKey/3 {
 			stream := cluster.GroupStream(ksGroup)

@@ -273,3 +273,43 @@ func streamLeader(t *testing.T, urls []string, stream string) string {
 	}
 	return info.Cluster.Leader
 }
+
+// streamConsumers describes a stream's consumers as the NATS servers see
+// them: name, the server leading it, what it delivered and has pending.
+func streamConsumers(urls []string, stream string) string {
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		return err.Error()
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	if info, err := st.Info(ctx); err == nil && info.Cluster != nil {
+		fmt.Fprintf(&b, "stream %s: last %d, leader %s, replicas", stream, info.State.LastSeq, info.Cluster.Leader)
+		for _, p := range info.Cluster.Replicas {
+			fmt.Fprintf(&b, " %s(current %v, offline %v)", p.Name, p.Current, p.Offline)
+		}
+	}
+	l := st.ListConsumers(ctx)
+	for ci := range l.Info() {
+		leader := ""
+		if ci.Cluster != nil {
+			leader = ci.Cluster.Leader
+		}
+		fmt.Fprintf(&b, "; consumer %s on %q: delivered stream seq %d, pending %d, waiting %d",
+			ci.Name, leader, ci.Delivered.Stream, ci.NumPending, ci.NumWaiting)
+	}
+	if err := l.Err(); err != nil {
+		fmt.Fprintf(&b, "; listing: %v", err)
+	}
+	return b.String()
+}

@@ -31,6 +31,8 @@ type ledger struct {
 	// done records, per key and sequence number, when a member finished
 	// with a delivery (its callback returned; the PUBACK goes out after).
 	done map[string]map[int][]time.Time
+	// describe, when set, adds what the broker says to an incomplete run's failure.
+	describe func() string
 }
 
 type seen struct {
@@ -129,8 +131,12 @@ func (l *ledger) waitComplete(t *testing.T, keys, perKey int, within time.Durati
 		case <-l.progress:
 		case <-time.After(100 * time.Millisecond): // re-check: progress may have been signalled while counting
 		case <-deadline:
+			var more string
+			if l.describe != nil {
+				more = l.describe()
+			}
 			l.mu.Lock()
-			t.Fatalf("incomplete after %v: %d deliveries, %d keys seen", within, l.total, len(l.byKey))
+			t.Fatalf("incomplete after %v: %d deliveries, %d keys seen%s", within, l.total, len(l.byKey), more)
 		}
 	}
 }
