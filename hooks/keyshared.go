@@ -261,7 +261,13 @@ func (h *KeyShared) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes
 			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
 			continue
 		}
-		h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier})
+		if err := h.join(cl, n, &membership{qos: reasonCodes[i], keyFilters: filters, subID: f.Identifier}); err != nil {
+			// Refused rather than granted and silent: the client sees 0x80
+			// in its SUBACK and can subscribe again.
+			h.Log.Error("cannot open group; refusing the subscription", "group", n.String(), "client", clip(cl.ID), "error", err)
+			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
+			continue
+		}
 		if owner := h.owner(cl); created && owner != "" {
 			h.groups.claim(n.String(), owner)
 		}
@@ -296,12 +302,11 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 	return ""
 }
 
-// join makes cl a member of group n.
-func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
+// join makes cl a member of group n; it fails when the group cannot be opened.
+func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) error {
 	g, err := h.ensureGroup(n)
 	if err != nil {
-		h.Log.Error("cannot open group; the member receives nothing from it", "group", n.String(), "client", cl.ID, "error", err)
-		return
+		return err
 	}
 	h.members.set(cl.ID, g.name, m)
 	opts := keyshared.MemberOptions{ReceiveMaximum: int(cl.Properties.Props.ReceiveMaximum), KeyFilters: m.keyFilters, QoS: m.qos}
@@ -322,6 +327,7 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) {
 	if err := g.d.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
 	}
+	return nil
 }
 
 // OnUnsubscribed removes the client from the groups it left; the groups and
@@ -363,7 +369,11 @@ func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		if m == nil { // not known in memory: the broker restarted since
 			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter), subID: sub.Identifier}
 		}
-		h.join(cl, n, m)
+		if err := h.join(cl, n, m); err != nil {
+			// The session keeps its subscription; the member gets nothing
+			// from the group until it subscribes again or reconnects.
+			h.Log.Error("cannot open group; the resumed member receives nothing from it until it subscribes again", "group", n.String(), "client", clip(cl.ID), "error", err)
+		}
 	}
 }
 
