@@ -293,6 +293,12 @@ func TestClusterKeySharedNATSServerKilled(t *testing.T) {
 				n.addrs["tcp"], v.Holder, v.Running, v.Head, v.Cursor, v.Backlog, v.Lag, v.InFlight, v.Blocked, v.Members, v.Counters)
 		}
 		b.WriteString("\n" + streamConsumers(urls, cluster.GroupStream(ksGroup)))
+		// Where each node's goroutines are (Go prints them on SIGQUIT): the
+		// logs below end with the dumps.
+		for _, n := range nodes {
+			_ = n.cmd.Process.Signal(syscall.SIGQUIT)
+			<-n.done
+		}
 		return b.String()
 	}
 	publishRounds(t, addrs, keys, perKey, pubs, func(round int) {
