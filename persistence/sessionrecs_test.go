@@ -1,6 +1,7 @@
 package persistence
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -128,6 +129,10 @@ func TestMigratesFormat2Sessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// keyline check reads a format 2 file as it is.
+	if rep, err := CheckDir(dir); err != nil || rep.Format != 2 || rep.Sessions["clients"] != 50 || rep.Sessions["subscriptions"] != 74 || len(rep.Problems) != 0 {
+		t.Fatalf("check of the format 2 file: %+v %v", rep, err)
+	}
 	db = openTestDB(t, dir, Options{NoSync: true})
 	got := map[string]*sessionstate.State{}
 	if err := openSessions(t, db).Records().ForEach(context.Background(), func(rec *sessionstore.Record, rev uint64) bool {
@@ -156,6 +161,18 @@ func TestMigratesFormat2Sessions(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A backup of the migrated file restores format 3, and check reads it.
+	var buf bytes.Buffer
+	if m, _, err := db.Backup(&buf); err != nil || m.DataFormat != FormatVersion {
+		t.Fatalf("backup: %+v %v", m, err)
+	}
+	restored := filepath.Join(t.TempDir(), "restored")
+	if _, err := ExtractBackup(&buf, restored); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := CheckDir(restored); err != nil || rep.Format != FormatVersion || rep.Sessions[KindRecords] != 50 || len(rep.Problems) != 0 {
+		t.Fatalf("check of the restored backup: %+v %v", rep, err)
 	}
 }
 
