@@ -9,6 +9,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/wire"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -53,7 +54,7 @@ func encodeRecord(rec *sessionstore.Record, rev uint64) []byte {
 		flags |= rConnected
 	}
 	b = append(b, flags)
-	b = append(binary.AppendUvarint(b, uint64(len(rec.Owner))), rec.Owner...)
+	b = wire.AppendString(b, rec.Owner)
 	b = binary.AppendUvarint(b, rec.Floor)
 	b = binary.AppendUvarint(b, uint64(len(rec.Acked)))
 	for _, a := range rec.Acked {
@@ -79,53 +80,27 @@ func recordRevision(v []byte) uint64 {
 
 // decodeRecord decodes the record of client id; the result shares no memory with v.
 func decodeRecord(id string, v []byte) (*sessionstore.Record, uint64, error) {
-	bad := func(what string) (*sessionstore.Record, uint64, error) {
-		return nil, 0, fmt.Errorf("%w: %q: %s", errBadRecord, id, what)
+	d := wire.NewDecoder(v, fmt.Errorf("%w: %q", errBadRecord, id))
+	if d.Byte() != recordVersion {
+		d.Fail("version")
 	}
-	if len(v) == 0 || v[0] != recordVersion {
-		return bad("unknown version")
-	}
-	v = v[1:]
-	uv := func() (uint64, bool) {
-		x, n := binary.Uvarint(v)
-		if n <= 0 {
-			return 0, false
-		}
-		v = v[n:]
-		return x, true
-	}
-	rev, ok := uv()
-	if !ok || len(v) == 0 {
-		return bad("truncated")
-	}
-	rec := &sessionstore.Record{ClientID: id, Persistent: v[0]&rPersistent != 0, Connected: v[0]&rConnected != 0}
-	v = v[1:]
-	n, ok := uv()
-	if !ok || n > uint64(len(v)) {
-		return bad("owner")
-	}
-	rec.Owner, v = string(v[:n]), v[n:]
-	if rec.Floor, ok = uv(); !ok {
-		return bad("floor")
-	}
-	if n, ok = uv(); !ok || n > uint64(len(v)) {
-		return bad("acked")
-	}
-	if n > 0 {
+	rev := d.Uvarint()
+	flags := d.Byte()
+	rec := &sessionstore.Record{ClientID: id, Persistent: flags&rPersistent != 0, Connected: flags&rConnected != 0}
+	rec.Owner = d.String()
+	rec.Floor = d.Uvarint()
+	if n := d.Count(); n > 0 {
 		rec.Acked = make([]uint64, n)
-	}
-	for i := range rec.Acked {
-		if rec.Acked[i], ok = uv(); !ok {
-			return bad("acked")
+		for i := range rec.Acked {
+			rec.Acked[i] = d.Uvarint()
 		}
 	}
-	d, k := binary.Varint(v)
-	if k <= 0 {
-		return bad("disconnected at")
+	rec.DisconnectedAt = d.Varint()
+	if rest := d.Rest(); len(rest) > 0 {
+		rec.State = bytes.Clone(rest)
 	}
-	rec.DisconnectedAt, v = d, v[k:]
-	if len(v) > 0 {
-		rec.State = bytes.Clone(v)
+	if err := d.Err(); err != nil {
+		return nil, 0, err
 	}
 	return rec, rev, nil
 }
