@@ -7,6 +7,7 @@ import (
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/keyshared"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // backends is what differs between one node and a cluster node: the
@@ -19,11 +20,15 @@ import (
 //	                    (segment log + bbolt)
 //	retained messages   hooks.NewBoltRetained         hooks.ClusterRetained (KL_RETAINED)
 //	session outboxes    hooks.NewOutboxStore (bbolt)  the cluster hook's (JetStream sequences)
-//	session records     hooks.Storage (bbolt)         sessionstore.Store (KL_SESSIONS)
+//	session records     persistence.SessionRecords    cluster.Node.SessionStore (KL_SESSIONS)
+//	(sessionstore.Store) (bbolt), read by hooks.Storage  read by hooks.Cluster
 //	cross-node route    none                          hooks.Cluster over cluster.Node
 type backends struct {
 	groups keyshared.Backend
 	outbox outbox.Store
+	// sessions keeps one node's session records, for hooks.Storage (nil
+	// on a cluster node: hooks.Cluster reads its node's, SetNode).
+	sessions sessionstore.Store
 	// refs is what the fan-out records with each outbox copy of a QoS 1/2
 	// message (nil: nothing; a cluster: its JetStream sequence).
 	refs func(packets.Packet) uint64
@@ -48,11 +53,12 @@ func (b *Broker) singleBackends() (backends, error) {
 	}
 	b.retained.SetStore(retained, nil)
 	return backends{
-		groups: keyshared.NewLocalBackend(b.db.Groups()),
-		outbox: hooks.NewOutboxStore(b.sessions),
-		ready:  func() bool { return true },
-		expire: func(cl *mqtt.Client) { b.storage.OnClientExpired(cl) }, // made after Key-Shared
-		close:  func() {},
+		groups:   keyshared.NewLocalBackend(b.db.Groups()),
+		outbox:   hooks.NewOutboxStore(b.sessions),
+		sessions: b.sessions.Records(),
+		ready:    func() bool { return true },
+		expire:   func(cl *mqtt.Client) { b.storage.OnClientExpired(cl) }, // made after Key-Shared
+		close:    func() {},
 	}, nil
 }
 

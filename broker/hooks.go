@@ -136,7 +136,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 	})
 	b.clusterKS.Store(b.keyShared)
 	if !b.clusterMode() {
-		b.storage = hooks.NewStorage(b.server, b.sessions, b.keyShared.Owns) // the group log is the durable copy of those
+		b.storage = hooks.NewStorage(b.server, b.sessions, b.be.sessions, b.keyShared.Owns) // the group log is the durable copy of those
 	}
 	b.reload.identity.Store(uint32(b.cfg.TLSIdentity))
 	b.reload.last = b.cfg

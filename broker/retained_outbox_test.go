@@ -21,11 +21,29 @@ func retainedThroughOutbox(t *testing.T, pubNode, subNode *Broker) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
+	// mochi writes a QoS 1 PUBACK before it routes the message, so the
+	// subscription below could still take ret/4 live (RETAIN clear) after
+	// its PUBACK. A probe on the subscriber's node sees a last publish of
+	// the same publisher only after every earlier one was routed there.
+	probe, err := mqtttest.DialWorker(subNode.Addr("tcp"), "ret-probe", mqtttest.WorkerOptions{CleanStart: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if code, err := probe.Subscribe("ret-barrier", 1); err != nil || code != 1 {
+		t.Fatalf("SUBACK %#x %v", code, err)
+	}
 	const n = 5
 	for i := range n {
 		if _, err := pub.PublishMessage(mqtttest.Outgoing{Topic: fmt.Sprintf("ret/%d", i), Payload: []byte(fmt.Sprint(i)), QoS: 1, Retain: true}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := pub.Publish("ret-barrier", []byte("routed"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if m := probe.Next(mqtttest.Timeout); m == nil || string(m.Payload) != "routed" {
+		t.Fatalf("barrier: %+v", m)
 	}
 	opts := mqtttest.WorkerOptions{ReceiveMaximum: 1, SessionExpiry: 600, CleanStart: true}
 	sub, err := mqtttest.DialWorker(subNode.Addr("tcp"), "ret-sub", opts)

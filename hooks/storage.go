@@ -10,30 +10,39 @@ import (
 	"github.com/mochi-mqtt/server/v2/system"
 
 	"github.com/keyline-mq/keyline/persistence"
+	"github.com/keyline-mq/keyline/sessionstore"
 )
 
-// Storage persists mochi's session state (clients, subscriptions, inflight
-// messages with their packet ids, sysinfo) in Keyline's bbolt file; retained
-// messages are the Retained hook's (NewBoltRetained on one node).
+// Storage persists mochi's session state: each persistent session's client
+// and subscriptions as its record in a sessionstore.Store (the seam: the
+// data file's, persistence.SessionRecords, on one node), and its inflight
+// messages with their packet ids and the sysinfo in Keyline's bbolt file;
+// retained messages are the Retained hook's (NewBoltRetained on one node).
 //
 // Only persistent sessions are written (MQTT 5 session expiry > 0, MQTT 3.1.1
 // clean session false): a clean session dies with its connection anyway.
-// Subscriptions are durable before mochi sends the
-// SUBACK; inflight messages are written behind, within one commit.
+// A session record is durable when its hook returns (subscriptions before
+// mochi sends the SUBACK); inflight messages are written behind, within one
+// commit.
 type Storage struct {
 	mqtt.HookBase
-	server *mqtt.Server
-	store  *persistence.SessionStore
+	server  *mqtt.Server
+	store   *persistence.SessionStore
+	records sessionstore.Store
+	// restored holds the subscriptions StoredClients read with their
+	// clients, until StoredSubscriptions hands them to mochi.
+	restored []storage.Subscription
 	// skipInflight (nil: none) names inflight messages not to store
 	// (Key-Shared deliveries, whose durable copy is their group log).
 	skipInflight func(client string, packetID uint16) bool
 }
 
-// NewStorage returns a storage hook writing to store. skipInflight (nil:
-// none) names the inflight messages it does not store (Key-Shared
-// deliveries, whose durable copy is their group log).
-func NewStorage(server *mqtt.Server, store *persistence.SessionStore, skipInflight func(client string, packetID uint16) bool) *Storage {
-	return &Storage{server: server, store: store, skipInflight: skipInflight}
+// NewStorage returns a storage hook writing session records to records and
+// the rest to store. skipInflight (nil: none) names the inflight messages
+// it does not store (Key-Shared deliveries, whose durable copy is their
+// group log).
+func NewStorage(server *mqtt.Server, store *persistence.SessionStore, records sessionstore.Store, skipInflight func(client string, packetID uint16) bool) *Storage {
+	return &Storage{server: server, store: store, records: records, skipInflight: skipInflight}
 }
 
 // ID returns the hook's id.
@@ -100,59 +109,6 @@ func (h *Storage) put(kind string, key []byte, v storage.Serializable) {
 	h.store.Put(kind, key, data)
 }
 
-// forget removes everything stored for a client.
-func (h *Storage) forget(id string) {
-	p := clientPrefix(id)
-	h.store.Delete(persistence.KindClient, []byte(id))
-	h.store.DeletePrefix(persistence.KindSubscription, p)
-	h.store.DeletePrefix(persistence.KindInflight, p)
-	h.store.DeletePrefix(persistence.KindKeyFilters, p)
-}
-
-// OnSessionEstablished records a persistent client, or forgets a session that
-// a clean start has just discarded.
-func (h *Storage) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
-	if !persistent(cl) {
-		h.forget(cl.ID)
-		return
-	}
-	h.putClient(cl)
-}
-
-// OnWillSent updates the client record once its will has been sent.
-func (h *Storage) OnWillSent(cl *mqtt.Client, _ packets.Packet) {
-	if persistent(cl) {
-		h.putClient(cl)
-	}
-}
-
-func (h *Storage) putClient(cl *mqtt.Client) {
-	props := cl.Properties.Props.Copy()
-	h.put(persistence.KindClient, []byte(cl.ID), &storage.Client{
-		ID:              cl.ID,
-		T:               storage.ClientKey,
-		Remote:          cl.Net.Remote,
-		Listener:        cl.Net.Listener,
-		Username:        cl.Properties.Username,
-		Clean:           cl.Properties.Clean,
-		ProtocolVersion: cl.Properties.ProtocolVersion,
-		Properties: storage.ClientProperties{
-			SessionExpiryInterval:     props.SessionExpiryInterval,
-			SessionExpiryIntervalFlag: props.SessionExpiryIntervalFlag,
-			AuthenticationMethod:      props.AuthenticationMethod,
-			AuthenticationData:        props.AuthenticationData,
-			RequestProblemInfo:        props.RequestProblemInfo,
-			RequestProblemInfoFlag:    props.RequestProblemInfoFlag,
-			RequestResponseInfo:       props.RequestResponseInfo,
-			ReceiveMaximum:            props.ReceiveMaximum,
-			TopicAliasMaximum:         props.TopicAliasMaximum,
-			User:                      props.User,
-			MaximumPacketSize:         props.MaximumPacketSize,
-		},
-		Will: storage.ClientWill(cl.Properties.Will),
-	})
-}
-
 // OnDisconnect forgets a session that ends with its connection.
 func (h *Storage) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 	if expire && cl.StopCause() != packets.ErrSessionTakenOver {
@@ -162,59 +118,6 @@ func (h *Storage) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 
 // OnClientExpired forgets a session whose expiry interval has passed.
 func (h *Storage) OnClientExpired(cl *mqtt.Client) { h.forget(cl.ID) }
-
-// OnSubscribed stores granted subscriptions of a persistent session and
-// waits for the commit, so a SUBACK means the subscription survives a crash.
-// A subscription that cannot be stored (a key bbolt refuses, a failed
-// commit) is refused instead: SUBACK 0x80, and mochi's subscription is taken
-// back. The writes are separate: one that fails costs no other.
-func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
-	if !persistent(cl) {
-		return
-	}
-	var ws []persistence.SessionWrite
-	var idx []int
-	for i, f := range pk.Filters {
-		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
-			continue
-		}
-		data, err := (&storage.Subscription{
-			ID:                f.Filter,
-			T:                 storage.SubscriptionKey,
-			Client:            cl.ID,
-			Qos:               reasonCodes[i],
-			Filter:            f.Filter,
-			Identifier:        f.Identifier,
-			NoLocal:           f.NoLocal,
-			RetainHandling:    f.RetainHandling,
-			RetainAsPublished: f.RetainAsPublished,
-		}).MarshalBinary()
-		if err != nil {
-			h.Log.Error("storage: encode subscription", "client", clip(cl.ID), "error", err)
-			refuseSubscription(h.server, cl, f.Filter, reasonCodes, i, packets.ErrUnspecifiedError)
-			continue
-		}
-		ws = append(ws, persistence.SessionWrite{Kind: persistence.KindSubscription, Key: subscriptionKey(cl.ID, f.Filter), Val: data})
-		idx = append(idx, i)
-	}
-	for j, err := range h.store.Write(ws...) {
-		if err != nil {
-			i := idx[j]
-			h.Log.Error("storage: subscription not stored; refusing it", "client", clip(cl.ID), "filter", clip(pk.Filters[i].Filter), "error", err)
-			refuseSubscription(h.server, cl, pk.Filters[i].Filter, reasonCodes, i, packets.ErrUnspecifiedError)
-		}
-	}
-}
-
-// OnUnsubscribed removes subscriptions.
-func (h *Storage) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
-	if !persistent(cl) {
-		return
-	}
-	for _, f := range pk.Filters {
-		h.store.Delete(persistence.KindSubscription, subscriptionKey(cl.ID, f.Filter))
-	}
-}
 
 func storedMessage(pk packets.Packet) *storage.Message {
 	props := pk.Properties.Copy(false)
@@ -286,16 +189,6 @@ func loadAll[T any](h *Storage, kind string) ([]T, error) {
 		return nil
 	})
 	return out, err
-}
-
-// StoredClients returns the stored clients.
-func (h *Storage) StoredClients() ([]storage.Client, error) {
-	return loadAll[storage.Client](h, persistence.KindClient)
-}
-
-// StoredSubscriptions returns the stored subscriptions.
-func (h *Storage) StoredSubscriptions() ([]storage.Subscription, error) {
-	return loadAll[storage.Subscription](h, persistence.KindSubscription)
 }
 
 // StoredInflightMessages returns the stored inflight messages.

@@ -25,7 +25,7 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 		t.Fatal(err)
 	}
 	server := mqtt.New(&mqtt.Options{})
-	h := NewStorage(server, store, nil)
+	h := NewStorage(server, store, store.Records(), nil)
 	cl := server.NewClient(nil, "t", "dev", false)
 	cl.Properties.ProtocolVersion, cl.Properties.Clean = 4, false
 
@@ -65,5 +65,78 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 	h.OnQosDropped(cl, pk(packets.Pubrec)) // mochi drops the in-flight entry it held
 	if got := stored(); len(got) != 0 {
 		t.Fatalf("after dropping the PUBREC: %v, want nothing", got)
+	}
+}
+
+// TestStorageSessionRecords: a persistent session's client and
+// subscriptions are one session record, durable when the hook returns:
+// what a new hook on the reopened file restores is what was subscribed and
+// not unsubscribed; a clean start keeps the client and drops the
+// subscriptions; expiry deletes the record.
+func TestStorageSessionRecords(t *testing.T) {
+	dir := t.TempDir()
+	open := func() (*persistence.DB, *Storage) {
+		db, err := persistence.Open(dir, persistence.Options{NoSync: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		store, err := db.OpenSessions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return db, NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
+	}
+	restored := func(h *Storage) (map[string]bool, map[string]byte) {
+		t.Helper()
+		clients, err := h.StoredClients()
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs, err := h.StoredSubscriptions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, ss := map[string]bool{}, map[string]byte{}
+		for _, c := range clients {
+			cs[c.ID] = c.ProtocolVersion == 5 && c.Properties.SessionExpiryInterval == 60 && string(c.Username) == "u"
+		}
+		for _, s := range subs {
+			ss[s.Client+" "+s.Filter] = s.Qos
+		}
+		return cs, ss
+	}
+	db, h := open()
+	cl := h.server.NewClient(nil, "t", "dev", false)
+	cl.Properties.ProtocolVersion, cl.Properties.Username = 5, []byte("u")
+	cl.Properties.Props.SessionExpiryInterval = 60
+	h.OnSessionEstablished(cl, packets.Packet{})
+	sub := func(filter string, qos byte) {
+		h.OnSubscribed(cl, packets.Packet{Filters: packets.Subscriptions{{Filter: filter, Qos: qos}}}, []byte{qos})
+	}
+	sub("a/#", 1)
+	sub("b/+", 0)
+	sub("a/#", 2) // a new subscription to a filter replaces the old one
+	h.OnUnsubscribed(cl, packets.Packet{Filters: packets.Subscriptions{{Filter: "b/+"}}})
+	sub("c", 1)
+	if err := db.Close(); err != nil { // no Sync: what the hooks returned from is committed
+		t.Fatal(err)
+	}
+
+	db, h = open()
+	cs, ss := restored(h)
+	if len(cs) != 1 || !cs["dev"] || len(ss) != 2 || ss["dev a/#"] != 2 || ss["dev c"] != 1 {
+		t.Fatalf("restored clients %v subscriptions %v", cs, ss)
+	}
+	cl.Properties.Clean = true // a clean start of a persistent session
+	h.OnSessionEstablished(cl, packets.Packet{})
+	if cs, ss = restored(h); len(cs) != 1 || len(ss) != 0 {
+		t.Fatalf("after a clean start: clients %v subscriptions %v", cs, ss)
+	}
+	h.OnClientExpired(cl)
+	if cs, ss = restored(h); len(cs) != 0 || len(ss) != 0 {
+		t.Fatalf("after expiry: clients %v subscriptions %v", cs, ss)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

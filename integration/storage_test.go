@@ -232,6 +232,48 @@ func TestOpensDataFormat1(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	// The session's subscription (converted to data format 3 on the way
+	// in) takes new messages too, and outlives a SIGKILL once converted.
+	if code, err := r.Publish("queued/b", []byte("after the upgrade"), 1); err != nil || code != 0 {
+		t.Fatalf("publish: 0x%02x %v", code, err)
+	}
+	if m := off.Next(mqtttest.Timeout); m == nil || string(m.Payload) != "after the upgrade" {
+		t.Fatalf("a message after the upgrade: %+v", m)
+	} else if err := off.Ack(m); err != nil {
+		t.Fatal(err)
+	}
+	off.Close()
+	if code := p.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit code %d after SIGKILL", code)
+	}
+	p = startKeyline(t, dir, "--segment-size", "64KiB")
+	if off, err = mqtttest.DialWorker(p.addrs["tcp"], "offline-1", mqtttest.WorkerOptions{SessionExpiry: 86400}); err != nil {
+		t.Fatal(err)
+	}
+	defer off.Close()
+	if r, err = mqtttest.DialWorker(p.addrs["tcp"], "reader", mqtttest.WorkerOptions{CleanStart: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if code, err := r.Publish("queued/c", []byte("after a SIGKILL"), 1); err != nil || code != 0 {
+		t.Fatalf("publish: 0x%02x %v", code, err)
+	}
+	// A PUBACK's removal from the outbox is written behind (within one
+	// commit) and the SIGKILL may come first: the messages acknowledged
+	// just before it may come again, marked DUP (at least once).
+	m := off.Next(mqtttest.Timeout)
+	for range 6 {
+		if m == nil || !m.Dup || (string(m.Payload) != "after the upgrade" && !strings.HasPrefix(string(m.Payload), "queued ")) {
+			break
+		}
+		if err := off.Ack(m); err != nil {
+			t.Fatal(err)
+		}
+		m = off.Next(mqtttest.Timeout)
+	}
+	if m == nil || string(m.Payload) != "after a SIGKILL" {
+		t.Fatalf("a message after a SIGKILL: %+v", m)
+	}
 	if code, err := r.Subscribe("config/site", 1); err != nil || code > 1 {
 		t.Fatalf("subscribe: 0x%02x %v", code, err)
 	}

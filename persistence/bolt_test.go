@@ -629,12 +629,12 @@ func TestBatchAbortRetriesOthers(t *testing.T) {
 		blockerDone <- c.do(func(*bolt.Tx) error { close(entered); <-release; return nil })
 	}()
 	<-entered // the committer is inside a transaction; what follows forms the next batch
-	sess.Put(KindClient, []byte("before"), []byte("1"))
+	sess.Put(KindSysInfo, []byte("before"), []byte("1"))
 	boom := errors.New("boom")
 	abortDone := make(chan error, 1)
 	go func() { // an op that aborts its transaction after writing
 		abortDone <- c.do(func(tx *bolt.Tx) error {
-			if err := tx.Bucket(sessionsBucket).Bucket([]byte(KindClient)).Put([]byte("junk"), []byte("x")); err != nil {
+			if err := tx.Bucket(sessionsBucket).Bucket([]byte(KindSysInfo)).Put([]byte("junk"), []byte("x")); err != nil {
 				return fatal(err)
 			}
 			return fatal(boom)
@@ -653,8 +653,8 @@ func TestBatchAbortRetriesOthers(t *testing.T) {
 	// A write bbolt refuses (a key over its limit) fails alone, without aborting.
 	tooBig := make(chan []error, 1)
 	go func() {
-		tooBig <- sess.Write(SessionWrite{Kind: KindClient, Key: make([]byte, MaxSessionKey+1), Val: []byte("x")},
-			SessionWrite{Kind: KindClient, Key: []byte("after"), Val: []byte("2")})
+		tooBig <- sess.Write(SessionWrite{Kind: KindSysInfo, Key: make([]byte, MaxSessionKey+1), Val: []byte("x")},
+			SessionWrite{Kind: KindSysInfo, Key: []byte("after"), Val: []byte("2")})
 	}()
 	for {
 		c.mu.Lock()
@@ -677,7 +677,7 @@ func TestBatchAbortRetriesOthers(t *testing.T) {
 		t.Fatalf("writes = %v: want the oversized key refused and the other stored", errs)
 	}
 	for key, want := range map[string]string{"before": "1", "after": "2", "junk": ""} {
-		v, err := sess.Get(KindClient, []byte(key))
+		v, err := sess.Get(KindSysInfo, []byte(key))
 		if err != nil || string(v) != want {
 			t.Fatalf("%s = %q, %v; want %q (the aborted op's write must be gone)", key, v, err, want)
 		}

@@ -159,10 +159,13 @@ func (rep *CheckReport) checkFile(path string, states map[uint64]seglog.GroupSta
 		}
 		rep.Format = max(v, 1)
 		if sb := tx.Bucket(sessionsBucket); sb != nil {
-			for _, kind := range sessionKinds {
-				if kb := sb.Bucket([]byte(kind)); kb != nil {
-					rep.Sessions[kind] = kb.Stats().KeyN
-				}
+			// Every kind the file holds, those of older formats too
+			// (format 2's clients and subscriptions: check does not migrate).
+			if err := sb.ForEachBucket(func(kind []byte) error {
+				rep.Sessions[string(kind)] = sb.Bucket(kind).Stats().KeyN
+				return nil
+			}); err != nil {
+				return err
 			}
 		}
 		root := tx.Bucket(groupsBucket)

@@ -127,7 +127,7 @@ func Open(dir string, opts Options) (*DB, error) {
 		}
 		return nil, fmt.Errorf("persistence: open %s: %w", path, err)
 	}
-	if err := checkFormat(b, path); err != nil {
+	if err := checkFormat(b, path, logger); err != nil {
 		if cerr := b.Close(); cerr != nil {
 			logger.Error("close after failed open", "path", path, "error", cerr)
 		}

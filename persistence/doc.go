@@ -6,8 +6,9 @@
 //     a crash, compacted so that disk follows the unresolved messages;
 //   - keyline.db (FileName, bbolt): each group's identity and settings, its
 //     dead letters, and the periodic checkpoint of its log state (head,
-//     cursor, offsets resolved above the cursor), plus mochi's session state
-//     (clients, subscriptions, retained and inflight messages, sysinfo).
+//     cursor, offsets resolved above the cursor), plus the broker's session
+//     state (session records, retained and inflight messages, outboxes,
+//     key filters, sysinfo).
 //
 // # Layout of keyline.db
 //
@@ -19,7 +20,13 @@
 //	groups/<name>/quarantine/  offset -> raw record the codec could not decode
 //	groups/<name>/dlq-state  dead letters held and the last dead letter id
 //	groups/<name>/dlq/    big-endian uint64 id -> encoded dead letter
-//	sessions/<kind>/      session records (SessionStore), keys opaque to this package
+//	sessions/records/     client id -> session record (SessionRecords, binary:
+//	                      version, revision, flags, owner, floor, acked,
+//	                      disconnected-at, then the broker's State); the
+//	                      bucket's sequence is the last revision (format 3)
+//	sessions/<kind>/      other session state (SessionStore), keys opaque to
+//	                      this package; format 2 kept clients and
+//	                      subscriptions here as mochi's JSON records
 //
 // A group's name is the bytes of "<share name>/<filter>" (any UTF-8; it never
 // becomes a path); its messages are keyed in the segment log by its id.

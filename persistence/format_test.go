@@ -119,7 +119,7 @@ func TestOpensDataFormat1(t *testing.T) {
 		t.Fatal(err)
 	}
 	counts := map[string]int{}
-	for _, kind := range []string{KindClient, KindSubscription, KindRetained, KindOutbox} {
+	for _, kind := range []string{KindRecords, KindRetained, KindOutbox} {
 		if err := ss.ForEach(kind, func(k, v []byte) error {
 			counts[kind]++
 			if kind == KindRetained && (string(k) != "config/site" || !bytes.Contains(v, []byte(`"config/site"`))) {
@@ -130,10 +130,12 @@ func TestOpensDataFormat1(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// offline-1's client, subscription and outbox (5 messages and its session record).
-	if counts[KindClient] != 1 || counts[KindSubscription] != 1 || counts[KindRetained] != 1 || counts[KindOutbox] != 6 {
+	// offline-1's session record (client and subscription, converted to
+	// format 3) and outbox (5 messages and its outbox record).
+	if counts[KindRecords] != 1 || counts[KindRetained] != 1 || counts[KindOutbox] != 6 {
 		t.Fatalf("session records %v", counts)
 	}
+	checkV1Session(t, ss.Records())
 	if off := mustAppend(t, s, "audit/orders/#", msg("orders/new", "after the upgrade")); off != 401 {
 		t.Fatalf("offset %d", off)
 	}

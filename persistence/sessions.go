@@ -11,12 +11,15 @@ import (
 
 // Kinds of session record. Each kind is a bucket under the top-level
 // "sessions" bucket; keys and values are opaque to this package.
+//
+// A session's client and subscriptions are its record in KindRecords
+// (SessionRecords, a sessionstore.Store); before data format 3 they were
+// mochi's JSON records in the buckets "clients" and "subscriptions",
+// which opening such a file converts (migrateSessionRecords).
 const (
-	KindClient       = "clients"
-	KindSubscription = "subscriptions"
-	KindRetained     = "retained"
-	KindInflight     = "inflight"
-	KindSysInfo      = "sysinfo"
+	KindRetained = "retained"
+	KindInflight = "inflight"
+	KindSysInfo  = "sysinfo"
 	// KindKeyFilters holds the key filters of persistent sessions' Key-Shared
 	// memberships, keyed like subscriptions.
 	KindKeyFilters = "keyfilters"
@@ -26,7 +29,7 @@ const (
 	KindOutbox = "outbox"
 )
 
-var sessionKinds = []string{KindClient, KindSubscription, KindRetained, KindInflight, KindSysInfo, KindKeyFilters, KindOutbox}
+var sessionKinds = []string{KindRecords, KindRetained, KindInflight, KindSysInfo, KindKeyFilters, KindOutbox}
 
 var sessionsBucket = []byte("sessions")
 

@@ -36,10 +36,10 @@ func collect(t *testing.T, s *SessionStore, kind string) map[string]string {
 func TestSessionStoreWritesSurviveReopen(t *testing.T) {
 	dir := t.TempDir()
 	db, s := openSessionsForTest(t, dir)
-	s.Put(KindClient, []byte("c1"), []byte("v1"))
-	s.Put(KindClient, []byte("c2"), []byte("v2"))
-	s.Put(KindClient, []byte("c1"), []byte("v1b")) // later write wins
-	s.Delete(KindClient, []byte("c2"))
+	s.Put(KindSysInfo, []byte("c1"), []byte("v1"))
+	s.Put(KindSysInfo, []byte("c2"), []byte("v2"))
+	s.Put(KindSysInfo, []byte("c1"), []byte("v1b")) // later write wins
+	s.Delete(KindSysInfo, []byte("c2"))
 	s.Put(KindInflight, []byte("\x02c1\x00\x01"), []byte("m1"))
 	s.Put(KindInflight, []byte("\x02c1\x00\x02"), []byte("m2"))
 	s.Put(KindInflight, []byte("\x03c10\x00\x01"), []byte("other client"))
@@ -57,7 +57,7 @@ func TestSessionStoreWritesSurviveReopen(t *testing.T) {
 	db, s = openSessionsForTest(t, dir)
 	defer db.Close()
 	defer s.Close()
-	if got := collect(t, s, KindClient); len(got) != 1 || got["c1"] != "v1b" {
+	if got := collect(t, s, KindSysInfo); len(got) != 1 || got["c1"] != "v1b" {
 		t.Errorf("clients after reopen = %v, want only c1=v1b", got)
 	}
 	if got := collect(t, s, KindInflight); len(got) != 1 || got["\x03c10\x00\x01"] != "other client" {
@@ -95,7 +95,7 @@ func TestSessionStoreConcurrentWritersBatch(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := range each {
-				s.Put(KindSubscription, fmt.Appendf(nil, "%02d/%03d", w, i), []byte("q1"))
+				s.Put(KindKeyFilters, fmt.Appendf(nil, "%02d/%03d", w, i), []byte("q1"))
 				if err := s.Sync(); err != nil {
 					errs <- err
 					return
@@ -108,7 +108,7 @@ func TestSessionStoreConcurrentWritersBatch(t *testing.T) {
 	for err := range errs {
 		t.Fatalf("Sync: %v", err)
 	}
-	if got := collect(t, s, KindSubscription); len(got) != writers*each {
+	if got := collect(t, s, KindKeyFilters); len(got) != writers*each {
 		t.Fatalf("subscriptions = %d, want %d", len(got), writers*each)
 	}
 	if c := s.Commits(); c >= writers*each {
@@ -129,7 +129,7 @@ func TestSessionStoreAfterClose(t *testing.T) {
 	if err := s.Sync(); err != ErrClosed {
 		t.Fatalf("Sync after Close = %v, want ErrClosed", err)
 	}
-	s.Put(KindClient, []byte("late"), []byte("x"))
+	s.Put(KindSysInfo, []byte("late"), []byte("x"))
 	if s.WriteErrors() != 1 {
 		t.Fatalf("WriteErrors = %d after a write past Close, want 1", s.WriteErrors())
 	}
@@ -150,7 +150,7 @@ func TestSessionStoreUnknownKind(t *testing.T) {
 		t.Fatal("ForEach of an unknown kind succeeded")
 	}
 	// The store keeps working after a failed commit.
-	s.Put(KindClient, []byte("c"), []byte("v"))
+	s.Put(KindSysInfo, []byte("c"), []byte("v"))
 	if err := s.Sync(); err != nil {
 		t.Fatalf("Sync after recovery: %v", err)
 	}

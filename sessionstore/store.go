@@ -37,7 +37,8 @@ type Record struct {
 // two writers racing for one session exactly one wins.
 //
 // The contract, which storetest checks against every implementation (the
-// in-memory one here, the cluster's JetStream key-value bucket):
+// in-memory one here, one node's data file (persistence.SessionRecords,
+// bbolt), the cluster's JetStream key-value bucket):
 //
 //   - Revisions are positive and only grow per store (deployment-wide in a
 //     cluster); a record that does not exist has revision 0.
@@ -49,8 +50,9 @@ type Record struct {
 //     record written since, or already gone).
 //   - What is durable when: a Save or Delete that returned nil is
 //     durable (JetStream: stored on a quorum of the bucket's replicas;
-//     memory: for the life of the process) and every later write decides
-//     against it. A Load may lag behind a write made through another
+//     the data file: committed and synced; memory: for the life of the
+//     process) and every later write decides against it, after a restart
+//     too (storetest.RunDurable, for the stores that outlive a process). A Load may lag behind a write made through another
 //     store of the deployment (another node; any replica may answer),
 //     never behind one made through the same store, and never returns a
 //     record that was not written.

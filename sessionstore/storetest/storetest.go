@@ -250,3 +250,71 @@ func testForEach(t *testing.T, ss []sessionstore.Store) {
 		t.Fatalf("ForEach after fn returned false: %d calls, %v; want 1", calls, err)
 	}
 }
+
+// Reopen returns, for one subtest, a function that opens the store of one
+// new, empty deployment on what it keeps: called again, it closes the store
+// it returned last (as a process ends) and opens it again.
+type Reopen func(t *testing.T) func() sessionstore.Store
+
+// RunDurable runs the contract's durability part against stores that keep
+// their records across a close and a reopen (the data file's): every write
+// that returned is there after it, at its revision, and revisions keep
+// growing, so a writer holding a revision from before the reopen still
+// decides against what was written.
+func RunDurable(t *testing.T, reopen Reopen) {
+	t.Run("Reopen", func(t *testing.T) {
+		open := reopen(t)
+		s := open()
+		revs := map[string]uint64{}
+		var top uint64
+		for _, id := range ids {
+			revs[id] = save(t, s, full(id, "node-a"), 0)
+			top = max(top, revs[id])
+		}
+		rec := full(ids[0], "node-b")
+		rec.Acked, rec.State = nil, nil
+		revs[ids[0]] = save(t, s, rec, revs[ids[0]])
+		if err := s.Delete(ctx(t), ids[1], revs[ids[1]]); err != nil {
+			t.Fatalf("Delete %q: %v", ids[1], err)
+		}
+		delete(revs, ids[1])
+		stale := revs[ids[2]]
+		revs[ids[2]] = save(t, s, full(ids[2], "node-c"), stale)
+		for _, rev := range revs {
+			top = max(top, rev)
+		}
+
+		s = open()
+		for _, id := range ids {
+			got, rev := load(t, s, id)
+			want := full(id, "node-a")
+			switch id {
+			case ids[0]:
+				want = rec
+			case ids[1]:
+				want = nil
+			case ids[2]:
+				want = full(id, "node-c")
+			}
+			if rev != revs[id] || !reflect.DeepEqual(got, want) {
+				t.Fatalf("after reopen, %q: %+v at %d, want %+v at %d", id, got, rev, want, revs[id])
+			}
+		}
+		n := 0
+		if err := s.ForEach(ctx(t), func(r *sessionstore.Record, rev uint64) bool {
+			n++
+			if rev != revs[r.ClientID] {
+				t.Errorf("ForEach after reopen: %q at %d, want %d", r.ClientID, rev, revs[r.ClientID])
+			}
+			return true
+		}); err != nil || n != len(revs) {
+			t.Fatalf("ForEach after reopen: %d records, %v; want %d", n, err, len(revs))
+		}
+		if _, err := s.Save(ctx(t), full(ids[2], "late"), stale); !errors.Is(err, sessionstore.ErrRevision) {
+			t.Fatalf("Save at a revision from before a write, after reopen: %v, want ErrRevision", err)
+		}
+		if rev := save(t, s, full(ids[1], "node-a"), 0); rev <= top {
+			t.Fatalf("revision %d after reopen, not above %d from before", rev, top)
+		}
+	})
+}

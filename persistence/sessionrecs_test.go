@@ -1,0 +1,195 @@
+package persistence
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/keyline-mq/keyline/internal/sessionstate"
+	"github.com/keyline-mq/keyline/sessionstore"
+	"github.com/keyline-mq/keyline/sessionstore/storetest"
+)
+
+// TestSessionRecords runs the session store contract against the data
+// file's records (one node: the suite's two stores are one), and its
+// durability part across a close and a reopen of the file.
+func TestSessionRecords(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) []sessionstore.Store {
+		s := openSessions(t, openTestDB(t, t.TempDir(), Options{NoSync: true}))
+		return []sessionstore.Store{s.Records(), s.Records()}
+	})
+	storetest.RunDurable(t, func(t *testing.T) func() sessionstore.Store {
+		dir := t.TempDir()
+		var db *DB
+		t.Cleanup(func() {
+			if db != nil {
+				db.Close()
+			}
+		})
+		return func() sessionstore.Store {
+			if db != nil {
+				if err := db.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var err error
+			if db, err = Open(dir, Options{Logger: testLogger(t)}); err != nil {
+				t.Fatal(err)
+			}
+			s, err := db.OpenSessions()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s.Records()
+		}
+	})
+}
+
+func openSessions(t *testing.T, db *DB) *SessionStore {
+	t.Helper()
+	s, err := db.OpenSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestRecordCodec: every field survives, and a damaged record is an error.
+func TestRecordCodec(t *testing.T) {
+	rec := &sessionstore.Record{ClientID: "c", Owner: "n1", Persistent: true, Connected: true, Floor: 1 << 40,
+		Acked: []uint64{1<<40 + 3, 1<<40 + 9}, DisconnectedAt: -5, State: []byte{1, 2, 3}}
+	v := encodeRecord(rec, 77)
+	got, rev, err := decodeRecord("c", v)
+	if err != nil || rev != 77 || !reflect.DeepEqual(got, rec) {
+		t.Fatalf("decoded %+v rev %d %v", got, rev, err)
+	}
+	for i := range len(v) - len(rec.State) {
+		if _, _, err := decodeRecord("c", v[:i]); err == nil {
+			t.Fatalf("a record cut at %d bytes decoded", i)
+		}
+	}
+}
+
+// TestMigratesFormat2Sessions writes session records the way keylines of
+// data format 2 did (mochi's JSON records, under the hook's keys), marks
+// the file format 2 and opens it: each session is one record holding its
+// client and subscriptions, the old buckets are gone, a subscription of no
+// client is dropped, and the file records format 3.
+func TestMigratesFormat2Sessions(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir, Options{NoSync: true})
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]*sessionstate.State{}
+	b, err := bolt.Open(filepath.Join(dir, FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Update(func(tx *bolt.Tx) error {
+		root, err := tx.CreateBucketIfNotExists(sessionsBucket)
+		if err != nil {
+			return err
+		}
+		cb, _ := root.CreateBucketIfNotExists(legacyClients)
+		sb, _ := root.CreateBucketIfNotExists(legacySubscriptions)
+		for i := range 50 {
+			id := fmt.Sprintf("dev-%d", i)
+			st := &sessionstate.State{Client: storage.Client{ID: id, T: storage.ClientKey, Listener: "tcp", ProtocolVersion: 5,
+				Username: []byte("u"), Properties: storage.ClientProperties{SessionExpiryInterval: 3600, SessionExpiryIntervalFlag: true}}}
+			raw, _ := st.Client.MarshalBinary()
+			if err := cb.Put([]byte(id), raw); err != nil {
+				return err
+			}
+			for j := range i % 4 {
+				sub := storage.Subscription{T: storage.SubscriptionKey, ID: fmt.Sprintf("t/%d/#", j), Client: id, Filter: fmt.Sprintf("t/%d/#", j), Qos: 1, Identifier: j}
+				st.Subs = append(st.Subs, sub)
+				raw, _ := json.Marshal(sub)
+				key := append(append([]byte{byte(len(id))}, id...), sub.Filter...)
+				if err := sb.Put(key, raw); err != nil {
+					return err
+				}
+			}
+			want[id] = st
+		}
+		orphan, _ := json.Marshal(storage.Subscription{Client: "gone", Filter: "x"})
+		if err := sb.Put(append([]byte{4}, "gonex"...), orphan); err != nil {
+			return err
+		}
+		return putFormat(tx, 2)
+	})
+	b.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// keyline check reads a format 2 file as it is.
+	if rep, err := CheckDir(dir); err != nil || rep.Format != 2 || rep.Sessions["clients"] != 50 || rep.Sessions["subscriptions"] != 74 || len(rep.Problems) != 0 {
+		t.Fatalf("check of the format 2 file: %+v %v", rep, err)
+	}
+	db = openTestDB(t, dir, Options{NoSync: true})
+	got := map[string]*sessionstate.State{}
+	if err := openSessions(t, db).Records().ForEach(context.Background(), func(rec *sessionstore.Record, rev uint64) bool {
+		st, err := sessionstate.Decode(rec.ClientID, rec.State)
+		if err != nil || !rec.Persistent || rev == 0 {
+			t.Errorf("%s: %+v rev %d: %v", rec.ClientID, rec, rev, err)
+			return true
+		}
+		got[rec.ClientID] = st
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("migrated %d sessions, want %d: %v", len(got), len(want), got)
+	}
+	err = db.bolt.View(func(tx *bolt.Tx) error {
+		if v, err := formatOf(tx); err != nil || v != FormatVersion {
+			return fmt.Errorf("format %d %v", v, err)
+		}
+		root := tx.Bucket(sessionsBucket)
+		if root.Bucket(legacyClients) != nil || root.Bucket(legacySubscriptions) != nil {
+			return fmt.Errorf("the format 2 buckets are still there")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A backup of the migrated file restores format 3, and check reads it.
+	var buf bytes.Buffer
+	if m, _, err := db.Backup(&buf); err != nil || m.DataFormat != FormatVersion {
+		t.Fatalf("backup: %+v %v", m, err)
+	}
+	restored := filepath.Join(t.TempDir(), "restored")
+	if _, err := ExtractBackup(&buf, restored); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := CheckDir(restored); err != nil || rep.Format != FormatVersion || rep.Sessions[KindRecords] != 50 || len(rep.Problems) != 0 {
+		t.Fatalf("check of the restored backup: %+v %v", rep, err)
+	}
+}
+
+// checkV1Session checks offline-1's session converted from the format 1
+// fixture: an MQTT 5 client with a day's expiry subscribed to queued/# at QoS 1.
+func checkV1Session(t *testing.T, s sessionstore.Store) {
+	t.Helper()
+	rec, rev, err := s.Load(context.Background(), "offline-1")
+	if err != nil || rec == nil || rev == 0 {
+		t.Fatalf("offline-1: %+v %d %v", rec, rev, err)
+	}
+	st, err := sessionstate.Decode(rec.ClientID, rec.State)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Client.ProtocolVersion != 5 || st.Client.Properties.SessionExpiryInterval != 86400 ||
+		len(st.Subs) != 1 || st.Subs[0].Filter != "queued/#" || st.Subs[0].Qos != 1 || st.Subs[0].Client != "offline-1" {
+		t.Fatalf("offline-1: %+v", st)
+	}
+}
