@@ -28,6 +28,13 @@ type groupOut struct {
 	// goroutine that delivered them when the member's connection writer is
 	// idle.
 	fl *connq.Flusher
+	// pk is the packet of the QoS 1/2 delivery being made: only the
+	// dispatcher's goroutine delivers at QoS 1/2 (a QoS 0 publish routed on
+	// a publisher's goroutine stays at QoS 0), and a packet of its own
+	// would be moved to the heap on every delivery, the closure that
+	// records it in mochi's in-flight map capturing it (the CPU profile at
+	// 2,000 msg/s: a third of the bytes allocated on the path).
+	pk packets.Packet
 }
 
 var (
@@ -63,20 +70,28 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 	if ms == nil {
 		return false
 	}
-	pk := publishPacket(m, min(m.QoS, ms.qos))
-	if ms.subID > 0 && cl.Properties.ProtocolVersion == 5 {
+	qos := min(m.QoS, ms.qos)
+	subID := ms.subID > 0 && cl.Properties.ProtocolVersion == 5
+	if qos == 0 {
+		pk := publishPacket(m, 0)
+		if subID {
+			pk.Properties.SubscriptionIdentifier = []int{ms.subID}
+		}
+		return o.deliverQoS0(cl, pk, m)
+	}
+	pk := &o.pk
+	*pk = publishPacket(m, qos)
+	defer func() { *pk = packets.Packet{} }() // keeps no message alive until the next delivery
+	if subID {
 		// [MQTT-3.3.4-3] holds for shared subscriptions too; it is also in
 		// the packet mochi keeps in flight, so a resend carries it.
 		pk.Properties.SubscriptionIdentifier = []int{ms.subID}
-	}
-	if pk.FixedHeader.Qos == 0 {
-		return o.deliverQoS0(cl, pk, m)
 	}
 	// The id is chosen and recorded in mochi's in-flight map while the
 	// session's other deliveries cannot take it.
 	_, ok = h.allocPacketID(cl, func(id uint16) {
 		pk.PacketID = id
-		if cl.State.Inflight.Set(pk) {
+		if cl.State.Inflight.Set(*pk) {
 			atomic.AddInt64(&h.server.Info.Inflight, 1)
 		}
 	})
@@ -103,10 +118,10 @@ func (o *groupOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 // write sends a QoS 1 or 2 delivery: encoded here and queued by reference
 // on the member's connection queue (mochi's WritePacket would copy it and
 // run its slower encoder), or through mochi for a client without one.
-func (o *groupOut) write(cl *mqtt.Client, pk packets.Packet, m *keyshared.Message) error {
+func (o *groupOut) write(cl *mqtt.Client, pk *packets.Packet, m *keyshared.Message) error {
 	q, ok := cl.Net.Conn.(*connq.Conn)
 	if !ok {
-		return cl.WritePacket(pk)
+		return cl.WritePacket(*pk)
 	}
 	frame := encodeDelivery(m, cl.Properties.ProtocolVersion, pk.FixedHeader.Qos, pk.PacketID, pk.Properties.SubscriptionIdentifier, time.Now())
 	if !fits(maxPacketSize(cl), len(frame)) {

@@ -73,8 +73,11 @@ func (h *KeyShared) publish(cl *mqtt.Client, pk packets.Packet, groups []*ksGrou
 		m.QoS = 0
 	}
 	if m.QoS == 0 {
+		// A copy of its own: &m handed to Route would move every publish's
+		// message to the heap, QoS 1 and 2 too (CPU profile at 2,000 msg/s).
+		rm := m
 		for _, g := range groups {
-			g.d.Route(&m)
+			g.d.Route(&rm)
 		}
 		return pk, nil
 	}
