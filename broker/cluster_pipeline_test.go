@@ -3,7 +3,6 @@ package broker
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -13,81 +12,8 @@ import (
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/mqtttest"
-	"github.com/keyline-mq/keyline/internal/mqttwire"
 	"github.com/keyline-mq/keyline/internal/natstest"
 )
-
-// rawPublisher is an MQTT 5 publisher on a bare connection: it writes
-// QoS 1 PUBLISH frames without waiting and reads the PUBACKs as they come,
-// which no client library lets a test see in their order.
-type rawPublisher struct {
-	conn net.Conn
-	r    *mqttwire.Reader
-}
-
-func dialRawPublisher(t *testing.T, b *Broker, id string) *rawPublisher {
-	t.Helper()
-	conn := mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil)
-	t.Cleanup(func() { _ = conn.Close() })
-	p := &rawPublisher{conn: conn, r: mqttwire.NewReader(conn, 0)}
-	p.write(t, mqtttest.Connect5(id, nil, nil))
-	f := p.next(t)
-	ca, err := mqttwire.DecodeConnack(mqttwire.Version5, f)
-	if err != nil || ca.ReasonCode != 0 {
-		t.Fatalf("connect %s: %+v, %v", id, ca, err)
-	}
-	return p
-}
-
-func (p *rawPublisher) write(t *testing.T, frame []byte) {
-	t.Helper()
-	if _, err := p.conn.Write(frame); err != nil {
-		t.Fatalf("write: %v", err)
-	}
-}
-
-func (p *rawPublisher) next(t *testing.T) mqttwire.Packet {
-	t.Helper()
-	_ = p.conn.SetReadDeadline(time.Now().Add(mqtttest.Timeout))
-	f, err := p.r.Next()
-	if err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	return f
-}
-
-func (p *rawPublisher) publish(t *testing.T, id uint16, topic string, payload []byte) {
-	t.Helper()
-	p.write(t, mqtttest.Frame(mqttwire.TypePublish, 1<<1, mqtttest.Str(topic), mqtttest.U16(id), mqtttest.Props(), payload))
-}
-
-// pipelined publishes n QoS 1 messages on topic with up to window in flight;
-// payload(i) is message i's. It returns the PUBACK reason codes, checking
-// that the PUBACKs come in the order of the publishes.
-func (p *rawPublisher) pipelined(t *testing.T, topic string, n, window int, payload func(int) []byte) []byte {
-	t.Helper()
-	codes := make([]byte, 0, n)
-	sent := 0
-	for len(codes) < n {
-		for sent < n && sent-len(codes) < window {
-			p.publish(t, uint16(sent%60000+1), topic, payload(sent))
-			sent++
-		}
-		f := p.next(t)
-		if f.Type != mqttwire.TypePuback {
-			t.Fatalf("got packet type %d, want a PUBACK", f.Type)
-		}
-		a, err := mqttwire.DecodeAck(mqttwire.Version5, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := uint16(len(codes)%60000 + 1); a.PacketID != want {
-			t.Fatalf("PUBACK %d for packet id %d, want packet id %d: acknowledgements out of publish order", len(codes), a.PacketID, want)
-		}
-		codes = append(codes, a.ReasonCode)
-	}
-	return codes
-}
 
 // expectInOrder reads want's messages from every subscriber, in order.
 func expectInOrder(t *testing.T, want []string, subs map[string]*mqtttest.V5) {
@@ -117,10 +43,10 @@ func TestClusterPipelinedQoS1Publishes(t *testing.T) {
 		s.Subscribe(t, paho.SubscribeOptions{Topic: "pipe/#", QoS: 1})
 		subs[name] = s
 	}
-	pub := dialRawPublisher(t, bs[0], "pipe-pub")
+	pub := mqtttest.DialRawPublisher(t, bs[0].Addr("tcp"), "pipe-pub")
 
 	const n, window = 600, 100
-	codes := pub.pipelined(t, "pipe/a", n, window, func(i int) []byte { return fmt.Appendf(nil, "m%d", i) })
+	codes := pub.Pipelined(t, "pipe/a", n, window, func(i int) []byte { return fmt.Appendf(nil, "m%d", i) }, nil)
 	want := make([]string, n)
 	for i, c := range codes {
 		if c != 0 {
@@ -138,12 +64,12 @@ func TestClusterPipelinedQoS1Publishes(t *testing.T) {
 	// is larger. Those are refused with 0x80 in their place among the
 	// acknowledgements, and delivered to nobody.
 	setMaxMsgSize(t, nc.URLs()[0], 200)
-	codes = pub.pipelined(t, "pipe/b", n, window, func(i int) []byte {
+	codes = pub.Pipelined(t, "pipe/b", n, window, func(i int) []byte {
 		if i%4 == 3 {
 			return make([]byte, 400)
 		}
 		return fmt.Appendf(nil, "b%d", i)
-	})
+	}, nil)
 	want = want[:0]
 	for i, c := range codes {
 		switch {

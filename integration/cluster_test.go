@@ -249,6 +249,45 @@ func TestClusterNATSServerKilled(t *testing.T) {
 	got.check(t, "sub-1", acked)
 }
 
+// TestClusterPipelinedNATSServerKilled kills the KL_MSGS leader while one
+// publisher has 50 QoS 1 publishes in flight: its PUBACKs stay in publish
+// order, publishing goes on after the election, and every acknowledged
+// message arrives on another node in publish order (a store retried
+// through the election never lands behind a later one).
+func TestClusterPipelinedNATSServerKilled(t *testing.T) {
+	pc := natstest.StartProcs(t, 3)
+	urls := pc.URLs()
+	order := func(i int) []string { return append(append([]string{}, urls[i:]...), urls[:i]...) }
+	a := startClusterNode(t, "node-a", order(0))
+	startClusterNode(t, "node-b", order(1))
+	c := startClusterNode(t, "node-c", order(2))
+
+	got := newReceiver()
+	sc := v5Session(t, c.addrs["tcp"], "sub-1", got)
+	subscribePaho(t, sc, "load/#", 1)
+
+	pub := mqtttest.DialRawPublisher(t, a.addrs["tcp"], "publisher")
+	const count, window = 1500, 50
+	codes := pub.Pipelined(t, "load/x", count, window, func(i int) []byte { return fmt.Appendf(nil, "m-%d", i) }, func(i int) {
+		if i == count/3 {
+			leader := streamLeader(t, urls, "KL_MSGS")
+			t.Logf("killing NATS server %s, leader of KL_MSGS, with up to %d publishes in flight", leader, window)
+			pc.Kill(int(leader[1] - '1'))
+		}
+	})
+	var acked []int
+	for i, code := range codes {
+		if code < 0x80 {
+			acked = append(acked, i)
+		}
+	}
+	t.Logf("%d of %d acknowledged, %d refused (0x80)", len(acked), count, count-len(acked))
+	if len(acked) == 0 || acked[len(acked)-1] < count-window {
+		t.Fatalf("publishing did not go on after the kill: %d acknowledged", len(acked))
+	}
+	got.check(t, "sub-1", acked)
+}
+
 // streamLeader returns the server name ("n1".."n3") leading a stream.
 func streamLeader(t *testing.T, urls []string, stream string) string {
 	t.Helper()
