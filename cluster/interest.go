@@ -206,6 +206,14 @@ func (n *Node) queuedLoop() {
 			DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:       n.queuedPos.Load() + 1,
 			InactiveThreshold: 30 * time.Second,
+			// One recreation by nats.go, then Next returns the error and
+			// this loop recreates the consumer with its own, shorter
+			// timeouts: nats.go retries without end, each try waiting 10 s
+			// and the pauses doubling to 10 s, which after the stream
+			// leader's server was killed was seen to leave a node's
+			// subscribers without messages for more than 30 s
+			// (TestClusterPipelinedNATSServerKilled, 2 of 10 runs).
+			MaxResetAttempts: 1,
 		})
 		cancel()
 		var it jetstream.MessagesContext

@@ -260,7 +260,15 @@ func TestClusterPipelinedNATSServerKilled(t *testing.T) {
 	order := func(i int) []string { return append(append([]string{}, urls[i:]...), urls[:i]...) }
 	a := startClusterNode(t, "node-a", order(0))
 	startClusterNode(t, "node-b", order(1))
-	c := startClusterNode(t, "node-c", order(2))
+	// The subscriber's node knows only a server that is not the stream's
+	// leader: this test is about the publisher's stores through the
+	// election (TestClusterNATSServerKilled lets nats.go pick the servers).
+	// Its reader of KL_MSGS must still move its consumer off the killed
+	// leader: before queuedLoop's MaxResetAttempts it got nothing for the
+	// test's 30 s in 3 of 14 runs.
+	leader := streamLeader(t, urls, "KL_MSGS")
+	li := int(leader[1] - '1')
+	c := startClusterNode(t, "node-c", []string{urls[(li+1)%len(urls)]})
 
 	got := newReceiver()
 	sc := v5Session(t, c.addrs["tcp"], "sub-1", got)
@@ -270,9 +278,11 @@ func TestClusterPipelinedNATSServerKilled(t *testing.T) {
 	const count, window = 1500, 50
 	codes := pub.Pipelined(t, "load/x", count, window, func(i int) []byte { return fmt.Appendf(nil, "m-%d", i) }, func(i int) {
 		if i == count/3 {
-			leader := streamLeader(t, urls, "KL_MSGS")
+			if now := streamLeader(t, urls, "KL_MSGS"); now != leader {
+				t.Fatalf("the KL_MSGS leader moved from %s to %s before the kill", leader, now)
+			}
 			t.Logf("killing NATS server %s, leader of KL_MSGS, with up to %d publishes in flight", leader, window)
-			pc.Kill(int(leader[1] - '1'))
+			pc.Kill(li)
 		}
 	})
 	var acked []int
