@@ -85,10 +85,21 @@ func (n *Node) StoreRetained(ctx context.Context, topic string, body []byte) err
 }
 
 func (n *Node) store(ctx context.Context, subj string, body []byte, stream string) (uint64, error) {
-	m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{hdrNode: []string{n.cfg.NodeID}}}
-	id := n.cfg.NodeID + "-" + n.boot + "-" + strconv.FormatUint(n.msgID.Add(1), 10)
-	deadline := time.Now().Add(n.cfg.PublishTimeout)
+	return n.storeWithID(ctx, subj, body, stream, n.nextMsgID(), time.Now().Add(n.cfg.PublishTimeout))
+}
+
+// nextMsgID is the JetStream message id of a store: one per message, kept
+// by its retries, so that a retry of a stored message does not store it twice.
+func (n *Node) nextMsgID() string {
+	return n.cfg.NodeID + "-" + n.boot + "-" + strconv.FormatUint(n.msgID.Add(1), 10)
+}
+
+// storeWithID stores a message under id, retrying until deadline.
+func (n *Node) storeWithID(ctx context.Context, subj string, body []byte, stream, id string, deadline time.Time) (uint64, error) {
 	for attempt := 0; ; attempt++ {
+		// A fresh message each attempt: nats.go writes the publish options
+		// into its header (and an async store that gave up may still hold it).
+		m := &nats.Msg{Subject: subj, Data: body, Header: nats.Header{hdrNode: []string{n.cfg.NodeID}}}
 		actx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
 		ack, err := n.js.PublishMsg(actx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(stream))
 		cancel()

@@ -61,6 +61,8 @@ type Stats struct {
 	QueuedOwn                                      atomic.Uint64 // own QoS 1/2 publishes that came back through the consumer (skipped)
 	QueuedRedeliver                                atomic.Uint64 // redeliveries of messages already handled (skipped)
 	PublishErrors                                  atomic.Uint64
+	StoresNotRetried                               atomic.Uint64 // failed QoS 1/2 stores refused rather than retried behind a later one of their publisher
+	StoreWindowMax                                 atomic.Uint64 // the most QoS 1/2 stores of one publisher seen in flight at once
 	SlowConsumer                                   atomic.Uint64 // core messages NATS dropped because the node fell behind
 	ConsumerUpdates                                atomic.Uint64
 	Takeovers                                      atomic.Uint64 // sessions this node took from another node
@@ -91,6 +93,7 @@ type Node struct {
 	connGen      atomic.Uint64 // bumped on every NATS disconnection
 	onReconnect  atomic.Pointer[func()]
 	stop         chan struct{}
+	storeSlots   chan struct{} // the node's QoS 1/2 stores in flight (publisher.go)
 	stopOnce     sync.Once
 	wg           sync.WaitGroup
 	subs         []*nats.Subscription
@@ -119,6 +122,7 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 		coreCh:     make(chan *nats.Msg, 1<<16),
 		retainedOK: make(chan struct{}),
 		stop:       make(chan struct{}),
+		storeSlots: make(chan struct{}, nodeWindow),
 	}
 	n.interest.init()
 	defer func() {
@@ -132,7 +136,7 @@ func Start(ctx context.Context, cfg Config, h Handler) (_ *Node, err error) {
 	if n.nc, err = nats.Connect(strings.Join(cfg.URLs, ","), n.natsOptions()...); err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", strings.Join(cfg.URLs, ","), err)
 	}
-	if n.js, err = jetstream.New(n.nc, jetstream.WithDefaultTimeout(cfg.RequestTimeout)); err != nil {
+	if n.js, err = jetstream.New(n.nc, jetstream.WithDefaultTimeout(cfg.RequestTimeout), jetstream.WithPublishAsyncTimeout(cfg.RequestTimeout)); err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	w := newStartWait(n.log)

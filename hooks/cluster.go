@@ -80,6 +80,11 @@ type Cluster struct {
 	// pubSeq: publishing client id -> KL_MSGS sequence of the publish it is
 	// in the middle of (stored, not yet delivered locally).
 	pubSeq sync.Map
+	// storing: *storeTicket -> a sequence every client store in flight
+	// will be at or above (floorLocked keeps floors below it).
+	storing sync.Map
+	// publishers: *mqtt.Client -> its *cluster.Publisher.
+	publishers sync.Map
 
 	table *sessionTable // the sessions this node holds
 	// refused holds the connections whose session ownership could not be
@@ -177,7 +182,11 @@ func (h *Cluster) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 // OnPublish forwards a publish from a local client to the other nodes. QoS
 // 1/2 publishes are stored in the cluster before mochi acknowledges them; if
 // that fails the publisher is told (MQTT 5: PUBACK/PUBREC 0x80; 3.1.1: the
-// connection is closed without an acknowledgement).
+// connection is closed without an acknowledgement). A client's store is
+// asynchronous: the publish is deferred (mochi goes on reading the client's
+// packets, PATCHES.md item 21) and resumed once stored, in the client's
+// order, so that its acknowledgement, the hooks after this one (the
+// fan-out's deliveries) and mochi's routing all follow the store.
 func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
 	if (cl.Net.Inline && !forwardedInline(cl.ID)) || h.node == nil {
 		return pk, nil // the broker's own ($SYS) or from another node; dead letters and bridged messages go to every node
@@ -187,6 +196,9 @@ func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 		h.Log.Warn("cluster: not forwarding a publish", "topic", pk.TopicName, "error", err)
 		return pk, nil
 	}
+	if pk.FixedHeader.Qos > 0 && !cl.Net.Inline {
+		return pk, h.storeDeferred(cl, pk, body)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
 	defer cancel()
 	seq, err := h.node.Publish(ctx, pk.TopicName, pk.FixedHeader.Qos, body)
@@ -195,13 +207,7 @@ func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 			h.Log.Debug("cluster: QoS 0 publish not forwarded", "topic", pk.TopicName, "error", err)
 			return pk, nil
 		}
-		h.Stats.ForwardErrors.Add(1)
-		h.Log.Warn("cluster: QoS 1/2 publish not stored; refusing it", "topic", pk.TopicName, "client", cl.ID, "error", err)
-		if cl.Properties.ProtocolVersion == 5 {
-			return pk, packets.ErrUnspecifiedError
-		}
-		cl.Stop(fmt.Errorf("cluster: message not stored: %w", err))
-		return pk, packets.ErrRejectPacket
+		return pk, h.refuseStore(cl, pk, err)
 	}
 	h.Stats.Forwarded.Add(1)
 	if seq > 0 {
@@ -210,9 +216,52 @@ func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet,
 	return pk, nil
 }
 
+// storeTicket marks a client's store in flight (Cluster.storing).
+type storeTicket struct{}
+
+// storeDeferred starts a QoS 1/2 publish's store on the client's publisher
+// and defers the publish until it answers.
+func (h *Cluster) storeDeferred(cl *mqtt.Client, pk packets.Packet, body []byte) error {
+	v, ok := h.publishers.Load(cl)
+	if !ok {
+		v, _ = h.publishers.LoadOrStore(cl, h.node.NewPublisher())
+	}
+	d := mqtt.DeferPublish()
+	t := new(storeTicket)
+	// The message will be above every sequence the node has read so far:
+	// no session's floor passes it until its local deliveries are recorded.
+	h.storing.Store(t, h.node.QueuedPosition()+1)
+	v.(*cluster.Publisher).Store(pk.TopicName, body, func(seq uint64, err error) {
+		if err != nil {
+			h.storing.Delete(t)
+			d.Resume(h.refuseStore(cl, pk, err))
+			return
+		}
+		h.Stats.Forwarded.Add(1)
+		h.pubSeq.Store(cl.ID, seq) // OnQosPublish ties local deliveries to it
+		h.storing.Delete(t)
+		d.Resume(nil) // runs the rest of the publish here, in the client's order
+		h.pubSeq.CompareAndDelete(cl.ID, seq)
+	})
+	return d
+}
+
+// refuseStore answers a QoS 1/2 publish that could not be stored.
+func (h *Cluster) refuseStore(cl *mqtt.Client, pk packets.Packet, err error) error {
+	h.Stats.ForwardErrors.Add(1)
+	h.Log.Warn("cluster: QoS 1/2 publish not stored; refusing it", "topic", pk.TopicName, "client", cl.ID, "error", err)
+	if cl.Properties.ProtocolVersion == 5 {
+		return packets.ErrUnspecifiedError
+	}
+	cl.Stop(fmt.Errorf("cluster: message not stored: %w", err))
+	return packets.ErrRejectPacket
+}
+
 // OnPublished ends a publish: its local deliveries are all recorded.
-func (h *Cluster) OnPublished(cl *mqtt.Client, _ packets.Packet) {
-	if !cl.Net.Inline || forwardedInline(cl.ID) {
+func (h *Cluster) OnPublished(cl *mqtt.Client, pk packets.Packet) {
+	// A QoS 0 publish has no sequence, and may end while one of the
+	// client's deferred QoS 1/2 publishes is being delivered.
+	if pk.FixedHeader.Qos > 0 && (!cl.Net.Inline || forwardedInline(cl.ID)) {
 		h.pubSeq.Delete(cl.ID)
 	}
 }

@@ -94,6 +94,12 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 		}
 		return true
 	})
+	h.storing.Range(func(_, v any) bool {
+		if seq := v.(uint64); seq-1 < covered {
+			covered = seq - 1
+		}
+		return true
+	})
 	if inj := h.injectSeq.Load(); inj > 0 && inj-1 < covered {
 		covered = inj - 1
 	}

@@ -482,7 +482,8 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 		// reached OnPublished: do not let it hold every floor back.
 		h.pubSeq.CompareAndDelete(cl.ID, v)
 	}
-	h.refused.Delete(cl) // its CONNACK may never have gone out
+	h.publishers.Delete(cl) // its stores in flight keep it until they end
+	h.refused.Delete(cl)    // its CONNACK may never have gone out
 	s := h.session(cl)
 	if s == nil {
 		return

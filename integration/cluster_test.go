@@ -249,6 +249,55 @@ func TestClusterNATSServerKilled(t *testing.T) {
 	got.check(t, "sub-1", acked)
 }
 
+// TestClusterPipelinedNATSServerKilled kills the KL_MSGS leader while one
+// publisher has 50 QoS 1 publishes in flight: its PUBACKs stay in publish
+// order, publishing goes on after the election, and every acknowledged
+// message arrives on another node in publish order (a store retried
+// through the election never lands behind a later one).
+func TestClusterPipelinedNATSServerKilled(t *testing.T) {
+	pc := natstest.StartProcs(t, 3)
+	urls := pc.URLs()
+	order := func(i int) []string { return append(append([]string{}, urls[i:]...), urls[:i]...) }
+	a := startClusterNode(t, "node-a", order(0))
+	startClusterNode(t, "node-b", order(1))
+	// The subscriber's node knows only a server that is not the stream's
+	// leader: this test is about the publisher's stores through the
+	// election (TestClusterNATSServerKilled lets nats.go pick the servers).
+	// Its reader of KL_MSGS must still move its consumer off the killed
+	// leader: before queuedLoop's MaxResetAttempts it got nothing for the
+	// test's 30 s in 3 of 14 runs.
+	leader := streamLeader(t, urls, "KL_MSGS")
+	li := int(leader[1] - '1')
+	c := startClusterNode(t, "node-c", []string{urls[(li+1)%len(urls)]})
+
+	got := newReceiver()
+	sc := v5Session(t, c.addrs["tcp"], "sub-1", got)
+	subscribePaho(t, sc, "load/#", 1)
+
+	pub := mqtttest.DialRawPublisher(t, a.addrs["tcp"], "publisher")
+	const count, window = 1500, 50
+	codes := pub.Pipelined(t, "load/x", count, window, func(i int) []byte { return fmt.Appendf(nil, "m-%d", i) }, func(i int) {
+		if i == count/3 {
+			if now := streamLeader(t, urls, "KL_MSGS"); now != leader {
+				t.Fatalf("the KL_MSGS leader moved from %s to %s before the kill", leader, now)
+			}
+			t.Logf("killing NATS server %s, leader of KL_MSGS, with up to %d publishes in flight", leader, window)
+			pc.Kill(li)
+		}
+	})
+	var acked []int
+	for i, code := range codes {
+		if code < 0x80 {
+			acked = append(acked, i)
+		}
+	}
+	t.Logf("%d of %d acknowledged, %d refused (0x80)", len(acked), count, count-len(acked))
+	if len(acked) == 0 || acked[len(acked)-1] < count-window {
+		t.Fatalf("publishing did not go on after the kill: %d acknowledged", len(acked))
+	}
+	got.check(t, "sub-1", acked)
+}
+
 // streamLeader returns the server name ("n1".."n3") leading a stream.
 func streamLeader(t *testing.T, urls []string, stream string) string {
 	t.Helper()

@@ -394,10 +394,20 @@ func (h *Hooks) OnUnsubscribed(cl *Client, pk packets.Packet) {
 // in that it allows you to modify you to modify the incoming packet before it is processed.
 // The return values of the hook methods are passed-through in the order the hooks were attached.
 func (h *Hooks) OnPublish(cl *Client, pk packets.Packet) (pkx packets.Packet, err error) {
+	return h.onPublishFrom(h.GetAll(), cl, pk)
+}
+
+// onPublishFrom runs the OnPublish hooks of hooks in order (Keyline's fork:
+// a deferred publish resumes the chain after the hook that deferred it).
+func (h *Hooks) onPublishFrom(hooks []Hook, cl *Client, pk packets.Packet) (pkx packets.Packet, err error) {
 	pkx = pk
-	for _, hook := range h.GetAll() {
+	for i, hook := range hooks {
 		if hook.Provides(OnPublish) {
 			npk, err := hook.OnPublish(cl, pkx)
+			if d := deferredOf(err); d != nil {
+				d.after, d.pkx = hooks[i+1:], npk
+				return pk, d
+			}
 			if err != nil {
 				if errors.Is(err, packets.ErrRejectPacket) {
 					h.Log.Debug("publish packet rejected",

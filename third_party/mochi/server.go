@@ -1041,6 +1041,17 @@ func (s *Server) processPublish(cl *Client, pk packets.Packet) error {
 	}
 
 	pkx, err := s.hooks.OnPublish(cl, pk)
+	if d := deferredOf(err); d != nil { // Keyline's fork: a hook deferred the rest (deferred.go)
+		d.start(s, cl, pk)
+		return nil
+	}
+	return s.publishAfterHooks(cl, pk, pkx, err)
+}
+
+// publishAfterHooks is the rest of processPublish once the OnPublish hooks
+// answered pkx, err (Keyline's fork: split out so that a deferred publish
+// runs it when its hook resumes it).
+func (s *Server) publishAfterHooks(cl *Client, pk, pkx packets.Packet, err error) error {
 	if err == nil {
 		pk = pkx
 	} else if errors.Is(err, packets.ErrRejectPacket) {
