@@ -53,7 +53,10 @@ expect live "$(mosquitto_sub -p $mqtt -i smoke-live -c -q 1 -t 'smoke/live' -C 1
 expect job "$(mosquitto_sub -p $mqtt -V 5 -t '$share/smoke/jobs/#' -q 1 -C 1 -W 10)"
 pub -t smoke/retained -r -q 1 -m kept
 pub -t smoke/queued -q 1 -m queued
-curl -sf --max-time 10 "127.0.0.1:$http/metrics" | grep -q '^keyline_messages_received_total' || fail "/metrics has no keyline_messages_received_total"
+# Read whole, then searched: grep -q in a pipe would close it at the first match, and with pipefail
+# curl's SIGPIPE (the scrape is larger than a pipe's buffer) fails the step.
+metrics=$(curl -sf --max-time 10 "127.0.0.1:$http/metrics") || fail "GET /metrics failed"
+grep -q '^keyline_messages_received_total' <<<"$metrics" || fail "/metrics has no keyline_messages_received_total"
 kill -9 $pid; wait $pid 2>/dev/null || true; pid= # the crash being tested
 start
 expect kept "$(mosquitto_sub -p $mqtt -t smoke/retained -C 1 -W 10)"
