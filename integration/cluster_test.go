@@ -301,21 +301,13 @@ func TestClusterPipelinedNATSServerKilled(t *testing.T) {
 // streamLeader returns the server name ("n1".."n3") leading a stream.
 func streamLeader(t *testing.T, urls []string, stream string) string {
 	t.Helper()
-	nc, err := nats.Connect(strings.Join(urls, ","))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := js.Stream(ctx, stream)
+	st, done, err := openStream(ctx, urls, stream)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer done()
 	info, err := st.Info(ctx)
 	if err != nil || info.Cluster == nil || len(info.Cluster.Leader) != 2 {
 		t.Fatalf("stream %s leader: %v %+v", stream, err, info)
@@ -323,24 +315,34 @@ func streamLeader(t *testing.T, urls []string, stream string) string {
 	return info.Cluster.Leader
 }
 
+// openStream connects to the NATS servers and opens a stream; done closes
+// the connection.
+func openStream(ctx context.Context, urls []string, stream string) (jetstream.Stream, func(), error) {
+	nc, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err == nil {
+		var st jetstream.Stream
+		if st, err = js.Stream(ctx, stream); err == nil {
+			return st, nc.Close, nil
+		}
+	}
+	nc.Close()
+	return nil, nil, err
+}
+
 // streamConsumers describes a stream's consumers as the NATS servers see
 // them: name, the server leading it, what it delivered and has pending.
 func streamConsumers(urls []string, stream string) string {
-	nc, err := nats.Connect(strings.Join(urls, ","))
-	if err != nil {
-		return err.Error()
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err.Error()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := js.Stream(ctx, stream)
+	st, done, err := openStream(ctx, urls, stream)
 	if err != nil {
 		return err.Error()
 	}
+	defer done()
 	var b strings.Builder
 	if info, err := st.Info(ctx); err == nil && info.Cluster != nil {
 		fmt.Fprintf(&b, "stream %s: last %d, leader %s, replicas", stream, info.State.LastSeq, info.Cluster.Leader)
