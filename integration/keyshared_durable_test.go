@@ -3,8 +3,10 @@ package integration
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -418,6 +420,9 @@ func dirSize(t *testing.T, dir string) int64 {
 			return err
 		}
 		fi, err := d.Info()
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // renamed or removed between the directory read and the stat (a segment's .tmp)
+		}
 		if err == nil {
 			n += fi.Size()
 		}
