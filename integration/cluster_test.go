@@ -264,7 +264,7 @@ func TestClusterPipelinedNATSServerKilled(t *testing.T) {
 	// leader: this test is about the publisher's stores through the
 	// election (TestClusterNATSServerKilled lets nats.go pick the servers).
 	// Its reader of KL_MSGS must still move its consumer off the killed
-	// leader: before queuedLoop's MaxResetAttempts it got nothing for the
+	// leader: before Node.orderedConsumer's MaxResetAttempts it got nothing for the
 	// test's 30 s in 3 of 14 runs.
 	leader := streamLeader(t, urls, "KL_MSGS")
 	li := int(leader[1] - '1')
