@@ -303,7 +303,9 @@ func (h *Cluster) deliver(in cluster.Incoming) {
 	}
 	// Retained state comes from the retained stream, in its order; a live
 	// copy must not overwrite it (it may be older than what the stream holds).
-	pk.FixedHeader.Retain = false
+	// Its retain flag stays for delivery: retain-as-published subscribers
+	// see it set, as they do on one node [MQTT-3.3.1-12].
+	pk.Mods.RetainNotStored = true
 	cl := h.inlineCore
 	if in.Queued {
 		cl = h.inlineQueued

@@ -1066,7 +1066,7 @@ func (s *Server) publishAfterHooks(cl *Client, pk, pkx packets.Packet, err error
 		return nil
 	}
 
-	if pk.FixedHeader.Retain { // [MQTT-3.3.1-5] ![MQTT-3.3.1-8]
+	if pk.FixedHeader.Retain && !pk.Mods.RetainNotStored { // [MQTT-3.3.1-5] ![MQTT-3.3.1-8]
 		s.retainMessage(cl, pk)
 	}
 

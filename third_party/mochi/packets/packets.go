@@ -145,6 +145,9 @@ type Mods struct {
 	MaxSize             uint32 // the maximum packet size specified by the client / server
 	DisallowProblemInfo bool   // if problem info is disallowed
 	AllowResponseInfo   bool   // if response info is disallowed
+	// RetainNotStored (Keyline's fork): the retain flag is for delivery
+	// only; the server does not store the publish as a retained message.
+	RetainNotStored bool
 }
 
 // ConnectParams contains packet values which are specifically related to connect packets.
