@@ -159,6 +159,7 @@ func (b *Broker) startGroups(ctx context.Context) error {
 // on one connection) and makes the cluster hook.
 func (b *Broker) startCluster(ctx context.Context) error {
 	b.cluster = hooks.NewCluster(b.server)
+	b.cluster.Moved = func(id string) { b.keyShared.Forget(id) } // built after this, called once serving
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
