@@ -64,7 +64,9 @@ func (r *SessionRecords) commit(ctx context.Context, apply func(tx *bolt.Tx) err
 	return o.err
 }
 
-// Load returns the client's committed record and its revision.
+// Load returns the client's committed record and its revision. A record
+// that cannot be decoded is an error wrapping sessionrec.ErrCorrupt, with
+// the revision a Save that replaces it passes.
 func (r *SessionRecords) Load(ctx context.Context, clientID string) (*sessionstore.Record, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -77,7 +79,9 @@ func (r *SessionRecords) Load(ctx context.Context, clientID string) (*sessionsto
 			return nil
 		}
 		var err error
-		rec, rev, err = decodeRecord(clientID, v)
+		if rec, rev, err = decodeRecord(clientID, v); err != nil {
+			rev = sessionrec.Revision(v) // what a Save that replaces it passes
+		}
 		return err
 	})
 	return rec, rev, err
