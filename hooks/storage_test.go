@@ -72,6 +72,23 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 	}
 }
 
+// openStorage opens the data file in dir and a storage hook over it that
+// logs to the test.
+func openStorage(t *testing.T, dir string) (*persistence.DB, *Storage) {
+	t.Helper()
+	db, err := persistence.Open(dir, persistence.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := db.OpenSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
+	h.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	return db, h
+}
+
 // TestStorageSessionRecords: a persistent session's client and
 // subscriptions are one session record, durable when the hook returns:
 // what a new hook on the reopened file restores is what was subscribed and
@@ -79,17 +96,7 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 // subscriptions; expiry deletes the record.
 func TestStorageSessionRecords(t *testing.T) {
 	dir := t.TempDir()
-	open := func() (*persistence.DB, *Storage) {
-		db, err := persistence.Open(dir, persistence.Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		store, err := db.OpenSessions()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return db, NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
-	}
+	open := func() (*persistence.DB, *Storage) { return openStorage(t, dir) }
 	restored := func(h *Storage) (map[string]bool, map[string]byte) {
 		t.Helper()
 		clients, err := h.StoredClients()
@@ -150,19 +157,7 @@ func TestStorageSessionRecords(t *testing.T) {
 // StoredClients is no error), and the client's next session replaces it.
 func TestStorageUnreadableRecord(t *testing.T) {
 	dir := t.TempDir()
-	open := func() (*persistence.DB, *Storage) {
-		db, err := persistence.Open(dir, persistence.Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		store, err := db.OpenSessions()
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
-		h.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
-		return db, h
-	}
+	open := func() (*persistence.DB, *Storage) { return openStorage(t, dir) }
 	establish := func(h *Storage, id string) {
 		cl := h.server.NewClient(nil, "t", id, false)
 		cl.Properties.ProtocolVersion = 4
