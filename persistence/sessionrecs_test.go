@@ -125,6 +125,34 @@ func TestSessionRecordsUnreadable(t *testing.T) {
 	}
 }
 
+// TestCheckNamesUnreadableSessionRecords: keyline check reports the
+// session records the broker would start without, by client id, and only
+// those.
+func TestCheckNamesUnreadableSessionRecords(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir, Options{NoSync: true})
+	recs := openSessions(t, db).Records()
+	for _, id := range []string{"a", "b"} {
+		if _, err := recs.Save(context.Background(), &sessionstore.Record{ClientID: id, Persistent: true}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := db.bolt.Update(func(tx *bolt.Tx) error { return recordsBucket(tx).Put([]byte("bad"), []byte{1, 1, 0x80}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := CheckDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], `session record of "bad"`) || rep.Sessions[KindRecords] != 3 {
+		t.Fatalf("check: problems %q, sessions %v", rep.Problems, rep.Sessions)
+	}
+}
+
 // TestMigratesFormat2Sessions writes session records the way keylines of
 // data format 2 did (mochi's JSON records, under the hook's keys), marks
 // the file format 2 and opens it: each session is one record holding its
