@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -199,6 +200,12 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			}
 		}
 		rec, rev, err := h.records.Load(ctx, id)
+		if errors.Is(err, sessionrec.ErrCorrupt) {
+			// Retrying cannot read it: the session starts anew over it
+			// (the Save below is at its revision), as a lost one would.
+			h.Log.Error("cluster: replacing a session record that cannot be decoded", "client", id, "error", err)
+			rec, err = nil, nil
+		}
 		if err != nil {
 			lastErr = err
 			continue
