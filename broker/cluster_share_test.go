@@ -2,7 +2,6 @@ package broker
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -77,22 +76,7 @@ func TestClusterSharedSubscriptionFollowsSession(t *testing.T) {
 				Properties: &paho.PublishProperties{User: paho.UserProperties{{Key: "key", Value: key}}}})
 		}
 	}
-	got := map[string]int{}
-	for got["w1"]+got["w2"] < 2*perPrefix {
-		select {
-		case m := <-w1.Messages():
-			if !strings.HasPrefix(m.Key, "a") {
-				t.Fatalf("w1 (key filter a*) got key %s after resuming on node b", m.Key)
-			}
-			got["w1"]++
-			_ = w1.Ack(m)
-		case m := <-w2.Messages():
-			got["w2"]++
-			_ = w2.Ack(m)
-		case <-time.After(mqtttest.Timeout):
-			t.Fatalf("stalled after %v", got)
-		}
-	}
+	got := takeKeyFiltered(t, w1, w2, 2*perPrefix)
 	if got["w1"] == 0 {
 		t.Fatalf("the member resumed on node b got nothing: %v; %s", got, view())
 	}
