@@ -218,6 +218,7 @@ var clusterMetrics = []struct {
 	{"keyline_cluster_released_total", "Sessions other nodes took over from this node.", func(n *cluster.Node, _ *hooks.Cluster) float64 { return float64(n.Stats.Released.Load()) }},
 	{"keyline_cluster_restored_messages_total", "Queued messages restored into sessions taken over.", func(_ *cluster.Node, h *hooks.Cluster) float64 { return float64(h.Stats.Restored.Load()) }},
 	{"keyline_cluster_consumer_updates_total", "Updates of the node's consumer filter.", func(n *cluster.Node, _ *hooks.Cluster) float64 { return float64(n.Stats.ConsumerUpdates.Load()) }},
+	{"keyline_cluster_wills_published_total", "Wills of clients of nodes that are gone, published by this node.", func(_ *cluster.Node, h *hooks.Cluster) float64 { return float64(h.Stats.Wills.Load()) }},
 	{"keyline_cluster_session_record_errors_total", "Session record writes that failed.", func(_ *cluster.Node, h *hooks.Cluster) float64 { return float64(h.Stats.RecordErrors.Load()) }},
 }
 

@@ -39,6 +39,9 @@ const (
 	clusterCoreClient   = "\x00keyline-cluster-core"
 	clusterQueuedClient = "\x00keyline-cluster-queued"
 	clusterSysClient    = "\x00keyline-cluster-sys"
+	// clusterWillClient publishes the wills of clients of nodes that are
+	// gone (cluster_wills.go); its publishes go to every node.
+	clusterWillClient = "\x00keyline-cluster-will"
 )
 
 // ClusterStats are the cluster hook's counters.
@@ -51,6 +54,7 @@ type ClusterStats struct {
 	Restored      atomic.Uint64 // queued messages restored into sessions taken over from other nodes
 	RecordErrors  atomic.Uint64 // session record writes that failed
 	Injected      atomic.Uint64 // packets injected into mochi (other nodes' messages, $SYS); mochi counts them as received
+	Wills         atomic.Uint64 // wills of clients of nodes that are gone, published here
 }
 
 // Cluster is the mochi glue of cluster mode: it forwards local publishes
@@ -77,7 +81,10 @@ type Cluster struct {
 	// record), rather than holding them through an eviction grace.
 	Moved func(clientID string)
 
-	inlineCore, inlineQueued, inlineSys *mqtt.Client
+	inlineCore, inlineQueued, inlineSys, inlineWill *mqtt.Client
+	// run tells this run of the node from an earlier one under the same id
+	// (the wills in records carry it).
+	run string
 
 	// injectSeq is the KL_MSGS sequence of the queued message being injected
 	// (one goroutine injects queued messages).
@@ -106,11 +113,11 @@ type Cluster struct {
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
-	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{})}
+	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), run: newRun()}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
-	}{{&h.inlineCore, clusterCoreClient}, {&h.inlineQueued, clusterQueuedClient}, {&h.inlineSys, clusterSysClient}} {
+	}{{&h.inlineCore, clusterCoreClient}, {&h.inlineQueued, clusterQueuedClient}, {&h.inlineSys, clusterSysClient}, {&h.inlineWill, clusterWillClient}} {
 		*c.cl = server.NewClient(nil, mqtt.LocalListener, c.id, true)
 		(*c.cl).Properties.ProtocolVersion = 5
 	}
@@ -125,7 +132,7 @@ func (h *Cluster) Handler() cluster.Handler {
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
 	h.node, h.records = n, n.SessionStore()
-	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop} {
+	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop, h.willLoop} {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
@@ -277,6 +284,7 @@ func (h *Cluster) OnWillSent(cl *mqtt.Client, pk packets.Packet) {
 	if h.node == nil || cl.Net.Inline {
 		return
 	}
+	h.willSent(cl)
 	body, err := encodeEnvelope(pk)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)

@@ -54,6 +54,9 @@ type clusterState struct {
 	// KeyFilters are the key filters of its shared subscriptions, by
 	// filter (KeyFilterStore).
 	KeyFilters map[string][]string `json:"kf,omitempty"`
+	// Will is the connection's will while it may still be sent: a node
+	// that finds the owner gone publishes it (cluster_wills.go).
+	Will *storedWill `json:"will,omitempty"`
 }
 
 // clusterSub is a stored subscription; Since is the last KL_MSGS sequence
@@ -87,6 +90,9 @@ type clusterSession struct {
 	live  map[uint64]uint64
 	acked []uint64 // acknowledged sequences above rec.Floor
 	dirty bool     // acks not written yet
+	// will is the connection's will until it is sent or discarded (nil:
+	// none), as the record carries it.
+	will *storedWill
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
@@ -145,7 +151,7 @@ func storedClient(cl *mqtt.Client) storage.Client {
 
 // stateLocked encodes the session's client and subscriptions.
 func (s *clusterSession) stateLocked() json.RawMessage {
-	st := clusterState{Client: storedClient(s.client)}
+	st := clusterState{Client: storedClient(s.client), Will: s.will}
 	for _, sub := range s.subs {
 		st.Subs = append(st.Subs, sub)
 	}
@@ -219,6 +225,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		keepLocal := !clean && prev != nil && rec != nil && rec.Owner == self && rec.Persistent
 		var restore *sessionstore.Record
 		s := newClusterSession(id, cl, persist)
+		s.will = willOf(cl, h.run)
 		nr := sessionstore.Record{ClientID: id, Owner: self, Persistent: persist, Connected: true}
 		switch {
 		case keepLocal: // mochi holds it in memory and resumes it
@@ -233,7 +240,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			prev.mu.Unlock()
 		case !clean && rec != nil && rec.Persistent:
 			restore = rec
-			nr.Floor, nr.Acked, nr.State = rec.Floor, rec.Acked, rec.State
+			nr.Floor, nr.Acked, nr.State = rec.Floor, rec.Acked, withWill(rec.State, s.will)
 		default:
 			if persist {
 				if nr.Floor, err = h.node.LastSequence(ctx); err != nil {
@@ -514,7 +521,7 @@ func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
 
 // OnDisconnect writes a persistent session's state as it goes offline, or
 // deletes the record of a session that ends with its connection.
-func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+func (h *Cluster) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if h.node == nil || cl.Net.Inline {
 		return
 	}
@@ -538,6 +545,9 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
 	s.mu.Lock()
 	s.rec.Connected = false
 	s.rec.DisconnectedAt = time.Now().Unix()
+	if err == nil {
+		s.will = nil // a normal DISCONNECT discards it [MQTT-3.1.2-10]
+	}
 	s.mu.Unlock()
 	h.flush(ctx, s, true)
 }

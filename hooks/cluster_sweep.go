@@ -68,6 +68,10 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 			return true
 		}
 		seen[rec.ClientID] = true
+		st, stOK := recordState(rec)
+		if stOK && st.Will != nil {
+			return true // its will is published first (willWatch), then it goes
+		}
 		o.mu.Lock()
 		since, ok := o.orphans[rec.ClientID]
 		if !ok {
@@ -80,7 +84,7 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 			if !rec.Connected && rec.DisconnectedAt > 0 {
 				base = time.Unix(rec.DisconnectedAt, 0)
 			}
-			expiry, ok := o.recordExpiry(rec)
+			expiry, ok := sessionExpiry(st, stOK, o.maxExpiry)
 			if !ok || now.Before(base.Add(expiry)) {
 				return true
 			}
@@ -113,14 +117,20 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 	return deleted, firstErr
 }
 
-// recordExpiry is how long a persistent session outlives its connection,
-// as its owner would have applied it; false: never.
-func (o *orphanSweep) recordExpiry(rec *sessionstore.Record) (time.Duration, bool) {
+// recordState decodes a record's State; false: unreadable.
+func recordState(rec *sessionstore.Record) (clusterState, bool) {
 	var st clusterState
-	if json.Unmarshal(rec.State, &st) != nil {
+	return st, json.Unmarshal(rec.State, &st) == nil
+}
+
+// sessionExpiry is how long a persistent session with state st (ok: it
+// could be read) outlives its connection, as its owner would have applied
+// it with max-session-expiry maxExpiry (seconds); false: never.
+func sessionExpiry(st clusterState, ok bool, maxExpiry uint32) (time.Duration, bool) {
+	if !ok {
 		return 0, false
 	}
-	expiry := o.maxExpiry
+	expiry := maxExpiry
 	if st.Client.ProtocolVersion == 5 && st.Client.Properties.SessionExpiryIntervalFlag {
 		expiry = min(expiry, st.Client.Properties.SessionExpiryInterval)
 	}

@@ -144,10 +144,11 @@ func (ig *InternalGroup) Close() { ig.g.ext.Store(nil) }
 const bridgeClientPrefix = "\x00keyline-bridge:"
 
 // forwardedInline reports whether an inline client's publishes go to the
-// other nodes of a cluster like a client's: dead letters and what bridges
-// bring in do; what other nodes sent does not.
+// other nodes of a cluster like a client's: dead letters, what bridges
+// bring in and the wills of gone nodes' clients do; what other nodes sent
+// does not.
 func forwardedInline(id string) bool {
-	return id == dlqClientID || strings.HasPrefix(id, bridgeClientPrefix)
+	return id == dlqClientID || id == clusterWillClient || strings.HasPrefix(id, bridgeClientPrefix)
 }
 
 // injectors is the set of inline clients whose publishes the Key-Shared hook

@@ -1,0 +1,300 @@
+package hooks
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/sessionstore"
+)
+
+// Wills of the clients of a node that dies.
+//
+// A connection's will rides in its session record (clusterState.Will),
+// written before its CONNACK with the record the ownership protocol writes
+// anyway, and gone from it once mochi sent it (OnWillSent), the client
+// disconnected normally (OnDisconnect), or another connection took the
+// session (its record replaces the will with its own). So a record of a
+// node that is gone that still holds a will is one nobody will send.
+//
+// Every node watches for that (willWatch): when a node falls silent (no
+// figures for willSilent) and NATS has no responder for it, and on a full
+// scan at start and every sweepInterval (nodes that died before this one
+// came up; this node's own records from an earlier run, told by
+// storedWill.Run), it notes each such will with the time it is due: the
+// disconnect (or the time the owner was found gone) plus the will delay,
+// bounded by the session expiry [MQTT-3.1.3.2.2]. When due, it claims the
+// will with a compare-and-set on the record's revision (a persistent
+// session keeps its record without the will; another one's record goes),
+// and only the node whose claim succeeded publishes it, through the
+// inline will client: forwarded to every node, retained if the will was.
+// Two nodes never both publish a will, and a will is published at most
+// once: a claimer that dies before publishing loses it.
+//
+// A node cut off from NATS longer than willSilent looks gone too, as it
+// does to the orphan sweep: its clients' wills are published.
+
+// storedWill is a will as a record holds it.
+type storedWill struct {
+	Topic   string                 `json:"topic"`
+	Payload []byte                 `json:"payload,omitempty"`
+	Qos     byte                   `json:"qos,omitempty"`
+	Retain  bool                   `json:"retain,omitempty"`
+	User    []packets.UserProperty `json:"user,omitempty"`
+	// Delay is the will delay interval in seconds (mochi bounds it by the
+	// session expiry the client sent).
+	Delay uint32 `json:"delay,omitempty"`
+	// Run is the owner's run (Cluster.run) when it wrote the will.
+	Run string `json:"run"`
+}
+
+// Timings of the will watch (variables: tests shorten them).
+var (
+	// willTick is how often due wills are claimed and silent nodes checked.
+	willTick = 250 * time.Millisecond
+	// willSilent: a node not heard from for this long is asked whether it
+	// is still there.
+	willSilent = sysInterval + time.Second
+)
+
+func newRun() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// willOf returns cl's will as a record holds it, nil if it has none.
+func willOf(cl *mqtt.Client, run string) *storedWill {
+	w := &cl.Properties.Will
+	if atomic.LoadUint32(&w.Flag) == 0 {
+		return nil
+	}
+	return &storedWill{Topic: w.TopicName, Payload: w.Payload, Qos: w.Qos, Retain: w.Retain, User: w.User, Delay: w.WillDelayInterval, Run: run}
+}
+
+// withWill returns state (a record's State) with its will replaced by w.
+func withWill(state json.RawMessage, w *storedWill) json.RawMessage {
+	var st clusterState
+	if len(state) > 0 && json.Unmarshal(state, &st) != nil {
+		return state // unreadable: restore says so
+	}
+	if st.Will == nil && w == nil {
+		return state
+	}
+	st.Will = w
+	data, _ := json.Marshal(st)
+	return data
+}
+
+// willSent drops the will from the record of cl's session: mochi sent it.
+// A delayed will is sent from the client mochi keeps for the session,
+// which need not be the connection's: the installed copy counts unless a
+// live connection holds it.
+func (h *Cluster) willSent(cl *mqtt.Client) {
+	s := h.table.get(cl.ID)
+	if s == nil || (s.client != cl && !s.client.Closed()) {
+		return
+	}
+	s.mu.Lock()
+	if s.will != nil {
+		s.will, s.dirty = nil, true // the flusher writes it
+	}
+	s.mu.Unlock()
+}
+
+// lastHeard returns when each node in the table was last heard from.
+func (t *nodeTable) lastHeard() map[string]time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]time.Time, len(t.nodes))
+	for id, f := range t.nodes {
+		out[id] = f.At
+	}
+	return out
+}
+
+// pendingWill is a will found orphaned, waiting until it is due.
+type pendingWill struct {
+	rev uint64
+	due time.Time
+}
+
+// willWatch finds and publishes the wills nobody else will send. One
+// goroutine (willLoop) owns it.
+type willWatch struct {
+	h       *Cluster
+	pending map[string]pendingWill // client id -> its orphaned will
+	gone    map[string]bool        // nodes found gone, until heard again
+}
+
+// willLoop runs the will watch until Stop.
+func (h *Cluster) willLoop() {
+	w := &willWatch{h: h, pending: map[string]pendingWill{}, gone: map[string]bool{}}
+	t := time.NewTicker(willTick)
+	defer t.Stop()
+	lastScan := time.Time{}
+	for {
+		now := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if now.Sub(lastScan) >= sweepInterval {
+			lastScan = now
+			w.scan(ctx, nil, now)
+		} else if dead := w.silentGone(ctx, now); len(dead) > 0 {
+			w.scan(ctx, dead, now)
+		}
+		w.claimDue(ctx, time.Now())
+		cancel()
+		select {
+		case <-h.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// silentGone returns the nodes that fell silent and that NATS has no
+// responder for, each once until it is heard from again.
+func (w *willWatch) silentGone(ctx context.Context, now time.Time) map[string]bool {
+	dead := map[string]bool{}
+	var silent []string
+	for id, at := range w.h.nodes.lastHeard() {
+		if now.Sub(at) <= willSilent {
+			delete(w.gone, id)
+		} else if !w.gone[id] {
+			silent = append(silent, id)
+		}
+	}
+	for _, id := range silent {
+		if up, err := w.h.node.Alive(ctx, id); err == nil && !up {
+			w.gone[id] = true
+			dead[id] = true
+		}
+	}
+	return dead
+}
+
+// scan notes the orphaned wills of the records owned by nodes in only (all
+// nodes: nil), found at now.
+func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Time) {
+	h := w.h
+	self := h.node.NodeID()
+	alive := map[string]bool{}
+	maxExpiry := h.server.Options.Capabilities.MaximumSessionExpiryInterval
+	err := h.records.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
+		if only != nil && !only[rec.Owner] {
+			return true
+		}
+		st, ok := recordState(rec)
+		if !ok || st.Will == nil {
+			return true
+		}
+		if rec.Owner == self {
+			if st.Will.Run == h.run {
+				return true // this run's: mochi sends it
+			}
+		} else if only == nil {
+			up, known := alive[rec.Owner]
+			if !known {
+				var err error
+				if up, err = h.node.Alive(ctx, rec.Owner); err != nil {
+					return ctx.Err() == nil // unsure: the next scan
+				}
+				alive[rec.Owner] = up
+			}
+			if up {
+				return true
+			}
+		}
+		if p, ok := w.pending[rec.ClientID]; ok && p.rev == rev {
+			return true // noted already
+		}
+		base := now
+		if !rec.Connected && rec.DisconnectedAt > 0 {
+			base = time.Unix(rec.DisconnectedAt, 0)
+		}
+		delay := time.Duration(st.Will.Delay) * time.Second
+		if !rec.Persistent {
+			delay = 0 // the session ended with its connection, and the will with it
+		} else if expiry, ok := sessionExpiry(st, true, maxExpiry); ok {
+			delay = min(delay, expiry)
+		}
+		w.pending[rec.ClientID] = pendingWill{rev: rev, due: base.Add(delay)}
+		return true
+	})
+	if err != nil {
+		h.Log.Warn("cluster: looking for the wills of nodes that are gone", "error", err)
+	}
+}
+
+// claimDue claims and publishes the wills due at now.
+func (w *willWatch) claimDue(ctx context.Context, now time.Time) {
+	for id, p := range w.pending {
+		if now.Before(p.due) {
+			continue
+		}
+		delete(w.pending, id)
+		will, err := w.claim(ctx, id, p.rev)
+		if err != nil {
+			w.h.Log.Warn("cluster: claiming the will of a client of a node that is gone", "client", id, "error", err)
+			continue
+		}
+		if will != nil {
+			w.h.publishWill(id, will)
+		}
+	}
+}
+
+// claim takes the will out of id's record if the record is still at rev
+// and returns it; nil: someone else took it, or the session moved on.
+func (w *willWatch) claim(ctx context.Context, id string, rev uint64) (*storedWill, error) {
+	records := w.h.records
+	rec, cur, err := records.Load(ctx, id)
+	if err != nil || rec == nil || cur != rev {
+		return nil, err
+	}
+	st, ok := recordState(rec)
+	if !ok || st.Will == nil {
+		return nil, nil
+	}
+	if rec.Persistent {
+		rec.State = withWill(rec.State, nil)
+		_, err = records.Save(ctx, rec, rev)
+	} else {
+		err = records.Delete(ctx, id, rev)
+	}
+	if errors.Is(err, sessionstore.ErrRevision) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return st.Will, nil
+}
+
+// publishWill publishes a will of another node's client as a publish of
+// the inline will client: the cluster hook forwards it to every node,
+// mochi delivers it here and retains it if the will was retained.
+func (h *Cluster) publishWill(clientID string, w *storedWill) {
+	pk := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: w.Qos, Retain: w.Retain},
+		TopicName:   w.Topic,
+		Payload:     w.Payload,
+		Properties:  packets.Properties{User: w.User},
+	}
+	if pk.FixedHeader.Qos > 0 {
+		pk.PacketID = 1 // mochi validates it; an inline client's publish tracks none
+	}
+	if err := h.server.InjectPacket(h.inlineWill, pk); err != nil {
+		h.Log.Warn("cluster: publishing the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic), "error", err)
+		return
+	}
+	h.Stats.Wills.Add(1)
+	h.Log.Info("cluster: published the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic))
+}

@@ -1,0 +1,131 @@
+package integration
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/eclipse/paho.golang/paho"
+
+	"github.com/keyline-mq/keyline/internal/mqtttest"
+	"github.com/keyline-mq/keyline/internal/natstest"
+)
+
+// willCounter counts the messages a subscriber got, by topic, with when
+// each topic first arrived.
+type willCounter struct {
+	c     *mqtttest.V5
+	count map[string]int
+	first map[string]time.Time
+	// retained counts those that arrived with the retain flag set.
+	retained map[string]int
+}
+
+func newWillCounter(t *testing.T, addr, id, filter string) *willCounter {
+	t.Helper()
+	c := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{ClientID: id, CleanStart: true, KeepAlive: 30})
+	if rc := c.Subscribe(t, paho.SubscribeOptions{Topic: filter, QoS: 1}); rc[0] > 1 {
+		t.Fatalf("%s: SUBACK %#x", id, rc[0])
+	}
+	return &willCounter{c: c, count: map[string]int{}, first: map[string]time.Time{}, retained: map[string]int{}}
+}
+
+// waitFor reads messages until topic has arrived, within mqtttest.Timeout.
+func (w *willCounter) waitFor(t *testing.T, topic string) {
+	t.Helper()
+	deadline := time.After(2 * mqtttest.Timeout)
+	for w.count[topic] == 0 {
+		select {
+		case m := <-w.c.Msgs:
+			if w.count[m.Topic] == 0 {
+				w.first[m.Topic] = time.Now()
+			}
+			w.count[m.Topic]++
+			if m.Retain {
+				w.retained[m.Topic]++
+			}
+		case <-deadline:
+			t.Fatalf("%s never arrived (got %v)", topic, w.count)
+		}
+	}
+}
+
+// connectWithWill connects an MQTT 5 client to addr with a will on
+// wills/<id> (delay seconds, session expiry seconds).
+func connectWithWill(t *testing.T, addr, id string, delay, expiry uint32, retain bool) *mqtttest.V5 {
+	t.Helper()
+	return mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{
+		ClientID: id, CleanStart: true, KeepAlive: 30,
+		Properties:     &paho.ConnectProperties{SessionExpiryInterval: &expiry},
+		WillMessage:    &paho.WillMessage{Topic: "wills/" + id, QoS: 1, Retain: retain, Payload: []byte("gone:" + id)},
+		WillProperties: &paho.WillProperties{WillDelayInterval: &delay},
+	})
+}
+
+// TestClusterWillsOfKilledNode SIGKILLs a node holding clients with wills:
+// the two surviving nodes publish each will once between them, to the
+// subscribers of both, a delayed one after its delay (and retained, as it
+// was), none of a client that reconnected to a survivor before its delay
+// ended, and none of a client that disconnected normally.
+func TestClusterWillsOfKilledNode(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	urls := nc.URLs()
+	// The survivors first: they hear the dying node's figures from its start.
+	b := startClusterNode(t, "node-b", urls)
+	c := startClusterNode(t, "node-c", urls)
+	a := startClusterNode(t, "node-a", urls)
+	subB := newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+	subC := newWillCounter(t, c.addrs["tcp"], "sub-c", "wills/#")
+
+	connectWithWill(t, a.addrs["tcp"], "now", 0, 0, false)              // no delay, clean
+	connectWithWill(t, a.addrs["tcp"], "delayed", 4, 60, true)          // after 4 s, retained
+	connectWithWill(t, a.addrs["tcp"], "back", 5, 60, false)            // reconnects to b first
+	connectWithWill(t, a.addrs["tcp"], "sentinel", 6, 60, false)        // due after "back"
+	graceful := connectWithWill(t, a.addrs["tcp"], "bye", 0, 60, false) // DISCONNECT 0x00
+	graceful.Close()
+
+	killed := time.Now()
+	if code := a.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("node a exit code %d, want -1 (killed)", code)
+	}
+	// "back" comes back on b before its will delay ends: its will is cancelled.
+	expiry := uint32(60)
+	back := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, b.addrs["tcp"], nil), &paho.Connect{
+		ClientID: "back", KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}})
+	if since := time.Since(killed); since >= 5*time.Second {
+		t.Fatalf("reconnect took %v, past the will delay", since)
+	}
+
+	for _, sub := range []*willCounter{subB, subC} {
+		for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
+			sub.waitFor(t, topic)
+		}
+	}
+	if d := subB.first["wills/delayed"].Sub(killed); d < 4*time.Second {
+		t.Fatalf("the delayed will arrived %v after the kill, before its delay (4 s)", d)
+	}
+	// The sentinel was due after "back" and "bye": had either been published
+	// it would have arrived before it, on the same path.
+	for name, sub := range map[string]*willCounter{"b": subB, "c": subC} {
+		for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
+			if sub.count[topic] != 1 {
+				t.Errorf("node %s subscriber got %s %d times, want once", name, topic, sub.count[topic])
+			}
+		}
+		for _, topic := range []string{"wills/back", "wills/bye"} {
+			if sub.count[topic] != 0 {
+				t.Errorf("node %s subscriber got %s, which must not be published", name, topic)
+			}
+		}
+	}
+	if n := b.metric(t, "keyline_cluster_wills_published_total") + c.metric(t, "keyline_cluster_wills_published_total"); n != 3 {
+		t.Errorf("survivors published %v wills, want 3", n)
+	}
+	// The delayed will was retained: a new subscriber on c gets it.
+	late := newWillCounter(t, c.addrs["tcp"], "late", "wills/delayed")
+	late.waitFor(t, "wills/delayed")
+	if late.retained["wills/delayed"] != 1 {
+		t.Errorf("the retained will reached a new subscriber without the retain flag")
+	}
+	back.Close()
+}
