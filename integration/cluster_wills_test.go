@@ -129,3 +129,33 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	}
 	back.Close()
 }
+
+// TestClusterWillsOfNodeRestartedUnderItsID SIGKILLs a node and starts it
+// again at once under the same id: the wills of the clients it held are
+// published once, by it (it knows its earlier run's records) or by the
+// other node, never by both.
+func TestClusterWillsOfNodeRestartedUnderItsID(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	urls := nc.URLs()
+	b := startClusterNode(t, "node-b", urls)
+	a := startClusterNode(t, "node-a", urls)
+	subB := newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+	connectWithWill(t, a.addrs["tcp"], "now", 0, 0, false)
+	connectWithWill(t, a.addrs["tcp"], "delayed", 2, 60, false)
+	connectWithWill(t, a.addrs["tcp"], "sentinel", 4, 60, false)
+	if code := a.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("node a exit code %d, want -1 (killed)", code)
+	}
+	a2 := startClusterNode(t, "node-a", urls)
+	for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
+		subB.waitFor(t, topic)
+	}
+	for _, topic := range []string{"wills/now", "wills/delayed"} {
+		if subB.count[topic] != 1 {
+			t.Errorf("got %s %d times, want once", topic, subB.count[topic])
+		}
+	}
+	if n := b.metric(t, "keyline_cluster_wills_published_total") + a2.metric(t, "keyline_cluster_wills_published_total"); n != 3 {
+		t.Errorf("the nodes published %v wills, want 3", n)
+	}
+}
