@@ -426,6 +426,7 @@ func (s *clusterSession) setSinceLocked(filter string, since uint64) {
 // dropLocal forgets a local client and its session without touching the
 // record (another node owns it).
 func (h *Cluster) dropLocal(cl *mqtt.Client) {
+	h.server.CancelDelayedWill(cl) // the session goes on elsewhere [MQTT-3.1.3-9]
 	if !cl.Closed() {
 		_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
 	}
@@ -457,6 +458,7 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 		}
 		return
 	}
+	h.server.CancelDelayedWill(s.client) // the session goes on elsewhere [MQTT-3.1.3-9]
 	if s.persistent.Load() {
 		if !s.client.Closed() {
 			_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
@@ -464,6 +466,7 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 		s.mu.Lock()
 		s.rec.Connected = false
 		s.rec.DisconnectedAt = time.Now().Unix()
+		s.will = nil // cancelled, or (no delay) sent as the connection closed
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		h.write(ctx, s, true)
@@ -475,6 +478,7 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 // dropCopy forgets s, a copy already uninstalled, without writing its
 // record: its interest, and its connection if mochi still holds it.
 func (h *Cluster) dropCopy(s *clusterSession) {
+	h.server.CancelDelayedWill(s.client)
 	h.dropInterest(s)
 	if h.Outboxes != nil {
 		h.Outboxes.DropSession(s.id) // what it queued is another node's now

@@ -158,6 +158,7 @@ type ClientState struct {
 	stopped         atomic.Bool          // Stop has ended the packet exchange
 	outboundQty     int32                // number of messages currently in the outbound queue
 	connected       atomic.Bool          // counted in Info.ClientsConnected (attach to detach)
+	willCancelled   atomic.Bool          // Keyline's fork: a delayed will is not sent (Server.CancelDelayedWill)
 	Keepalive       uint16               // the number of seconds the connection can wait
 	ServerKeepalive bool                 // keepalive was set by the server
 	open            bool                 // the client was opened for packet exchange (Keyline's fork: no context)

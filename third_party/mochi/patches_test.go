@@ -541,3 +541,34 @@ func TestPatchInflightDirectionsAreSeparate(t *testing.T) {
 	require.True(t, ok, "the client's PUBREL completed the server's message")
 	require.Equal(t, 1, cl.State.Inflight.Len())
 }
+
+// A delayed will cancelled for its client (its session went on over a
+// connection on another node) is not sent, whether it was pending or the
+// connection closes after the cancel; a will without a delay still is.
+func TestPatchCancelDelayedWill(t *testing.T) {
+	s := newServer()
+	pending, _, _ := newTestClient()
+	pending.ID = "pending"
+	pending.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello"), WillDelayInterval: 2}
+	s.Clients.Add(pending)
+	s.sendLWT(pending)
+	require.Equal(t, 1, s.loop.willDelayed.Len())
+	s.CancelDelayedWill(pending)
+	require.Equal(t, 0, s.loop.willDelayed.Len(), "a pending will kept")
+
+	later, _, _ := newTestClient()
+	later.ID = "later"
+	later.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello"), WillDelayInterval: 2}
+	s.Clients.Add(later)
+	s.CancelDelayedWill(later)
+	s.sendLWT(later)
+	require.Equal(t, 0, s.loop.willDelayed.Len(), "a will cancelled before the close kept")
+
+	now, _, _ := newTestClient()
+	now.ID = "now"
+	now.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("hello")}
+	s.Clients.Add(now)
+	s.CancelDelayedWill(now)
+	s.sendLWT(now)
+	require.Equal(t, uint32(0), now.Properties.Will.Flag, "a will without a delay not sent")
+}

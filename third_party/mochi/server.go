@@ -1766,7 +1766,8 @@ func (s *Server) sendLWT(cl *Client) {
 		// (the old connection's) goroutine may get here after that: it then
 		// finds the new client in Clients and takes its will back. (Added
 		// first, checked second, so one of the two always removes it.)
-		if existing, ok := s.Clients.Get(cl.ID); ok && existing != cl && !existing.Closed() {
+		// Keyline: so does one cancelled for the client (CancelDelayedWill).
+		if existing, ok := s.Clients.Get(cl.ID); (ok && existing != cl && !existing.Closed()) || cl.State.willCancelled.Load() {
 			s.loop.willDelayed.Delete(cl.ID)
 		}
 		return
@@ -1779,6 +1780,18 @@ func (s *Server) sendLWT(cl *Client) {
 	s.publishToSubscribers(pk)                      // [MQTT-3.1.2-8]
 	atomic.StoreUint32(&cl.Properties.Will.Flag, 0) // [MQTT-3.1.2-10]
 	s.hooks.OnWillSent(cl, pk)
+}
+
+// CancelDelayedWill (Keyline's fork) makes sure cl's delayed will is not
+// sent, pending or still to come when its connection closes: the session
+// goes on over a new connection somewhere mochi does not see (another
+// cluster node) before the delay ends [MQTT-3.1.3-9]. A will without a
+// delay still goes when the connection closes, as on a takeover here.
+// (The flag is set first and checked after the will is added, so one of
+// the two always removes it.)
+func (s *Server) CancelDelayedWill(cl *Client) {
+	cl.State.willCancelled.Store(true)
+	s.loop.willDelayed.Delete(cl.ID)
 }
 
 // readStore reads in any data from the persistent datastore (if applicable).
