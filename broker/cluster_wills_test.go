@@ -17,13 +17,13 @@ import (
 // out when due. It failed before mochi fork item 23: node a published the
 // first will to its local subscribers when the delay ended.
 func TestClusterWillCancelledByReconnectElsewhere(t *testing.T) {
-	nc := natstest.Start(t, 1)
-	bs := startClusterBrokers(t, 2, nc.URLs())
+	bs := startClusterBrokers(t, 2, natstest.Start(t, 1).URLs())
 	a, b := bs[0], bs[1]
-	subA := dialV5(t, a, &paho.Connect{ClientID: "sub-a", CleanStart: true, KeepAlive: 30})
-	subA.Subscribe(t, paho.SubscribeOptions{Topic: "wills/#", QoS: 1})
-	subB := dialV5(t, b, &paho.Connect{ClientID: "sub-b", CleanStart: true, KeepAlive: 30})
-	subB.Subscribe(t, paho.SubscribeOptions{Topic: "wills/#", QoS: 1})
+	subs := map[string]*mqtttest.V5{}
+	for name, node := range map[string]*Broker{"a": a, "b": b} {
+		subs[name] = dialV5(t, node, &paho.Connect{ClientID: "sub-" + name, CleanStart: true, KeepAlive: 30})
+		subs[name].Subscribe(t, paho.SubscribeOptions{Topic: "wills/#", QoS: 1})
+	}
 
 	expiry := uint32(60)
 	dropWithWill := func(id string, delay uint32) {
@@ -38,7 +38,7 @@ func TestClusterWillCancelledByReconnectElsewhere(t *testing.T) {
 	dropWithWill("sentinel", 3) // due after "back"
 	dialV5(t, b, &paho.Connect{ClientID: "back", KeepAlive: 30, Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}})
 
-	for name, sub := range map[string]*mqtttest.V5{"a": subA, "b": subB} {
+	for name, sub := range subs {
 		select {
 		case m := <-sub.Msgs:
 			if m.Topic != "wills/sentinel" {
@@ -48,8 +48,9 @@ func TestClusterWillCancelledByReconnectElsewhere(t *testing.T) {
 			t.Fatalf("node %s subscriber: no will", name)
 		}
 	}
-	expectNone(t, subA, "sub-a")
-	expectNone(t, subB, "sub-b")
+	for name, sub := range subs {
+		expectNone(t, sub, "sub-"+name)
+	}
 	if n := a.ClusterHook().Stats.Wills.Load() + b.ClusterHook().Stats.Wills.Load(); n != 0 {
 		t.Errorf("%d wills published for gone nodes, none is gone", n)
 	}

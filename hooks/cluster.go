@@ -105,6 +105,7 @@ type Cluster struct {
 
 	nodes     nodeTable    // other nodes' figures
 	sweep     *orphanSweep // made on the first sweep
+	wills     *willWatch   // made by SetNode
 	sweepOnce sync.Once
 	stop      chan struct{}
 	wg        sync.WaitGroup
@@ -132,6 +133,7 @@ func (h *Cluster) Handler() cluster.Handler {
 // SetNode binds the hook to its node and starts the session flusher.
 func (h *Cluster) SetNode(n *cluster.Node) {
 	h.node, h.records = n, n.SessionStore()
+	h.wills = &willWatch{h: h, pending: map[string]pendingWill{}, gone: map[string]bool{}}
 	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop, h.willLoop} {
 		h.wg.Add(1)
 		go func() {

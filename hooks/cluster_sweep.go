@@ -28,6 +28,10 @@ type orphanSweep struct {
 	// maxExpiry is the broker's max-session-expiry, in seconds.
 	maxExpiry uint32
 
+	// wills takes the records of gone owners that still hold a will
+	// (willWatch.note); the sweep leaves them until the will is out.
+	wills func(rec *sessionstore.Record, rev uint64, st clusterState, now time.Time)
+
 	mu      sync.Mutex
 	orphans map[string]time.Time // client id -> when its owner was first found gone
 }
@@ -39,7 +43,7 @@ func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, er
 		h.sweep = &orphanSweep{
 			records: h.records, self: h.node.NodeID(), alive: h.node.Alive,
 			maxExpiry: h.server.Options.Capabilities.MaximumSessionExpiryInterval,
-			orphans:   map[string]time.Time{},
+			orphans:   map[string]time.Time{}, wills: h.wills.note,
 		}
 	})
 	return h.sweep.run(ctx, now)
@@ -70,7 +74,10 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 		seen[rec.ClientID] = true
 		st, stOK := recordState(rec)
 		if stOK && st.Will != nil {
-			return true // its will is published first (willWatch), then it goes
+			if o.wills != nil {
+				o.wills(rec, rev, st, now)
+			}
+			return true // its will is published first, then it goes
 		}
 		o.mu.Lock()
 		since, ok := o.orphans[rec.ClientID]

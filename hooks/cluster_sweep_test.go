@@ -170,3 +170,35 @@ func TestOrphanSweepOverAFailedWalk(t *testing.T) {
 		t.Fatal("an orphan no complete walk saw is still remembered")
 	}
 }
+
+// TestOrphanSweepLeavesWills: a record of a gone node that still holds a
+// will is handed to the will watch and kept, however old, until the will
+// is out; one of a live node is neither.
+func TestOrphanSweepLeavesWills(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	records := sessionstore.NewMemory()
+	handed := map[string]string{}
+	o := &orphanSweep{
+		records: records, self: "node-a", maxExpiry: 3600, orphans: map[string]time.Time{},
+		alive: func(_ context.Context, node string) (bool, error) { return node == "node-b", nil },
+		wills: func(rec *sessionstore.Record, _ uint64, st clusterState, _ time.Time) { handed[rec.ClientID] = st.Will.Topic },
+	}
+	withWill := json.RawMessage(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}},"will":{"topic":"wills/x","run":"r1"}}`)
+	for _, rec := range []sessionstore.Record{
+		{ClientID: "clean", Owner: "node-gone", Connected: true, State: withWill},
+		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-time.Hour).Unix(), State: withWill},
+		{ClientID: "held", Owner: "node-b", Connected: true, State: withWill},
+	} {
+		if _, err := records.Save(ctx, &rec, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleted, err := o.run(ctx, now)
+	if err != nil || len(deleted) != 0 {
+		t.Fatalf("sweep deleted %q (%v), want none: their wills are not out", deleted, err)
+	}
+	if len(handed) != 2 || handed["clean"] != "wills/x" || handed["expired"] != "wills/x" {
+		t.Fatalf("wills handed over %v, want those of clean and expired", handed)
+	}
+}

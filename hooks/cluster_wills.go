@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,10 +26,10 @@ import (
 // node that is gone that still holds a will is one nobody will send.
 //
 // Every node watches for that (willWatch): when a node falls silent (no
-// figures for willSilent) and NATS has no responder for it, and on a full
-// scan at start and every sweepInterval (nodes that died before this one
-// came up; this node's own records from an earlier run, told by
-// storedWill.Run), it notes each such will with the time it is due: the
+// figures for willSilent) and NATS has no responder for it, on a scan of
+// every record at start (nodes that died before this one came up; this
+// node's own records from an earlier run, told by storedWill.Run), and on
+// the orphan sweep's once a minute, it notes each such will with the time it is due: the
 // disconnect (or the time the owner was found gone) plus the will delay,
 // bounded by the session expiry [MQTT-3.1.3.2.2]. When due, it claims the
 // will with a compare-and-set on the record's revision (a persistent
@@ -126,25 +127,27 @@ type pendingWill struct {
 	due time.Time
 }
 
-// willWatch finds and publishes the wills nobody else will send. One
-// goroutine (willLoop) owns it.
+// willWatch finds and publishes the wills nobody else will send. willLoop
+// runs it; the orphan sweep hands it what it finds (note).
 type willWatch struct {
-	h       *Cluster
+	h    *Cluster
+	gone map[string]bool // nodes found gone, until heard again (willLoop's)
+
+	mu      sync.Mutex
 	pending map[string]pendingWill // client id -> its orphaned will
-	gone    map[string]bool        // nodes found gone, until heard again
 }
 
-// willLoop runs the will watch until Stop.
+// willLoop runs the will watch until Stop: a scan of every record at
+// start, then the nodes that fall silent; the orphan sweep brings the
+// rest once a minute.
 func (h *Cluster) willLoop() {
-	w := &willWatch{h: h, pending: map[string]pendingWill{}, gone: map[string]bool{}}
+	w := h.wills
 	t := time.NewTicker(willTick)
 	defer t.Stop()
-	lastScan := time.Time{}
-	for {
+	for first := true; ; first = false {
 		now := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if now.Sub(lastScan) >= sweepInterval {
-			lastScan = now
+		if first {
 			w.scan(ctx, nil, now)
 		} else if dead := w.silentGone(ctx, now); len(dead) > 0 {
 			w.scan(ctx, dead, now)
@@ -180,31 +183,27 @@ func (w *willWatch) silentGone(ctx context.Context, now time.Time) map[string]bo
 	return dead
 }
 
-// scan notes the orphaned wills of the records owned by nodes in only (all
-// nodes: nil), found at now.
+// scan notes the orphaned wills of the records owned by the nodes in only,
+// found gone; nil: of every node that does not answer, and this node's
+// earlier runs.
 func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Time) {
 	h := w.h
 	self := h.node.NodeID()
 	alive := map[string]bool{}
-	maxExpiry := h.server.Options.Capabilities.MaximumSessionExpiryInterval
 	err := h.records.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
 		if only != nil && !only[rec.Owner] {
 			return true
 		}
 		st, ok := recordState(rec)
-		if !ok || st.Will == nil {
-			return true
+		if !ok || st.Will == nil || (rec.Owner == self && st.Will.Run == h.run) {
+			return true // none, or this run's: mochi sends it
 		}
-		if rec.Owner == self {
-			if st.Will.Run == h.run {
-				return true // this run's: mochi sends it
-			}
-		} else if only == nil {
+		if only == nil && rec.Owner != self {
 			up, known := alive[rec.Owner]
 			if !known {
 				var err error
 				if up, err = h.node.Alive(ctx, rec.Owner); err != nil {
-					return ctx.Err() == nil // unsure: the next scan
+					return ctx.Err() == nil // unsure: the sweep looks again
 				}
 				alive[rec.Owner] = up
 			}
@@ -212,20 +211,7 @@ func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Tim
 				return true
 			}
 		}
-		if p, ok := w.pending[rec.ClientID]; ok && p.rev == rev {
-			return true // noted already
-		}
-		base := now
-		if !rec.Connected && rec.DisconnectedAt > 0 {
-			base = time.Unix(rec.DisconnectedAt, 0)
-		}
-		delay := time.Duration(st.Will.Delay) * time.Second
-		if !rec.Persistent {
-			delay = 0 // the session ended with its connection, and the will with it
-		} else if expiry, ok := sessionExpiry(st, true, maxExpiry); ok {
-			delay = min(delay, expiry)
-		}
-		w.pending[rec.ClientID] = pendingWill{rev: rev, due: base.Add(delay)}
+		w.note(rec, rev, st, now)
 		return true
 	})
 	if err != nil {
@@ -233,14 +219,39 @@ func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Tim
 	}
 }
 
+// note keeps the will of rec (at rev, state st), whose owner was found
+// gone at now, until it is due.
+func (w *willWatch) note(rec *sessionstore.Record, rev uint64, st clusterState, now time.Time) {
+	base := now
+	if !rec.Connected && rec.DisconnectedAt > 0 {
+		base = time.Unix(rec.DisconnectedAt, 0)
+	}
+	delay := time.Duration(st.Will.Delay) * time.Second
+	if !rec.Persistent {
+		delay = 0 // the session ended with its connection, and the will is due with it
+	} else if expiry, ok := sessionExpiry(st, true, w.h.server.Options.Capabilities.MaximumSessionExpiryInterval); ok {
+		delay = min(delay, expiry)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p, ok := w.pending[rec.ClientID]; !ok || p.rev != rev {
+		w.pending[rec.ClientID] = pendingWill{rev: rev, due: base.Add(delay)}
+	}
+}
+
 // claimDue claims and publishes the wills due at now.
 func (w *willWatch) claimDue(ctx context.Context, now time.Time) {
+	due := map[string]uint64{}
+	w.mu.Lock()
 	for id, p := range w.pending {
-		if now.Before(p.due) {
-			continue
+		if !now.Before(p.due) {
+			due[id] = p.rev
+			delete(w.pending, id)
 		}
-		delete(w.pending, id)
-		will, err := w.claim(ctx, id, p.rev)
+	}
+	w.mu.Unlock()
+	for id, rev := range due {
+		will, err := w.claim(ctx, id, rev)
 		if err != nil {
 			w.h.Log.Warn("cluster: claiming the will of a client of a node that is gone", "client", id, "error", err)
 			continue
