@@ -1,11 +1,17 @@
 package integration
 
 import (
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
@@ -54,7 +60,13 @@ func (w *willCounter) waitFor(t *testing.T, topic string) {
 // wills/<id> (delay seconds, session expiry seconds).
 func connectWithWill(t *testing.T, addr, id string, delay, expiry uint32, retain bool) *mqtttest.V5 {
 	t.Helper()
-	return mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), &paho.Connect{
+	return connectWithWillOn(t, mqtttest.Dial(t, mqtttest.TCP, addr, nil), id, delay, expiry, retain)
+}
+
+// connectWithWillOn is connectWithWill over conn.
+func connectWithWillOn(t *testing.T, conn net.Conn, id string, delay, expiry uint32, retain bool) *mqtttest.V5 {
+	t.Helper()
+	return mqtttest.ConnectV5(t, conn, &paho.Connect{
 		ClientID: id, CleanStart: true, KeepAlive: 30,
 		Properties:     &paho.ConnectProperties{SessionExpiryInterval: &expiry},
 		WillMessage:    &paho.WillMessage{Topic: "wills/" + id, QoS: 1, Retain: retain, Payload: []byte("gone:" + id)},
@@ -158,4 +170,79 @@ func TestClusterWillsOfNodeRestartedUnderItsID(t *testing.T) {
 	if n := b.metric(t, "keyline_cluster_wills_published_total") + a2.metric(t, "keyline_cluster_wills_published_total"); n != 3 {
 		t.Errorf("the nodes published %v wills, want 3", n)
 	}
+}
+
+// TestClusterWillSentByItsNodeIsNotSentAgain: a delayed will that the
+// client's own node sent leaves the session record, so when that node is
+// SIGKILLed afterwards the other node does not send it again.
+func TestClusterWillSentByItsNodeIsNotSentAgain(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	urls := nc.URLs()
+	b := startClusterNode(t, "node-b", urls)
+	a := startClusterNode(t, "node-a", urls)
+	subB := newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+	conn := mqtttest.Dial(t, mqtttest.TCP, a.addrs["tcp"], nil)
+	connectWithWillOn(t, conn, "early", 1, 60, false)
+	_ = conn.Close() // without DISCONNECT: node a sends the will after 1 s
+	subB.waitFor(t, "wills/early")
+	if !mqtttest.Within(mqtttest.Timeout, func() bool { return recordWill(t, urls, "early") == "none" }) {
+		t.Fatalf("the record of early still holds its will after node a sent it")
+	}
+	connectWithWill(t, a.addrs["tcp"], "sentinel", 0, 0, false)
+	if code := a.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("node a exit code %d, want -1 (killed)", code)
+	}
+	// Both are due at once on node b: the sentinel's arrival means the
+	// other would have come too.
+	subB.waitFor(t, "wills/sentinel")
+	if subB.count["wills/early"] != 1 {
+		t.Fatalf("got the will of early %d times, want once", subB.count["wills/early"])
+	}
+}
+
+// recordWill reads client id's session record from KL_SESSIONS: "none"
+// when it holds no will, the will's topic, or "" when there is no record.
+func recordWill(t *testing.T, urls []string, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := nats.Connect(strings.Join(urls, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	js, err := jetstream.New(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, "KL_SESSIONS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := kv.Keys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var rec struct {
+			ID    string `json:"id"`
+			State struct {
+				Will *struct {
+					Topic string `json:"topic"`
+				} `json:"will"`
+			} `json:"state"`
+		}
+		if json.Unmarshal(e.Value(), &rec) != nil || rec.ID != id {
+			continue
+		}
+		if rec.State.Will == nil {
+			return "none"
+		}
+		return rec.State.Will.Topic
+	}
+	return ""
 }
