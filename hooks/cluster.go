@@ -108,13 +108,14 @@ type Cluster struct {
 	wills     *willWatch   // made by SetNode
 	sweepOnce sync.Once
 	stop      chan struct{}
+	started   chan struct{} // closed by OnStarted: the hooks are in place
 	wg        sync.WaitGroup
 }
 
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
-	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), run: newRun()}
+	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), started: make(chan struct{}), run: newRun()}
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -156,7 +157,7 @@ var clusterEvents = eventSet(
 	mqtt.OnConnect, mqtt.OnSessionEstablish, mqtt.OnDisconnect,
 	mqtt.OnSubscribed, mqtt.OnUnsubscribed, mqtt.OnSelectSubscribers,
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnWillSent,
-	mqtt.OnClientExpired, mqtt.OnPacketSent,
+	mqtt.OnClientExpired, mqtt.OnPacketSent, mqtt.OnStarted,
 )
 
 // Stop ends the flusher after a last flush of every session.

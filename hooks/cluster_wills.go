@@ -121,6 +121,15 @@ func (t *nodeTable) lastHeard() map[string]time.Time {
 	return out
 }
 
+// OnStarted lets the will watch begin: mochi serves, every hook is added.
+func (h *Cluster) OnStarted() {
+	select {
+	case <-h.started:
+	default:
+		close(h.started)
+	}
+}
+
 // pendingWill is a will found orphaned, waiting until it is due.
 type pendingWill struct {
 	rev uint64
@@ -142,6 +151,11 @@ type willWatch struct {
 // rest once a minute.
 func (h *Cluster) willLoop() {
 	w := h.wills
+	select { // a will is published through the hooks: all of them
+	case <-h.started:
+	case <-h.stop:
+		return
+	}
 	t := time.NewTicker(willTick)
 	defer t.Stop()
 	for first := true; ; first = false {

@@ -97,9 +97,7 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	graceful.Close()
 
 	killed := time.Now()
-	if code := a.signal(t, syscall.SIGKILL); code != -1 {
-		t.Fatalf("node a exit code %d, want -1 (killed)", code)
-	}
+	killNode(t, a)
 	// "back" comes back on b before its will delay ends: its will is cancelled.
 	expiry := uint32(60)
 	back := mqtttest.ConnectV5(t, mqtttest.Dial(t, mqtttest.TCP, b.addrs["tcp"], nil), &paho.Connect{
@@ -142,22 +140,34 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	back.Close()
 }
 
+// willNodes starts node b then node a on one NATS server, with a
+// subscriber to every will on b.
+func willNodes(t *testing.T) (urls []string, a, b *proc, subB *willCounter) {
+	t.Helper()
+	urls = natstest.Start(t, 1).URLs()
+	b = startClusterNode(t, "node-b", urls) // first: it hears a's figures from a's start
+	a = startClusterNode(t, "node-a", urls)
+	return urls, a, b, newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+}
+
+// killNode SIGKILLs p.
+func killNode(t *testing.T, p *proc) {
+	t.Helper()
+	if code := p.signal(t, syscall.SIGKILL); code != -1 {
+		t.Fatalf("exit code %d, want -1 (killed)", code)
+	}
+}
+
 // TestClusterWillsOfNodeRestartedUnderItsID SIGKILLs a node and starts it
 // again at once under the same id: the wills of the clients it held are
 // published once, by it (it knows its earlier run's records) or by the
 // other node, never by both.
 func TestClusterWillsOfNodeRestartedUnderItsID(t *testing.T) {
-	nc := natstest.Start(t, 1)
-	urls := nc.URLs()
-	b := startClusterNode(t, "node-b", urls)
-	a := startClusterNode(t, "node-a", urls)
-	subB := newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+	urls, a, b, subB := willNodes(t)
 	connectWithWill(t, a.addrs["tcp"], "now", 0, 0, false)
 	connectWithWill(t, a.addrs["tcp"], "delayed", 2, 60, false)
 	connectWithWill(t, a.addrs["tcp"], "sentinel", 4, 60, false)
-	if code := a.signal(t, syscall.SIGKILL); code != -1 {
-		t.Fatalf("node a exit code %d, want -1 (killed)", code)
-	}
+	killNode(t, a)
 	a2 := startClusterNode(t, "node-a", urls)
 	for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
 		subB.waitFor(t, topic)
@@ -176,11 +186,7 @@ func TestClusterWillsOfNodeRestartedUnderItsID(t *testing.T) {
 // client's own node sent leaves the session record, so when that node is
 // SIGKILLed afterwards the other node does not send it again.
 func TestClusterWillSentByItsNodeIsNotSentAgain(t *testing.T) {
-	nc := natstest.Start(t, 1)
-	urls := nc.URLs()
-	b := startClusterNode(t, "node-b", urls)
-	a := startClusterNode(t, "node-a", urls)
-	subB := newWillCounter(t, b.addrs["tcp"], "sub-b", "wills/#")
+	urls, a, _, subB := willNodes(t)
 	conn := mqtttest.Dial(t, mqtttest.TCP, a.addrs["tcp"], nil)
 	connectWithWillOn(t, conn, "early", 1, 60, false)
 	_ = conn.Close() // without DISCONNECT: node a sends the will after 1 s
@@ -189,9 +195,7 @@ func TestClusterWillSentByItsNodeIsNotSentAgain(t *testing.T) {
 		t.Fatalf("the record of early still holds its will after node a sent it")
 	}
 	connectWithWill(t, a.addrs["tcp"], "sentinel", 0, 0, false)
-	if code := a.signal(t, syscall.SIGKILL); code != -1 {
-		t.Fatalf("node a exit code %d, want -1 (killed)", code)
-	}
+	killNode(t, a)
 	// Both are due at once on node b: the sentinel's arrival means the
 	// other would have come too.
 	subB.waitFor(t, "wills/sentinel")
