@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	mqtt3 "github.com/eclipse/paho.mqtt.golang"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -94,6 +95,9 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	connectWithWill(t, a.addrs["tcp"], "back", 5, 60, false)            // reconnects to b first
 	connectWithWill(t, a.addrs["tcp"], "sentinel", 6, 60, false)        // due after "back"
 	graceful := connectWithWill(t, a.addrs["tcp"], "bye", 0, 60, false) // DISCONNECT 0x00
+	mqtttest.ConnectV3(t, mqtttest.V3URL(mqtttest.TCP, a.addrs["tcp"]), "v311", false, nil, func(o *mqtt3.ClientOptions) {
+		o.SetWill("wills/v311", "gone:v311", 1, false) // 3.1.1, persistent session: no delay
+	})
 	graceful.Close()
 
 	killed := time.Now()
@@ -107,7 +111,7 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	}
 
 	for _, sub := range []*willCounter{subB, subC} {
-		for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
+		for _, topic := range []string{"wills/now", "wills/v311", "wills/delayed", "wills/sentinel"} {
 			sub.waitFor(t, topic)
 		}
 	}
@@ -117,7 +121,7 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 	// The sentinel was due after "back" and "bye": had either been published
 	// it would have arrived before it, on the same path.
 	for name, sub := range map[string]*willCounter{"b": subB, "c": subC} {
-		for _, topic := range []string{"wills/now", "wills/delayed", "wills/sentinel"} {
+		for _, topic := range []string{"wills/now", "wills/v311", "wills/delayed", "wills/sentinel"} {
 			if sub.count[topic] != 1 {
 				t.Errorf("node %s subscriber got %s %d times, want once", name, topic, sub.count[topic])
 			}
@@ -128,8 +132,8 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 			}
 		}
 	}
-	if n := b.metric(t, "keyline_cluster_wills_published_total") + c.metric(t, "keyline_cluster_wills_published_total"); n != 3 {
-		t.Errorf("survivors published %v wills, want 3", n)
+	if n := b.metric(t, "keyline_cluster_wills_published_total") + c.metric(t, "keyline_cluster_wills_published_total"); n != 4 {
+		t.Errorf("survivors published %v wills, want 4", n)
 	}
 	// The delayed will was retained: a new subscriber on c gets it.
 	late := newWillCounter(t, c.addrs["tcp"], "late", "wills/delayed")
