@@ -56,8 +56,8 @@ type storedWill struct {
 	Run string `json:"run"`
 }
 
-// Timings of the will watch (variables: tests shorten them).
-var (
+// Timings of the will watch.
+const (
 	// willTick is how often due wills are claimed and silent nodes checked.
 	willTick = 250 * time.Millisecond
 	// willSilent: a node not heard from for this long is asked whether it

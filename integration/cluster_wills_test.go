@@ -99,6 +99,10 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 		o.SetWill("wills/v311", "gone:v311", 1, false) // 3.1.1, persistent session: no delay
 	})
 	graceful.Close()
+	// Node a has taken the DISCONNECT in (not only been sent it) before it dies.
+	if !mqtttest.Within(mqtttest.Timeout, func() bool { return recordWill(t, urls, "bye") == "none" }) {
+		t.Fatalf("the record of bye still holds its will after its DISCONNECT")
+	}
 
 	killed := time.Now()
 	killNode(t, a)
@@ -115,6 +119,8 @@ func TestClusterWillsOfKilledNode(t *testing.T) {
 			sub.waitFor(t, topic)
 		}
 	}
+	t.Logf("after the kill: the will without delay in %v, the 4 s one in %v",
+		subB.first["wills/now"].Sub(killed).Round(time.Millisecond), subB.first["wills/delayed"].Sub(killed).Round(time.Millisecond))
 	if d := subB.first["wills/delayed"].Sub(killed); d < 4*time.Second {
 		t.Fatalf("the delayed will arrived %v after the kill, before its delay (4 s)", d)
 	}
