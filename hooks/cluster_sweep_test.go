@@ -182,7 +182,9 @@ func TestOrphanSweepLeavesWills(t *testing.T) {
 	o := &orphanSweep{
 		records: records, self: "node-a", maxExpiry: 3600, orphans: map[string]time.Time{},
 		alive: func(_ context.Context, node string) (bool, error) { return node == "node-b", nil },
-		wills: func(rec *sessionstore.Record, _ uint64, st clusterState, _ time.Time) { handed[rec.ClientID] = st.Will.Topic },
+		wills: func(rec *sessionstore.Record, _ uint64, st clusterState, _ time.Time) {
+			handed[rec.ClientID] = st.Will.Topic
+		},
 	}
 	withWill := json.RawMessage(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}},"will":{"topic":"wills/x","run":"r1"}}`)
 	for _, rec := range []sessionstore.Record{
