@@ -16,6 +16,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 )
 
 // willCounter counts the messages a subscriber got, by topic, with when
@@ -242,21 +243,19 @@ func recordWill(t *testing.T, urls []string, id string) string {
 		if err != nil {
 			continue
 		}
-		var rec struct {
-			ID    string `json:"id"`
-			State struct {
-				Will *struct {
-					Topic string `json:"topic"`
-				} `json:"will"`
-			} `json:"state"`
-		}
-		if json.Unmarshal(e.Value(), &rec) != nil || rec.ID != id {
+		rec, _, err := sessionrec.DecodeWithID(e.Value())
+		if err != nil || rec.ClientID != id {
 			continue
 		}
-		if rec.State.Will == nil {
+		var st struct {
+			Will *struct {
+				Topic string `json:"topic"`
+			} `json:"will"`
+		}
+		if json.Unmarshal(rec.State, &st) != nil || st.Will == nil {
 			return "none"
 		}
-		return rec.State.Will.Topic
+		return st.Will.Topic
 	}
 	return ""
 }
