@@ -458,7 +458,6 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 		}
 		return
 	}
-	h.server.CancelDelayedWill(s.client) // the session goes on elsewhere [MQTT-3.1.3-9]
 	if s.persistent.Load() {
 		if !s.client.Closed() {
 			_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
@@ -478,7 +477,7 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 // dropCopy forgets s, a copy already uninstalled, without writing its
 // record: its interest, and its connection if mochi still holds it.
 func (h *Cluster) dropCopy(s *clusterSession) {
-	h.server.CancelDelayedWill(s.client)
+	h.server.CancelDelayedWill(s.client) // the session goes on elsewhere [MQTT-3.1.3-9]
 	h.dropInterest(s)
 	if h.Outboxes != nil {
 		h.Outboxes.DropSession(s.id) // what it queued is another node's now
