@@ -111,6 +111,7 @@ func (v opsView) Figures() ops.Figures {
 	}
 	if a := b.auth; a != nil {
 		f.ReservedRefused, f.TakeoversRefused = a.ReservedRefused.Load(), a.Refused.Load()
+		f.WillsRefused = a.WillsRefused.Load()
 	}
 	if cs := b.connStats; cs != nil {
 		f.ConnDroppedMessages, f.ConnDroppedBytes = cs.DroppedMessages.Load(), cs.DroppedBytes.Load()

@@ -37,6 +37,8 @@ type rawOptions struct {
 	user          []packets.UserProperty
 	// username and password, sent when not empty.
 	username, password string
+	// willTopic, when set, is the topic of a QoS 0 will (payload "gone").
+	willTopic string
 	// rcvbuf, when set, is the socket's receive buffer: a client that does
 	// not read then stalls the broker's writer after that many bytes.
 	rcvbuf int
@@ -77,6 +79,9 @@ func dialRawAck(t *testing.T, addr, clientID string, o rawOptions) (*rawClient, 
 	}
 	if o.password != "" {
 		pk.Connect.Password, pk.Connect.PasswordFlag = []byte(o.password), true
+	}
+	if o.willTopic != "" {
+		pk.Connect.WillFlag, pk.Connect.WillTopic, pk.Connect.WillPayload = true, o.willTopic, []byte("gone")
 	}
 	if o.version == 5 {
 		pk.Properties.SessionExpiryInterval, pk.Properties.SessionExpiryIntervalFlag = o.sessionExpiry, o.sessionExpiry > 0

@@ -47,6 +47,13 @@ type Auth struct {
 	Refused atomic.Uint64
 	// TokensExpired counts clients disconnected when their JWT expired.
 	TokensExpired atomic.Uint64
+	// WillsRefused counts CONNECTs refused for a will the client may not
+	// publish.
+	WillsRefused atomic.Uint64
+	// willRefused holds the connections refused for their will until their
+	// CONNACK is encoded (*mqtt.Client -> struct{}): it says 0x87 Not
+	// authorized rather than mochi's 0x86 Bad user name or password.
+	willRefused sync.Map
 }
 
 // AuthPolicy is the part of auth a reload replaces.
@@ -110,7 +117,7 @@ var authEvents = eventSet(
 func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	p := h.Policy()
 	if !p.Required {
-		return true
+		return h.willAllowed(cl)
 	}
 	a, ok := h.authenticate(p, cl, pk)
 	if !ok {
@@ -129,7 +136,27 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 	}
 	h.clients.Store(cl, ca)
 	h.rules.setToken(cl, a.acl)
+	if !h.willAllowed(cl) {
+		h.OnDisconnect(cl, nil, false) // a refused CONNECT is never attached: mochi calls no OnDisconnect
+		return false
+	}
 	return true
+}
+
+// willAllowed reports whether cl may publish its will, if it has one, as
+// OnACLCheck decides a publish (the ACL, reserved topics): a will is a
+// publish made for the client when it goes, and without this check a
+// client could write, through its will, to a topic it may not publish to
+// (another device's command topic, say). A refused CONNECT gets 0x87 Not
+// authorized (MQTT 3.1.1: 0x05).
+func (h *Auth) willAllowed(cl *mqtt.Client) bool {
+	if cl.Properties.Will.Flag == 0 || h.OnACLCheck(cl, cl.Properties.Will.TopicName, true) {
+		return true
+	}
+	h.WillsRefused.Add(1)
+	h.Log.Info("refusing a connection whose will the client may not publish", "client", clip(cl.ID), "username", clip(string(cl.Properties.Username)), "will_topic", clip(cl.Properties.Will.TopicName), "remote", cl.Net.Remote)
+	h.willRefused.Store(cl, struct{}{})
+	return false
 }
 
 // authenticate decides a CONNECT: a verified certificate's identity on a
@@ -257,7 +284,17 @@ func (h *Auth) CanRead(cl *mqtt.Client, topic string) bool { return h.rules.CanR
 // its inflight state. Without auth PacketEncoder skips it (the check is of
 // ACL rules).
 func (h *Auth) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
-	if pk.FixedHeader.Type != packets.Connack || !pk.SessionPresent || !h.rules.Configured() {
+	if pk.FixedHeader.Type != packets.Connack {
+		return
+	}
+	if _, refused := h.willRefused.LoadAndDelete(cl); refused {
+		pk.ReasonCode = packets.ErrNotAuthorized.Code
+		if cl.Properties.ProtocolVersion < 5 {
+			pk.ReasonCode = packets.Err3NotAuthorized.Code
+		}
+		return
+	}
+	if !pk.SessionPresent || !h.rules.Configured() {
 		return
 	}
 	for _, m := range cl.State.Inflight.GetAll(false) {

@@ -39,7 +39,7 @@ func (h *PacketEncoder) Provides(b byte) bool { return b == mqtt.OnPacketEncode 
 
 // OnPacketEncode runs the hooks' EncodePacket on pk, in order.
 func (h *PacketEncoder) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packets.Packet {
-	if h.Auth != nil && h.Auth.rules.Configured() {
+	if h.Auth != nil && (pk.FixedHeader.Type == packets.Connack || h.Auth.rules.Configured()) {
 		h.Auth.EncodePacket(cl, &pk)
 	}
 	if h.Retained != nil {

@@ -55,6 +55,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_group_log_resolve_commits_total", "Of keyline_group_log_commits_total, the commits that carried only resolutions (acks and the like), which no append commit took within the resolve delay.", prometheus.CounterValue},
 	{"keyline_group_log_write_seconds_total", "Time the segment log's commits spent in their write and fdatasync; divided by keyline_group_log_commits_total, the commit latency the disk gives under the broker's load (the fsync bound of a publisher with N in flight is N divided by it).", prometheus.CounterValue},
 	{"keyline_outbox_store_refused_total", "QoS 1/2 publishes refused because a persistent session's record of the message could not be stored.", prometheus.CounterValue},
+	{"keyline_wills_refused_total", "CONNECTs refused (0x87) for a will the client may not publish (the ACL, or a reserved topic).", prometheus.CounterValue},
 	{"keyline_reserved_publishes_refused_total", "Publishes into $dlq/, $share/ or $SYS/ refused (QoS 1/2 answered 0x87 or disconnected, QoS 0 dropped).", prometheus.CounterValue},
 	{"keyline_client_id_takeovers_refused_total", "CONNECTs refused because the client id's session belongs to another user.", prometheus.CounterValue},
 	{"keyline_conn_dropped_messages_total", "QoS 0 messages dropped by a slow client's overflow policy.", prometheus.CounterValue},
@@ -122,6 +123,7 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values["keyline_group_log_write_seconds_total"] = f.LogWriteTime.Seconds()
 	values["keyline_outbox_store_refused_total"] = float64(f.OutboxStoreRefused)
 	values["keyline_reserved_publishes_refused_total"] = float64(f.ReservedRefused)
+	values["keyline_wills_refused_total"] = float64(f.WillsRefused)
 	values["keyline_client_id_takeovers_refused_total"] = float64(f.TakeoversRefused)
 	values["keyline_conn_dropped_messages_total"] = float64(f.ConnDroppedMessages)
 	values["keyline_conn_dropped_bytes_total"] = float64(f.ConnDroppedBytes)

@@ -95,6 +95,7 @@ type Figures struct {
 	OutboxSpilledBytes                             int64
 	OutboxSpilled                                  uint64
 	ReservedRefused, TakeoversRefused              uint64
+	WillsRefused                                   uint64
 	ConnDroppedMessages, ConnDroppedBytes          uint64
 	ConnConflated, ConnDropSignals                 uint64
 	ConnSlowDisconnects, ConnProtocolErrors        uint64
