@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -21,22 +20,16 @@ func TestCloseAnswersReleaseInProgress(t *testing.T) {
 	urls := nc.URLs()
 	entered, goOn := make(chan struct{}), make(chan struct{})
 	saved := make(chan error, 1)
-	var a *Node
-	logger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	a, err := Start(ctx, Config{URLs: urls, NodeID: "node-a", Logger: logger.With("node", "node-a")}, Handler{
+	store := make(chan sessionstore.Store, 1) // node a's, once it runs
+	a := startNodeWith(t, Config{URLs: urls, NodeID: "node-a"}, Handler{
 		Release: func(id string, _ uint64) {
 			close(entered)
 			<-goOn
-			_, err := a.SessionStore().Save(context.Background(), &sessionstore.Record{ClientID: id, Owner: "node-a", Persistent: true}, 0)
+			_, err := (<-store).Save(context.Background(), &sessionstore.Record{ClientID: id, Owner: "node-a", Persistent: true}, 0)
 			saved <- err
 		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(a.Close)
+	store <- a.SessionStore()
 	b, _ := startNodeCfg(t, Config{URLs: urls, NodeID: "node-b", RequestTimeout: 20 * time.Second})
 
 	requested := make(chan error, 1)
