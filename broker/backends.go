@@ -22,6 +22,8 @@ import (
 //	session outboxes    hooks.NewOutboxStore (bbolt)  the cluster hook's (JetStream sequences)
 //	session records     persistence.SessionRecords    cluster.Node.SessionStore (KL_SESSIONS)
 //	(sessionstore.Store) (bbolt), read by hooks.Storage  read by hooks.Cluster
+//	members' key filters hooks.StoredKeyFilters (bbolt)  hooks.Cluster (the session record)
+//	(hooks.KeyFilterStore)
 //	cross-node route    none                          hooks.Cluster over cluster.Node
 type backends struct {
 	groups keyshared.Backend
@@ -29,6 +31,8 @@ type backends struct {
 	// sessions keeps one node's session records, for hooks.Storage (nil
 	// on a cluster node: hooks.Cluster reads its node's, SetNode).
 	sessions sessionstore.Store
+	// keyFilters keeps persistent members' key filters, for Key-Shared.
+	keyFilters hooks.KeyFilterStore
 	// refs is what the fan-out records with each outbox copy of a QoS 1/2
 	// message (nil: nothing; a cluster: its JetStream sequence).
 	refs func(packets.Packet) uint64
@@ -53,12 +57,13 @@ func (b *Broker) singleBackends() (backends, error) {
 	}
 	b.retained.SetStore(retained, nil)
 	return backends{
-		groups:   keyshared.NewLocalBackend(b.db.Groups()),
-		outbox:   hooks.NewOutboxStore(b.sessions),
-		sessions: b.sessions.Records(),
-		ready:    func() bool { return true },
-		expire:   func(cl *mqtt.Client) { b.storage.OnClientExpired(cl) }, // made after Key-Shared
-		close:    func() {},
+		groups:     keyshared.NewLocalBackend(b.db.Groups()),
+		outbox:     hooks.NewOutboxStore(b.sessions),
+		sessions:   b.sessions.Records(),
+		keyFilters: hooks.StoredKeyFilters{Sessions: b.sessions, Log: b.log},
+		ready:      func() bool { return true },
+		expire:     func(cl *mqtt.Client) { b.storage.OnClientExpired(cl) }, // made after Key-Shared
+		close:      func() {},
 	}, nil
 }
 
@@ -67,6 +72,7 @@ func (b *Broker) clusterBackends() backends {
 	return backends{
 		groups:      b.groups,
 		outbox:      b.cluster.OutboxStore(),
+		keyFilters:  b.cluster,
 		refs:        b.cluster.MessageRef,
 		ready:       b.cluster.Ready,
 		nodeID:      b.node.NodeID(),

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/hooks"
 	"github.com/keyline-mq/keyline/internal/adminapi"
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -159,6 +161,7 @@ func (b *Broker) startGroups(ctx context.Context) error {
 // on one connection) and makes the cluster hook.
 func (b *Broker) startCluster(ctx context.Context) error {
 	b.cluster = hooks.NewCluster(b.server)
+	b.cluster.Moved = func(id string) { b.keyShared.Forget(id) } // built after this, called once serving
 	id := b.cfg.Cluster.nodeID()
 	cfg := b.cfg.Cluster.clusterConfig(id)
 	cfg.Logger = b.log.With("node", id)
@@ -254,6 +257,11 @@ func (b *Broker) registerCluster(mux *http.ServeMux) {
 			return
 		}
 		recs, err := b.node.Sessions(r.Context(), 100000)
+		if errors.Is(err, sessionrec.ErrCorrupt) {
+			// The list has every other session: serve it.
+			b.log.Error("cluster clients: skipping session records that cannot be decoded", "error", err)
+			err = nil
+		}
 		if err != nil {
 			ops.WriteJSON(w, http.StatusServiceUnavailable, adminapi.Error{Error: err.Error()})
 			return

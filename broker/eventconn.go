@@ -89,6 +89,9 @@ func (l *listener) serveEvents(raw *net.TCPConn) bool {
 		ec.end(err)
 		return false
 	}
+	if f := l.afterPollerAdd.Load(); f != nil {
+		(*f)()
+	}
 	ec.pc.Store(pc)
 	if ec.flags.Load() != 0 {
 		pc.Wake()
@@ -112,6 +115,13 @@ func (ec *eventConn) closing() {
 func (ec *eventConn) Ready(pc *netpoll.Conn) {
 	if ec.ended {
 		return
+	}
+	// Ready can run before serveEvents has recorded the registration (the
+	// bytes of a CONNECT arrive as Add returns): record it here too, so that
+	// end removes it even when the whole connection ends in that window (a
+	// registration left behind holds the client until the broker stops).
+	if ec.pc.Load() == nil {
+		ec.pc.CompareAndSwap(nil, pc)
 	}
 	if ec.stopped() {
 		return

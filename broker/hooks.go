@@ -126,7 +126,7 @@ func (b *Broker) buildHooks() (*hooks.Protocol, error) {
 		KeyProperty:        b.cfg.KeyProperty,
 		GroupSettings:      b.groupSettingsOf,
 		CanRead:            canRead,
-		Sessions:           b.sessions,
+		KeyFilters:         b.be.keyFilters,
 		MaxKeySize:         int(b.cfg.MaxKeySize),
 		MaxGroups:          b.cfg.MaxGroups,
 		MaxGroupsPerClient: b.cfg.MaxGroupsPerClient,

@@ -41,6 +41,10 @@ type listener struct {
 	// deadlines wakes event-served connections whose deadline passed
 	// (deadlines.go); set with poller.
 	deadlines *deadlines
+	// afterPollerAdd, when set (tests), runs between a connection's
+	// registration with poller and serveEvents recording it, a window in
+	// which its whole life can pass under load.
+	afterPollerAdd atomic.Pointer[func()]
 
 	establish listeners.EstablishFn
 	// queue wraps each accepted connection in its outbound queue; set before Serve.

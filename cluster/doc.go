@@ -23,7 +23,8 @@
 //     per subject); every node tails it into its local retained index.
 //   - Session records live in the KV bucket KL_SESSIONS, keyed by a hash of
 //     the client id (never the raw id), written with compare-and-set on the
-//     key's revision.
+//     key's revision, in internal/sessionrec's codec with the id in the
+//     record (JSON records of earlier releases still read).
 //
 // # Invariants
 //

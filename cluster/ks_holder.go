@@ -446,9 +446,9 @@ func (h *holder) applyUp(pipeID string, seq uint64, items []upItem) uint64 {
 			}
 			h.join(node, it)
 		case upLeave:
-			h.leave(it.member)
+			h.leave(node, it.member)
 		case upActive:
-			h.setActive(it.member, it.active)
+			h.setActive(node, it.member, it.active)
 		case upAck, upNack, upReject:
 			if m, ok := h.adopt.answer(it.member, it.offset, it.kind == upAck); ok {
 				h.answer(it.kind, m, it.offset, it.reason)

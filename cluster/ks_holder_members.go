@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -12,9 +13,23 @@ import (
 // A holder's members: joins, leaves and activity from every node, the pipes down to
 // their nodes, and the deliverers the dispatcher writes through.
 
+// join takes a member's join from node. A member id is a client id, the
+// same on every node, and each node reports its own members in its own
+// pipe: when the client's session moves between nodes, the old node's
+// report of it (a resync made before it let the client go, say) can
+// arrive after the new node's join. A join from another node than the one
+// the member is held through therefore replaces it only if node owns the
+// client's session now (its record says so; the record cannot be read:
+// the later join wins).
 func (h *holder) join(node string, it *upItem) {
 	h.mu.Lock()
 	prev := h.mu.members[it.member]
+	h.mu.Unlock()
+	if prev != nil && prev.node != node && h.ownedBy(it.member, prev.node) {
+		h.g.log.Debug("key-shared: a node's report of a member whose session moved to another node; ignored", "group", h.name, "member", it.member, "from", node, "held through", prev.node)
+		return
+	}
+	h.mu.Lock()
 	h.mu.members[it.member] = &heldMember{node: node, qos: it.qos, filters: it.filters, active: true}
 	h.mu.lastSeen = time.Now()
 	h.mu.Unlock()
@@ -35,8 +50,25 @@ func (h *holder) join(node string, it *upItem) {
 	_ = h.r.AddMember(it.member, opts)
 }
 
-func (h *holder) leave(member string) {
+// ownedBy reports whether the session record of client names node as its
+// owner (false when it cannot be read).
+func (h *holder) ownedBy(client, node string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), h.g.node.cfg.RequestTimeout)
+	defer cancel()
+	rec, _, err := h.g.node.SessionStore().Load(ctx, client)
+	return err == nil && rec != nil && rec.Owner == node
+}
+
+// leave and setActive apply news from node only while the member is held
+// through node: once the client's session moved to another node, news of
+// its membership there (a leave, a disconnect) would end the new one
+// (member ids are client ids, the same on every node).
+func (h *holder) leave(node, member string) {
 	h.mu.Lock()
+	if m := h.mu.members[member]; m != nil && m.node != node {
+		h.mu.Unlock()
+		return // moved to another node since
+	}
 	delete(h.mu.members, member)
 	h.mu.Unlock()
 	if err := h.d.RemoveMember(member); err != nil && !errors.Is(err, keyshared.ErrUnknownMember) {
@@ -45,9 +77,13 @@ func (h *holder) leave(member string) {
 	_ = h.r.RemoveMember(member)
 }
 
-func (h *holder) setActive(member string, active bool) {
+func (h *holder) setActive(node, member string, active bool) {
 	h.mu.Lock()
 	m := h.mu.members[member]
+	if m != nil && m.node != node {
+		h.mu.Unlock()
+		return // moved to another node since
+	}
 	if m != nil {
 		m.active = active
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -26,23 +27,48 @@ type kvSessions struct{ n *Node }
 
 func sessionKey(clientID string) string { return "c." + hashToken(clientID) }
 
-// Load reads a client's record: nil and revision 0 when there is none.
+// encodeSession is a record as the bucket keeps it: sessionrec's form with
+// the client id (the key is a hash of it) at revision 0 (the bucket's
+// revision of the entry is the record's).
+func encodeSession(rec *sessionstore.Record) []byte { return sessionrec.EncodeWithID(rec, 0) }
+
+// decodeSession decodes a bucket value: sessionrec's form with the client
+// id, or the JSON that keylines before it wrote (a value starting with
+// '{'), so that a cluster upgraded node by node keeps its sessions. Its
+// errors wrap sessionrec.ErrCorrupt.
+func decodeSession(v []byte) (*sessionstore.Record, error) {
+	if len(v) > 0 && v[0] == '{' {
+		var rec sessionstore.Record
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return nil, fmt.Errorf("%w: %w", sessionrec.ErrCorrupt, err)
+		}
+		return &rec, nil
+	}
+	rec, _, err := sessionrec.DecodeWithID(v)
+	return rec, err
+}
+
+// Load reads a client's record: nil and revision 0 when there is none. A
+// record that cannot be decoded is an error wrapping sessionrec.ErrCorrupt,
+// with the entry's revision (what a Save that replaces it passes); one of
+// another client id (a collision of the keys' hashes) is an error too.
 func (s kvSessions) Load(ctx context.Context, clientID string) (*sessionstore.Record, uint64, error) {
-	e, err := s.n.kv.Get(ctx, sessionKey(clientID))
+	key := sessionKey(clientID)
+	e, err := s.n.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 		return nil, 0, nil
 	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("cluster: load session: %w", err)
 	}
-	var rec sessionstore.Record
-	if err := json.Unmarshal(e.Value(), &rec); err != nil {
-		return nil, e.Revision(), fmt.Errorf("cluster: session record of %q: %w", clientID, err)
+	rec, err := decodeSession(e.Value())
+	if err != nil {
+		return nil, e.Revision(), fmt.Errorf("cluster: session record of %q (key %s): %w", clientID, key, err)
 	}
 	if rec.ClientID != clientID {
 		return nil, e.Revision(), fmt.Errorf("cluster: session key collision between %q and %q", clientID, rec.ClientID)
 	}
-	return &rec, e.Revision(), nil
+	return rec, e.Revision(), nil
 }
 
 // Save writes rec if the record's revision is still rev (0: the record
@@ -50,15 +76,13 @@ func (s kvSessions) Load(ctx context.Context, clientID string) (*sessionstore.Re
 // means the session belongs to someone else now.
 func (s kvSessions) Save(ctx context.Context, rec *sessionstore.Record, rev uint64) (uint64, error) {
 	n := s.n
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return 0, fmt.Errorf("cluster: encode session: %w", err)
-	}
+	data := encodeSession(rec)
 	key := sessionKey(rec.ClientID)
 	deadline := time.Now().Add(n.cfg.PublishTimeout)
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, n.cfg.RequestTimeout)
 		var nrev uint64
+		var err error
 		if rev == 0 {
 			nrev, err = n.kv.Create(actx, key, data)
 		} else {
@@ -285,7 +309,9 @@ func (n *Node) Sessions(ctx context.Context, limit int) ([]sessionstore.Record, 
 }
 
 // ForEach calls fn with every session record and its revision until fn
-// returns false.
+// returns false. A record that cannot be decoded (or that is not under its
+// client id's key) is skipped: fn has every other, and ForEach then returns
+// an error that names the first one's key (wrapping sessionrec.ErrCorrupt).
 func (s kvSessions) ForEach(ctx context.Context, fn func(rec *sessionstore.Record, rev uint64) bool) error {
 	lister, err := s.n.kv.ListKeys(ctx)
 	if err != nil {
@@ -295,17 +321,28 @@ func (s kvSessions) ForEach(ctx context.Context, fn func(rec *sessionstore.Recor
 		return fmt.Errorf("cluster: list sessions: %w", err)
 	}
 	defer func() { _ = lister.Stop() }()
+	var bad sessionrec.Unreadable
 	for key := range lister.Keys() {
 		e, err := s.n.kv.Get(ctx, key)
-		if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			continue // deleted meanwhile
 		}
-		var rec sessionstore.Record
-		if json.Unmarshal(e.Value(), &rec) == nil && !fn(&rec, e.Revision()) {
+		if err != nil {
+			return fmt.Errorf("cluster: read session record %s: %w", key, err)
+		}
+		rec, err := decodeSession(e.Value())
+		if err == nil && sessionKey(rec.ClientID) != key {
+			err = fmt.Errorf("%w: it names client %q, whose key is %s", sessionrec.ErrCorrupt, rec.ClientID, sessionKey(rec.ClientID))
+		}
+		if err != nil {
+			bad.Add(fmt.Errorf("cluster: session record %s: %w", key, err))
+			continue
+		}
+		if !fn(rec, e.Revision()) {
 			break
 		}
 	}
-	return nil
+	return bad.Err()
 }
 
 // Alive reports whether node answers on its release subject (a node that

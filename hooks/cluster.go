@@ -71,6 +71,11 @@ type Cluster struct {
 	// Outboxes is the fan-out: a session taken over from another node gets
 	// its queued messages there, and one another node took leaves it.
 	Outboxes SessionOutboxes
+	// Moved, when set, is told the id of a client whose session another
+	// node took over, once this node has dropped its copy: Key-Shared ends
+	// the client's memberships here (the new node rejoins them from the
+	// record), rather than holding them through an eviction grace.
+	Moved func(clientID string)
 
 	inlineCore, inlineQueued, inlineSys *mqtt.Client
 
@@ -360,12 +365,12 @@ func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
 			continue
 		}
-		if mqtt.IsSharedFilter(f.Filter) {
-			continue // Key-Shared groups are per node for now
-		}
 		sub := f
 		sub.Qos = reasonCodes[i]
 		added = append(added, sub) // new, or the same filter with new options
+		if mqtt.IsSharedFilter(f.Filter) {
+			continue // in the record only: a Key-Shared group has a log of its own
+		}
 		if _, known := s.since[f.Filter]; !known {
 			s.setSinceLocked(f.Filter, sincePending) // takes no queued message yet
 			fresh = append(fresh, f.Filter)
@@ -403,7 +408,14 @@ func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	}
 	var removed []string
 	for _, f := range pk.Filters {
-		if h.removeInterest(s, f.Filter) {
+		if mqtt.IsSharedFilter(f.Filter) {
+			s.mu.Lock()
+			_, ok := s.subs[f.Filter]
+			s.mu.Unlock()
+			if ok {
+				removed = append(removed, f.Filter)
+			}
+		} else if h.removeInterest(s, f.Filter) {
 			removed = append(removed, f.Filter)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/internal/outbox"
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -50,6 +51,9 @@ const maxAcked = 4096
 type clusterState struct {
 	Client storage.Client `json:"client"`
 	Subs   []clusterSub   `json:"subs,omitempty"`
+	// KeyFilters are the key filters of its shared subscriptions, by
+	// filter (KeyFilterStore).
+	KeyFilters map[string][]string `json:"kf,omitempty"`
 }
 
 // clusterSub is a stored subscription; Since is the last KL_MSGS sequence
@@ -73,6 +77,7 @@ type clusterSession struct {
 	rev      uint64                // record revision last read or written
 	rec      sessionstore.Record   // as last written
 	subs     map[string]clusterSub // persistent sessions: filter -> subscription
+	kf       map[string][]string   // persistent sessions: shared subscription filter -> key filters
 	filters  map[string]bool       // filters registered with the node's interest
 	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
 	maxSince uint64                // the highest of since
@@ -93,7 +98,7 @@ type clusterSession struct {
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
+	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, kf: map[string][]string{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
 	s.persistent.Store(persistent)
 	return s
 }
@@ -114,14 +119,14 @@ func (s *clusterSession) revision() uint64 {
 func (s *clusterSession) inherit(prev *clusterSession) {
 	prev.released.Store(true)
 	prev.mu.Lock()
-	subs, filters, since, maxSince, live, acked, dirty := prev.subs, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
+	subs, kf, filters, since, maxSince, live, acked, dirty := prev.subs, prev.kf, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
 	capped, floorCap := prev.capped, prev.floorCap // a restore of prev still running: its replay is not in live yet
-	prev.subs, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
+	prev.subs, prev.kf, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string][]string{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
 	prev.mu.Unlock()
 	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.subs, s.filters, s.since, s.maxSince = subs, filters, since, maxSince
+	s.subs, s.kf, s.filters, s.since, s.maxSince = subs, kf, filters, since, maxSince
 	for seq, ref := range s.live {
 		live[seq] = ref
 	}
@@ -155,6 +160,9 @@ func (s *clusterSession) stateLocked() json.RawMessage {
 	st := clusterState{Client: storedClient(s.client)}
 	for _, sub := range s.subs {
 		st.Subs = append(st.Subs, sub)
+	}
+	if len(s.kf) > 0 {
+		st.KeyFilters = s.kf
 	}
 	slices.SortFunc(st.Subs, func(a, b clusterSub) int { return strings.Compare(a.Filter, b.Filter) })
 	data, _ := json.Marshal(st)
@@ -204,6 +212,12 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			}
 		}
 		rec, rev, err := h.records.Load(ctx, id)
+		if errors.Is(err, sessionrec.ErrCorrupt) {
+			// Retrying cannot read it: the session starts anew over it
+			// (the Save below is at its revision), as a lost one would.
+			h.Log.Error("cluster: replacing a session record that cannot be decoded", "client", id, "error", err)
+			rec, err = nil, nil
+		}
 		if err != nil {
 			lastErr = err
 			continue
@@ -224,6 +238,9 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			nr.Floor, nr.Acked = prev.rec.Floor, prev.acked
 			for f, sub := range prev.subs {
 				s.subs[f] = sub // for the state written below; inherit moves the rest
+			}
+			for f, kf := range prev.kf {
+				s.kf[f] = kf
 			}
 			prev.mu.Unlock()
 		case !clean && rec != nil && rec.Persistent:
@@ -301,12 +318,26 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	if old, ok := h.server.Clients.Get(cl.ID); ok {
 		h.dropLocal(old) // a stale local copy
 	}
+	// Shared subscriptions go back into mochi's index and the session's
+	// subscriptions, from which Key-Shared rejoins their groups
+	// (KeyShared.OnSessionEstablished, with their key filters): a group has
+	// its own log, not the node's interest or the session's queue.
 	filters := make([]string, 0, len(st.Subs))
+	plain := make([]clusterSub, 0, len(st.Subs))
 	s.mu.Lock()
 	for _, sub := range st.Subs {
 		s.subs[sub.Filter] = sub
+		if mqtt.IsSharedFilter(sub.Filter) {
+			continue
+		}
 		s.setSinceLocked(sub.Filter, sub.Since)
 		filters = append(filters, sub.Filter)
+		plain = append(plain, sub)
+	}
+	for f, kf := range st.KeyFilters {
+		if _, ok := s.subs[f]; ok {
+			s.kf[f] = kf
+		}
 	}
 	s.mu.Unlock()
 	h.addInterest(ctx, s, filters...)
@@ -360,7 +391,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		if err != nil || !remainingExpiry(&pk, time.Now()) {
 			return
 		}
-		qos, ids, ok := matchSession(st.Subs, pk.TopicName, seq)
+		qos, ids, ok := matchSession(plain, pk.TopicName, seq)
 		if !ok || min(qos, pk.FixedHeader.Qos) == 0 {
 			return
 		}
@@ -438,6 +469,7 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 		// (a connection that is being acquired is not in mochi's list yet).
 		if cl, ok := h.server.Clients.Get(clientID); ok {
 			h.dropLocal(cl)
+			h.moved(clientID)
 		}
 		return
 	}
@@ -467,6 +499,15 @@ func (h *Cluster) dropCopy(s *clusterSession) {
 		h.dropLocal(cl)
 	} else if !s.client.Closed() {
 		_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
+	}
+	h.moved(s.id)
+}
+
+// moved tells Moved that another node took over the session of id, unless
+// this node holds a newer copy of it meanwhile.
+func (h *Cluster) moved(id string) {
+	if h.Moved != nil && h.table.get(id) == nil {
+		h.Moved(id)
 	}
 }
 

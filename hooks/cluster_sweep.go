@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -94,13 +95,18 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 		}
 		return true
 	})
-	o.mu.Lock()
-	for id := range o.orphans {
-		if !seen[id] {
-			delete(o.orphans, id) // taken over or deleted meanwhile
+	// Only a walk over every record tells what is gone: one cut short
+	// (a read that failed) forgets no orphan, which would restart its
+	// expiry. Records that cannot be decoded are not orphans of anyone.
+	if err == nil || errors.Is(err, sessionrec.ErrCorrupt) {
+		o.mu.Lock()
+		for id := range o.orphans {
+			if !seen[id] {
+				delete(o.orphans, id) // taken over or deleted meanwhile
+			}
 		}
+		o.mu.Unlock()
 	}
-	o.mu.Unlock()
 	if err != nil {
 		return deleted, err
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -101,5 +102,71 @@ func TestOrphanSweep(t *testing.T) {
 	sweep(now.Add(3 * time.Hour))
 	if _, ok := o.orphans["v311"]; ok {
 		t.Fatal("a session taken over by a live node is still remembered as an orphan")
+	}
+}
+
+// cutWalk is a store whose ForEach hands out at most n records and then
+// returns err (a read that failed part way, or records it could not decode).
+type cutWalk struct {
+	sessionstore.Store
+	n   int
+	err error
+}
+
+func (c cutWalk) ForEach(ctx context.Context, fn func(*sessionstore.Record, uint64) bool) error {
+	i := 0
+	if err := c.Store.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
+		if i == c.n {
+			return false
+		}
+		i++
+		return fn(rec, rev)
+	}); err != nil {
+		return err
+	}
+	return c.err
+}
+
+// TestOrphanSweepOverAFailedWalk: a walk cut short forgets no orphan (its
+// expiry keeps counting from when it was first found); a complete walk
+// that met records it could not decode does forget the orphans it did not
+// see.
+func TestOrphanSweepOverAFailedWalk(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1_800_000_000, 0)
+	records := sessionstore.NewMemory()
+	state := json.RawMessage(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}}}`)
+	for _, rec := range []sessionstore.Record{
+		{ClientID: "a", Owner: "node-a", Connected: true},
+		{ClientID: "z-orphan", Owner: "node-gone", Persistent: true, Connected: true, State: state},
+	} {
+		if _, err := records.Save(ctx, &rec, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := &orphanSweep{self: "node-a", maxExpiry: 3600, orphans: map[string]time.Time{},
+		alive: func(context.Context, string) (bool, error) { return false, nil }}
+	sweep := func(store sessionstore.Store, at time.Time) ([]string, error) {
+		o.records = store
+		return o.run(ctx, at)
+	}
+	if got, err := sweep(records, now); err != nil || len(got) != 0 || o.orphans["z-orphan"] != now {
+		t.Fatalf("first sweep: deleted %q %v, orphans %v", got, err, o.orphans)
+	}
+	failed := errors.New("read failed")
+	if _, err := sweep(cutWalk{records, 1, failed}, now.Add(5*time.Second)); !errors.Is(err, failed) {
+		t.Fatalf("the cut walk: %v", err)
+	}
+	if got, err := sweep(records, now.Add(11*time.Second)); err != nil || !slices.Equal(got, []string{"z-orphan"}) {
+		t.Fatalf("11 s after it was found: deleted %q %v, want z-orphan (its expiry counted over the failed walk)", got, err)
+	}
+	// A walk that went past undecodable records saw every readable one.
+	o.orphans["gone-meanwhile"] = now
+	corrupt := fmt.Errorf("record k: %w", sessionrec.ErrCorrupt)
+	if _, err := sweep(cutWalk{records, 10, corrupt}, now.Add(12*time.Second)); !errors.Is(err, sessionrec.ErrCorrupt) {
+		t.Fatalf("the walk over a bad record: %v", err)
+	}
+	if _, ok := o.orphans["gone-meanwhile"]; ok {
+		t.Fatal("an orphan no complete walk saw is still remembered")
 	}
 }

@@ -2,7 +2,6 @@ package hooks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/share"
 	"github.com/keyline-mq/keyline/keyshared"
-	"github.com/keyline-mq/keyline/persistence"
 )
 
 // KeyFilterProperty is the MQTT 5 SUBSCRIBE user property that carries a
@@ -31,9 +29,10 @@ type KeySharedConfig struct {
 	GroupSettings func(group string) (keyshared.Config, keyshared.GroupConfig)
 	// CanRead reports whether a client may receive a message on a topic; nil allows all.
 	CanRead func(cl *mqtt.Client, topic string) bool
-	// Sessions, when set, keeps the key filters of persistent sessions'
-	// memberships, so that a session resumed after a restart keeps them.
-	Sessions *persistence.SessionStore
+	// KeyFilters, when set, keeps the key filters of persistent sessions'
+	// memberships, so that a session resumed after a restart or on another
+	// node keeps them.
+	KeyFilters KeyFilterStore
 	// MaxKeySize bounds a message's routing key in bytes (0: no bound). A
 	// longer key is refused: MQTT 5 PUBACK/PUBREC 0x99, a 3.1.1 QoS 1/2
 	// publisher is disconnected, QoS 0 is dropped; all counted.
@@ -339,8 +338,8 @@ func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			continue
 		}
 		h.leave(cl.ID, n.String())
-		if h.cfg.Sessions != nil && persistent(cl) {
-			h.cfg.Sessions.Delete(persistence.KindKeyFilters, subscriptionKey(cl.ID, f.Filter))
+		if err := h.saveKeyFilters(cl, f.Filter, nil); err != nil {
+			h.Log.Warn("stored key filters not forgotten", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
 		}
 	}
 }
@@ -367,13 +366,22 @@ func (h *KeyShared) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 		}
 		m := known[n.String()]
 		if m == nil { // not known in memory: the broker restarted since
-			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl.ID, filter), subID: sub.Identifier}
+			m = &membership{qos: sub.Qos, keyFilters: h.storedKeyFilters(cl, filter), subID: sub.Identifier}
 		}
 		if err := h.join(cl, n, m); err != nil {
 			// The session keeps its subscription; the member gets nothing
 			// from the group until it subscribes again or reconnects.
 			h.Log.Error("cannot open group; the resumed member receives nothing from it until it subscribes again", "group", n.String(), "client", clip(cl.ID), "error", err)
 		}
+	}
+}
+
+// Forget ends the client's memberships on this node at once, keeping what
+// is stored of them: its session moved to another node (cluster mode),
+// which rejoins its groups from the session's record.
+func (h *KeyShared) Forget(clientID string) {
+	for name := range h.members.of(clientID) {
+		h.leave(clientID, name)
 	}
 }
 
@@ -396,38 +404,21 @@ func (h *KeyShared) OnDisconnect(cl *mqtt.Client, _ error, _ bool) {
 }
 
 // saveKeyFilters records a persistent session's key filters for a shared
-// subscription and waits for the commit, so the SUBACK covers them.
+// subscription before its SUBACK.
 func (h *KeyShared) saveKeyFilters(cl *mqtt.Client, filter string, filters []string) error {
-	if h.cfg.Sessions == nil || !persistent(cl) {
+	if h.cfg.KeyFilters == nil {
 		return nil
 	}
-	w := persistence.SessionWrite{Kind: persistence.KindKeyFilters, Key: subscriptionKey(cl.ID, filter), Delete: len(filters) == 0}
-	if !w.Delete {
-		data, err := json.Marshal(filters)
-		if err != nil {
-			return err
-		}
-		w.Val = data
-	}
-	return h.cfg.Sessions.Write(w)[0]
+	return h.cfg.KeyFilters.SaveKeyFilters(cl, filter, filters)
 }
 
 // storedKeyFilters returns the key filters recorded for a persistent session's
 // shared subscription, nil when there are none.
-func (h *KeyShared) storedKeyFilters(clientID, filter string) []string {
-	if h.cfg.Sessions == nil {
+func (h *KeyShared) storedKeyFilters(cl *mqtt.Client, filter string) []string {
+	if h.cfg.KeyFilters == nil {
 		return nil
 	}
-	data, err := h.cfg.Sessions.Get(persistence.KindKeyFilters, subscriptionKey(clientID, filter))
-	if err != nil || data == nil {
-		return nil
-	}
-	var filters []string
-	if err := json.Unmarshal(data, &filters); err != nil {
-		h.Log.Warn("unreadable stored key filters: the member takes every key", "client", clientID, "filter", clip(filter), "error", err)
-		return nil
-	}
-	return filters
+	return h.cfg.KeyFilters.KeyFilters(cl, filter)
 }
 
 // --- publishes and acks ---

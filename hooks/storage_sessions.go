@@ -11,6 +11,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/persistence"
 	"github.com/keyline-mq/keyline/sessionstore"
@@ -34,6 +35,10 @@ func (h *Storage) updateRecord(id string, change func(st *sessionstate.State) bo
 	ctx := context.Background() // the data file's store does not block on anything but its commit
 	for range recordAttempts {
 		rec, rev, err := h.records.Load(ctx, id)
+		if errors.Is(err, sessionrec.ErrCorrupt) {
+			h.Log.Error("storage: replacing a session record that cannot be decoded", "client", clip(id), "error", err)
+			rec, err = nil, nil
+		}
 		if err != nil {
 			return err
 		}
@@ -226,6 +231,13 @@ func (h *Storage) StoredClients() ([]storage.Client, error) {
 		h.restored = append(h.restored, st.Subs...)
 		return true
 	})
+	if errors.Is(err, sessionrec.ErrCorrupt) {
+		// ForEach went past the records it could not decode: the broker
+		// starts with every other session (a bad one stays in the file
+		// until its client's next session replaces it, updateRecord).
+		h.Log.Error("storage: skipping session records that cannot be decoded", "error", err)
+		err = nil
+	}
 	return clients, err
 }
 

@@ -1,10 +1,14 @@
 package hooks
 
 import (
+	"log/slog"
+	"path/filepath"
+	"slices"
 	"testing"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/keyline-mq/keyline/persistence"
 )
@@ -68,6 +72,23 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 	}
 }
 
+// openStorage opens the data file in dir and a storage hook over it that
+// logs to the test.
+func openStorage(t *testing.T, dir string) (*persistence.DB, *Storage) {
+	t.Helper()
+	db, err := persistence.Open(dir, persistence.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := db.OpenSessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
+	h.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	return db, h
+}
+
 // TestStorageSessionRecords: a persistent session's client and
 // subscriptions are one session record, durable when the hook returns:
 // what a new hook on the reopened file restores is what was subscribed and
@@ -75,17 +96,7 @@ func TestStorageInflightDirectionsAreSeparate(t *testing.T) {
 // subscriptions; expiry deletes the record.
 func TestStorageSessionRecords(t *testing.T) {
 	dir := t.TempDir()
-	open := func() (*persistence.DB, *Storage) {
-		db, err := persistence.Open(dir, persistence.Options{NoSync: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		store, err := db.OpenSessions()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return db, NewStorage(mqtt.New(&mqtt.Options{}), store, store.Records(), nil)
-	}
+	open := func() (*persistence.DB, *Storage) { return openStorage(t, dir) }
 	restored := func(h *Storage) (map[string]bool, map[string]byte) {
 		t.Helper()
 		clients, err := h.StoredClients()
@@ -138,5 +149,59 @@ func TestStorageSessionRecords(t *testing.T) {
 	}
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStorageUnreadableRecord: a session record that cannot be decoded
+// costs only its own session. The others are restored (mochi starts:
+// StoredClients is no error), and the client's next session replaces it.
+func TestStorageUnreadableRecord(t *testing.T) {
+	dir := t.TempDir()
+	open := func() (*persistence.DB, *Storage) { return openStorage(t, dir) }
+	establish := func(h *Storage, id string) {
+		cl := h.server.NewClient(nil, "t", id, false)
+		cl.Properties.ProtocolVersion = 4
+		h.OnSessionEstablished(cl, packets.Packet{})
+	}
+	restored := func(h *Storage) []string {
+		t.Helper()
+		clients, err := h.StoredClients()
+		if err != nil {
+			t.Fatalf("StoredClients: %v", err)
+		}
+		var ids []string
+		for _, c := range clients {
+			ids = append(ids, c.ID)
+		}
+		return ids
+	}
+	db, h := open()
+	for _, id := range []string{"a", "b", "c"} {
+		establish(h, id)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bolt.Open(filepath.Join(dir, persistence.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = b.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("sessions")).Bucket([]byte(persistence.KindRecords)).Put([]byte("b"), []byte{1, 7, 0x40})
+	})
+	if cerr := b.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, h = open()
+	t.Cleanup(func() { _ = db.Close() })
+	if got := restored(h); !slices.Equal(got, []string{"a", "c"}) {
+		t.Fatalf("restored %q, want a and c", got)
+	}
+	establish(h, "b")
+	if got := restored(h); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("after b's new session: restored %q", got)
 	}
 }

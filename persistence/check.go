@@ -167,6 +167,9 @@ func (rep *CheckReport) checkFile(path string, states map[uint64]seglog.GroupSta
 			}); err != nil {
 				return err
 			}
+			if rb := sb.Bucket([]byte(KindRecords)); rb != nil {
+				checkRecords(rep, path, rb)
+			}
 		}
 		root := tx.Bucket(groupsBucket)
 		if root == nil {
@@ -231,4 +234,26 @@ func walkBucket(b *bolt.Bucket) error {
 		}
 		return nil
 	})
+}
+
+// checkRecords reports the session records that cannot be decoded (the
+// broker starts without their sessions, and keeps them until their clients
+// connect again): the first few by client id, then how many in all.
+func checkRecords(rep *CheckReport, path string, b *bolt.Bucket) {
+	const named = 10
+	bad := 0
+	err := b.ForEach(func(k, v []byte) error {
+		if _, _, err := decodeRecord(string(k), v); err != nil {
+			if bad++; bad <= named {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("%s: %s", path, oneLine(err)))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%s: session records: %s", path, oneLine(err)))
+	}
+	if bad > named {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%s: %d session records in all cannot be decoded", path, bad))
+	}
 }

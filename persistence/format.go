@@ -9,6 +9,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
@@ -158,7 +159,7 @@ func migrateSessionRecords(tx *bolt.Tx, log *slog.Logger) error {
 				return err
 			}
 			migrated++
-			return recs.Put(k, encodeRecord(&sessionstore.Record{ClientID: id, Persistent: true, State: state}, rev))
+			return recs.Put(k, sessionrec.Encode(&sessionstore.Record{ClientID: id, Persistent: true, State: state}, rev))
 		}); err != nil {
 			return err
 		}

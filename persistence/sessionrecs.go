@@ -3,18 +3,18 @@ package persistence
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/keyline-mq/keyline/internal/wire"
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // KindRecords holds one node's session records (sessionstore.Record), by
-// client id, since data format 3; each value starts with its revision.
+// client id, since data format 3; each value is sessionrec's form without
+// the id (sessionrec.Encode), which starts with its revision.
 const KindRecords = "records"
 
 // SessionRecords is the data file's sessionstore.Store: one node's session
@@ -30,77 +30,15 @@ var _ sessionstore.Store = (*SessionRecords)(nil)
 // Records returns the session records of the store's data file.
 func (s *SessionStore) Records() *SessionRecords { return &SessionRecords{s} }
 
-// recordVersion is the first byte of an encoded record.
-const recordVersion = 1
-
-// record flags
-const (
-	rPersistent = 1 << iota
-	rConnected
-)
-
-// encodeRecord encodes rec at revision rev: the version, the revision, the
-// flags, then owner, floor, acked, disconnected-at and the state, the
-// strings and slices with a uvarint length. The client id is the key.
-func encodeRecord(rec *sessionstore.Record, rev uint64) []byte {
-	b := make([]byte, 0, 24+len(rec.Owner)+5*len(rec.Acked)+len(rec.State))
-	b = append(b, recordVersion)
-	b = binary.AppendUvarint(b, rev)
-	var flags byte
-	if rec.Persistent {
-		flags |= rPersistent
-	}
-	if rec.Connected {
-		flags |= rConnected
-	}
-	b = append(b, flags)
-	b = wire.AppendString(b, rec.Owner)
-	b = binary.AppendUvarint(b, rec.Floor)
-	b = binary.AppendUvarint(b, uint64(len(rec.Acked)))
-	for _, a := range rec.Acked {
-		b = binary.AppendUvarint(b, a)
-	}
-	b = binary.AppendVarint(b, rec.DisconnectedAt)
-	return append(b, rec.State...)
-}
-
-var errBadRecord = errors.New("persistence: session record cannot be decoded")
-
-// recordRevision returns the revision an encoded record carries (0: none).
-func recordRevision(v []byte) uint64 {
-	if len(v) < 2 || v[0] != recordVersion {
-		return 0
-	}
-	rev, n := binary.Uvarint(v[1:])
-	if n <= 0 {
-		return 0
-	}
-	return rev
-}
-
-// decodeRecord decodes the record of client id; the result shares no memory with v.
+// decodeRecord decodes the record stored under client id (sessionrec's
+// form without the id); its error names the id.
 func decodeRecord(id string, v []byte) (*sessionstore.Record, uint64, error) {
-	d := wire.NewDecoder(v, fmt.Errorf("%w: %q", errBadRecord, id))
-	if d.Byte() != recordVersion {
-		d.Fail("version")
+	rec, rev, err := sessionrec.Decode(id, v)
+	if err == nil && rec.ClientID != id {
+		err = fmt.Errorf("%w: it names client %q", sessionrec.ErrCorrupt, rec.ClientID)
 	}
-	rev := d.Uvarint()
-	flags := d.Byte()
-	rec := &sessionstore.Record{ClientID: id, Persistent: flags&rPersistent != 0, Connected: flags&rConnected != 0}
-	rec.Owner = d.String()
-	rec.Floor = d.Uvarint()
-	if n := d.Count(); n > 0 {
-		rec.Acked = make([]uint64, n)
-		for i := range rec.Acked {
-			rec.Acked[i] = d.Uvarint()
-		}
-	}
-	rec.DisconnectedAt = d.Varint()
-	if rest := d.Rest(); len(rest) > 0 {
-		rec.State = bytes.Clone(rest)
-	}
-	if err := d.Err(); err != nil {
-		return nil, 0, err
+	if err != nil {
+		return nil, 0, fmt.Errorf("persistence: session record of %q: %w", id, err)
 	}
 	return rec, rev, nil
 }
@@ -126,7 +64,9 @@ func (r *SessionRecords) commit(ctx context.Context, apply func(tx *bolt.Tx) err
 	return o.err
 }
 
-// Load returns the client's committed record and its revision.
+// Load returns the client's committed record and its revision. A record
+// that cannot be decoded is an error wrapping sessionrec.ErrCorrupt, with
+// the revision a Save that replaces it passes.
 func (r *SessionRecords) Load(ctx context.Context, clientID string) (*sessionstore.Record, uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
@@ -139,7 +79,9 @@ func (r *SessionRecords) Load(ctx context.Context, clientID string) (*sessionsto
 			return nil
 		}
 		var err error
-		rec, rev, err = decodeRecord(clientID, v)
+		if rec, rev, err = decodeRecord(clientID, v); err != nil {
+			rev = sessionrec.Revision(v) // what a Save that replaces it passes
+		}
 		return err
 	})
 	return rec, rev, err
@@ -152,14 +94,14 @@ func (r *SessionRecords) Save(ctx context.Context, rec *sessionstore.Record, rev
 	var nrev uint64
 	err := r.commit(ctx, func(tx *bolt.Tx) error {
 		b := recordsBucket(tx)
-		if recordRevision(b.Get(key)) != rev {
+		if sessionrec.Revision(b.Get(key)) != rev {
 			return sessionstore.ErrRevision
 		}
 		seq, err := b.NextSequence()
 		if err != nil {
 			return fatal(err)
 		}
-		if err := b.Put(key, encodeRecord(rec, seq)); err != nil {
+		if err := b.Put(key, sessionrec.Encode(rec, seq)); err != nil {
 			return fatal(fmt.Errorf("session record of %d bytes under a client id of %d bytes: %w", len(rec.State), len(key), err))
 		}
 		nrev = seq
@@ -173,7 +115,7 @@ func (r *SessionRecords) Delete(ctx context.Context, clientID string, rev uint64
 	key := []byte(clientID)
 	return r.commit(ctx, func(tx *bolt.Tx) error {
 		b := recordsBucket(tx)
-		if rev == 0 || recordRevision(b.Get(key)) != rev {
+		if rev == 0 || sessionrec.Revision(b.Get(key)) != rev {
 			return sessionstore.ErrRevision
 		}
 		return fatal(b.Delete(key))
@@ -185,20 +127,22 @@ func (r *SessionRecords) Delete(ctx context.Context, clientID string, rev uint64
 const forEachBatch = 1024
 
 // ForEach calls fn with every committed record, in client id order, until
-// fn returns false. A record that cannot be decoded is an error, after fn
-// had every record before it.
+// fn returns false. A record that cannot be decoded is skipped: fn has
+// every other, and ForEach then returns an error that names the first
+// such client id (wrapping sessionrec.ErrCorrupt).
 func (r *SessionRecords) ForEach(ctx context.Context, fn func(rec *sessionstore.Record, rev uint64) bool) error {
 	type entry struct {
 		rec *sessionstore.Record
 		rev uint64
 	}
-	var after []byte // last key handed out
+	var bad sessionrec.Unreadable
+	var after []byte // last key read
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		batch := make([]entry, 0, forEachBatch)
-		var bad error
+		end := false
 		err := r.s.db.bolt.View(func(tx *bolt.Tx) error {
 			c := recordsBucket(tx).Cursor()
 			k, v := c.First()
@@ -207,13 +151,19 @@ func (r *SessionRecords) ForEach(ctx context.Context, fn func(rec *sessionstore.
 					k, v = c.Next()
 				}
 			}
+			var last []byte // valid in this transaction only
 			for ; k != nil && len(batch) < forEachBatch; k, v = c.Next() {
+				last = k
 				rec, rev, err := decodeRecord(string(k), v)
 				if err != nil {
-					bad = err
-					return nil
+					bad.Add(err)
+					continue
 				}
 				batch = append(batch, entry{rec, rev})
+			}
+			end = k == nil
+			if last != nil {
+				after = bytes.Clone(last)
 			}
 			return nil
 		})
@@ -222,15 +172,11 @@ func (r *SessionRecords) ForEach(ctx context.Context, fn func(rec *sessionstore.
 		}
 		for _, e := range batch {
 			if !fn(e.rec, e.rev) {
-				return nil
+				return bad.Err()
 			}
 		}
-		if bad != nil {
-			return bad
+		if end {
+			return bad.Err()
 		}
-		if len(batch) < forEachBatch {
-			return nil
-		}
-		after = []byte(batch[len(batch)-1].rec.ClientID)
 	}
 }

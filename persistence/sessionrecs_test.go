@@ -4,14 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/keyline-mq/keyline/internal/sessionrec"
 	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 	"github.com/keyline-mq/keyline/sessionstore/storetest"
@@ -61,19 +65,91 @@ func openSessions(t *testing.T, db *DB) *SessionStore {
 	return s
 }
 
-// TestRecordCodec: every field survives, and a damaged record is an error.
-func TestRecordCodec(t *testing.T) {
-	rec := &sessionstore.Record{ClientID: "c", Owner: "n1", Persistent: true, Connected: true, Floor: 1 << 40,
-		Acked: []uint64{1<<40 + 3, 1<<40 + 9}, DisconnectedAt: -5, State: []byte{1, 2, 3}}
-	v := encodeRecord(rec, 77)
-	got, rev, err := decodeRecord("c", v)
-	if err != nil || rev != 77 || !reflect.DeepEqual(got, rec) {
-		t.Fatalf("decoded %+v rev %d %v", got, rev, err)
+// TestSessionRecordsUnreadable: a record that cannot be decoded costs
+// only itself. ForEach hands out every other record (across its read
+// batches) and then names the first bad one and counts the rest; Load of a
+// bad one is ErrCorrupt; a record in data format 3's bytes, written as
+// keylines since format 3 did, reads back.
+func TestSessionRecordsUnreadable(t *testing.T) {
+	db := openTestDB(t, t.TempDir(), Options{NoSync: true})
+	recs := openSessions(t, db).Records()
+	bad := map[string][]byte{
+		"k0000": {0xff, 1, 2},
+		"k1023": sessionrec.Encode(&sessionstore.Record{ClientID: "k1023", State: []byte("x")}, 1)[:2],
+		"k1099": []byte(`{"id":"k1099"}`),
 	}
-	for i := range len(v) - len(rec.State) {
-		if _, _, err := decodeRecord("c", v[:i]); err == nil {
-			t.Fatalf("a record cut at %d bytes decoded", i)
+	// data format 3's bytes of a record at revision 129 (as written before
+	// the codec moved to internal/sessionrec)
+	old := []byte{0x1, 0x81, 0x1, 0x3, 0x2, 0x6e, 0x31, 0xac, 0x2, 0x2, 0xad, 0x2,
+		0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 0x9, 0x7b, 0x22, 0x61, 0x22, 0x3a, 0x31, 0x7d}
+	err := db.bolt.Update(func(tx *bolt.Tx) error {
+		b := recordsBucket(tx)
+		for i := range 1100 {
+			id := fmt.Sprintf("k%04d", i)
+			v := bad[id]
+			if v == nil {
+				v = sessionrec.Encode(&sessionstore.Record{ClientID: id, Owner: "n", Floor: uint64(i)}, uint64(i+1))
+			}
+			if err := b.Put([]byte(id), v); err != nil {
+				return err
+			}
 		}
+		return b.Put([]byte("dev-1"), old)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	err = recs.ForEach(context.Background(), func(rec *sessionstore.Record, rev uint64) bool {
+		if rec.ClientID != "dev-1" && (rec.Floor+1 != rev || rec.ClientID != fmt.Sprintf("k%04d", rec.Floor)) {
+			t.Errorf("record %+v at revision %d", rec, rev)
+		}
+		seen = append(seen, rec.ClientID)
+		return true
+	})
+	if !errors.Is(err, sessionrec.ErrCorrupt) || !strings.Contains(err.Error(), `"k0000"`) || !strings.Contains(err.Error(), "2 more") {
+		t.Fatalf("ForEach: %v, want ErrCorrupt naming k0000 and 2 more", err)
+	}
+	if len(seen) != 1098 || slices.Contains(seen, "k1023") || !slices.IsSorted(seen) || seen[len(seen)-1] != "k1098" {
+		t.Fatalf("ForEach handed out %d records (want 1098, in id order, without the bad ones): %q ... %q", len(seen), seen[:3], seen[len(seen)-3:])
+	}
+	for id := range bad {
+		if rec, _, err := recs.Load(context.Background(), id); !errors.Is(err, sessionrec.ErrCorrupt) || !strings.Contains(err.Error(), id) {
+			t.Errorf("Load(%s): %+v %v", id, rec, err)
+		}
+	}
+	want := &sessionstore.Record{ClientID: "dev-1", Owner: "n1", Persistent: true, Connected: true, Floor: 300,
+		Acked: []uint64{301, 1 << 40}, DisconnectedAt: -5, State: []byte(`{"a":1}`)}
+	if rec, rev, err := recs.Load(context.Background(), "dev-1"); err != nil || rev != 129 || !reflect.DeepEqual(rec, want) {
+		t.Fatalf("the format 3 record: %+v rev %d %v", rec, rev, err)
+	}
+}
+
+// TestCheckNamesUnreadableSessionRecords: keyline check reports the
+// session records the broker would start without, by client id, and only
+// those.
+func TestCheckNamesUnreadableSessionRecords(t *testing.T) {
+	dir := t.TempDir()
+	db := openTestDB(t, dir, Options{NoSync: true})
+	recs := openSessions(t, db).Records()
+	for _, id := range []string{"a", "b"} {
+		if _, err := recs.Save(context.Background(), &sessionstore.Record{ClientID: id, Persistent: true}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := db.bolt.Update(func(tx *bolt.Tx) error { return recordsBucket(tx).Put([]byte("bad"), []byte{1, 1, 0x80}) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := CheckDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Problems) != 1 || !strings.Contains(rep.Problems[0], `session record of "bad"`) || rep.Sessions[KindRecords] != 3 {
+		t.Fatalf("check: problems %q, sessions %v", rep.Problems, rep.Sessions)
 	}
 }
 

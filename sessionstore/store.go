@@ -60,6 +60,12 @@ type Record struct {
 //   - ForEach calls fn for every record that existed for the whole call
 //     (records written or deleted meanwhile may be seen or not), each with
 //     its revision, until fn returns false.
+//   - A stored record that cannot be decoded costs only itself: ForEach
+//     goes past it, calls fn for the others and then returns an error that
+//     names the first such record (its key) and wraps sessionrec.ErrCorrupt;
+//     Load of it returns that error with the revision a Save replacing it
+//     passes. (Callers log it and go on: one damaged record must not stop a
+//     node from starting or hide the other sessions.)
 //   - Callbacks: the store calls fn of ForEach on the caller's goroutine and
 //     calls nothing else back; what another node does to a session it
 //     learns by a failed Save (ErrRevision), not from the store.
