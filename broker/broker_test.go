@@ -48,13 +48,20 @@ func testConfig(t testing.TB) Config {
 
 // startBroker starts a broker on loopback ports chosen by the kernel and
 // shuts it down when the test ends.
-func startBroker(t testing.TB, cfg Config) *Broker {
+func startBroker(t testing.TB, cfg Config) *Broker { return startBrokerWith(t, cfg, nil) }
+
+// startBrokerWith is startBroker that calls before (if set) between New and
+// Start.
+func startBrokerWith(t testing.TB, cfg Config, before func(*Broker)) *Broker {
 	t.Helper()
 	w := &tlogWriter{t: t}
 	logger := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	b, err := New(cfg, logger)
 	if err != nil {
 		t.Fatalf("New: %v", err)
+	}
+	if before != nil {
+		before(b)
 	}
 	if err := b.Start(); err != nil {
 		t.Fatalf("Start: %v", err)

@@ -375,13 +375,42 @@ func (n *Node) Close() {
 		n.openIterator = nil
 		n.iterators.Unlock()
 		if n.nc != nil {
-			for _, s := range n.subs {
-				_ = s.Unsubscribe()
-			}
+			n.drainSubs()
 			n.nc.Close()
 		}
 		n.wg.Wait()
 	})
+}
+
+// closeDrainTimeout bounds how long Close waits for the handlers of
+// requests that had reached the node.
+const closeDrainTimeout = 5 * time.Second
+
+// drainSubs ends the node's subscriptions once the requests they had taken
+// in are handled, before Close closes the connection: a release request
+// being answered writes the session's last progress and replies. Closed
+// under it, the write failed ("nats: connection closed") and the
+// requesting node waited RequestTimeout for an answer that never came.
+func (n *Node) drainSubs() {
+	var closed []<-chan nats.SubStatus
+	for _, s := range n.subs {
+		ch := s.StatusChanged(nats.SubscriptionClosed)
+		if err := s.Drain(); err != nil {
+			_ = s.Unsubscribe()
+			continue
+		}
+		closed = append(closed, ch)
+	}
+	t := time.NewTimer(closeDrainTimeout)
+	defer t.Stop()
+	for _, ch := range closed {
+		select {
+		case <-ch:
+		case <-t.C:
+			n.log.Warn("closing the NATS connection with requests still being handled", "waited", closeDrainTimeout)
+			return
+		}
+	}
 }
 
 func (n *Node) trackIterator(it jetstream.MessagesContext) bool {

@@ -88,16 +88,22 @@ func startNode(t *testing.T, urls []string, id string) (*Node, *recorder) {
 func startNodeCfg(t *testing.T, cfg Config) (*Node, *recorder) {
 	t.Helper()
 	r := &recorder{}
+	return startNodeWith(t, cfg, r.handler()), r
+}
+
+// startNodeWith starts a node calling h back, closed when the test ends.
+func startNodeWith(t *testing.T, cfg Config, h Handler) *Node {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg.Logger = logger.With("node", cfg.NodeID)
-	n, err := Start(ctx, cfg, r.handler())
+	n, err := Start(ctx, cfg, h)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.Close)
-	return n, r
+	return n
 }
 
 // warmCore publishes QoS 0 probes on topic from pub until sub's recorder

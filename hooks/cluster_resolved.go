@@ -108,6 +108,9 @@ func (h *Cluster) floorLocked(s *clusterSession) uint64 {
 			covered = seq - 1
 		}
 	}
+	if s.capped {
+		covered = min(covered, s.floorCap)
+	}
 	return max(s.rec.Floor, covered)
 }
 

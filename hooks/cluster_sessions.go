@@ -93,6 +93,14 @@ type clusterSession struct {
 	// will is the connection's will until it is sent or discarded (nil:
 	// none), as the record carries it.
 	will *storedWill
+	// capped: the floor may not pass floorCap. A copy rebuilt from its
+	// record is capped at the record's floor until its queued messages
+	// are in its outbox (restore): before that nothing in the copy holds
+	// them, and a record written meanwhile (another node's release
+	// request, a disconnect) would have put the floor above them all.
+	// A replay that failed leaves the cap at the last message it handled.
+	capped   bool
+	floorCap uint64
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
@@ -118,6 +126,7 @@ func (s *clusterSession) inherit(prev *clusterSession) {
 	prev.released.Store(true)
 	prev.mu.Lock()
 	subs, kf, filters, since, maxSince, live, acked, dirty := prev.subs, prev.kf, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
+	capped, floorCap := prev.capped, prev.floorCap // a restore of prev still running: its replay is not in live yet
 	prev.subs, prev.kf, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string][]string{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
 	prev.mu.Unlock()
 	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
@@ -129,6 +138,9 @@ func (s *clusterSession) inherit(prev *clusterSession) {
 	}
 	s.live, s.acked = live, append(acked, s.acked...)
 	s.dirty = s.dirty || dirty
+	if capped {
+		s.capped, s.floorCap = true, floorCap
+	}
 }
 
 // session returns the copy of the session cl holds on this node, nil if
@@ -252,6 +264,8 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		s.mu.Lock()
 		if restore == nil {
 			nr.State = s.stateLocked()
+		} else {
+			s.capped, s.floorCap = true, nr.Floor // until restore has queued what is above it
 		}
 		s.mu.Unlock()
 		nrev, err := h.records.Save(ctx, &nr, rev)
@@ -374,7 +388,9 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	// order, as single-node mode resends what it kept.
 	var queued []outbox.Queued
 	maxHeld := int(h.server.Options.Capabilities.MaximumInflight)
+	handled := rec.Floor // every message up to here is queued or not for the session
 	last, err := h.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
+		defer func() { handled = seq }()
 		if acked[seq] {
 			return
 		}
@@ -403,12 +419,19 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		queued = append(queued, outbox.Queued{Pub: p, Ref: seq, Created: pk.Created, Deadline: pk.Expiry, Sent: true})
 	})
 	if err != nil {
-		h.Log.Error("cluster: replaying a session's queued messages failed; some may be missing", "client", cl.ID, "error", err)
+		h.Log.Error("cluster: replaying a session's queued messages failed; the rest stay in its record for the next replay", "client", cl.ID, "after", handled, "error", err)
 	}
 	s.replayedTo.Store(last)
 	if h.Outboxes != nil {
 		h.Stats.Restored.Add(uint64(h.Outboxes.PrependSession(cl.ID, queued, last)))
 	}
+	s.mu.Lock()
+	if err == nil {
+		s.capped = false // what the replay queued holds the floor now
+	} else {
+		s.floorCap = handled
+	}
+	s.mu.Unlock()
 }
 
 // sincePending marks a filter whose start is not known yet: it takes no
