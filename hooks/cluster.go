@@ -255,8 +255,15 @@ func (h *Cluster) storeDeferred(cl *mqtt.Client, pk packets.Packet, body []byte)
 		h.Stats.Forwarded.Add(1)
 		h.pubSeq.Store(cl.ID, seq) // OnQosPublish ties local deliveries to it
 		h.storing.Delete(t)
-		d.Resume(nil) // runs the rest of the publish here, in the client's order
-		h.pubSeq.CompareAndDelete(cl.ID, seq)
+		// Resume runs the rest of the publish here, in the client's order,
+		// and OnPublished clears pubSeq; or, when the store was
+		// acknowledged before mochi took d in (a fast store), the rest runs
+		// on the client's reader once it does, and pubSeq must stay for it
+		// (cleared there, or by OnDisconnect): cleared here, that run's
+		// local deliveries would hold no session's floor.
+		if d.Resume(nil) {
+			h.pubSeq.CompareAndDelete(cl.ID, seq) // a publish that ended before OnPublished
+		}
 	})
 	return d
 }

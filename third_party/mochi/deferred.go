@@ -48,12 +48,14 @@ func (d *DeferredPublish) Is(target error) bool { return target == ErrPublishDef
 // that deferred it; err non-nil is taken as that hook's answer (a
 // packets.Code refuses a QoS 1/2 publish of an MQTT 5 client with it;
 // packets.ErrRejectPacket drops it without an acknowledgement). Only the
-// first call counts.
-func (d *DeferredPublish) Resume(err error) {
+// first call counts. It reports whether the rest of the publish ran in
+// this call: false when OnPublish has not returned d yet (the rest then
+// runs on the client's reader once it has) or for a call that did not count.
+func (d *DeferredPublish) Resume(err error) bool {
 	d.mu.Lock()
 	if d.resumed {
 		d.mu.Unlock()
-		return
+		return false
 	}
 	d.resumed, d.err = true, err
 	run := d.started
@@ -61,6 +63,7 @@ func (d *DeferredPublish) Resume(err error) {
 	if run {
 		d.finish()
 	}
+	return run
 }
 
 // start is processPublish's part: the hooks have returned d.

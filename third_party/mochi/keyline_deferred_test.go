@@ -84,10 +84,10 @@ func TestPatchDeferredPublish(t *testing.T) {
 		b, _ := io.ReadAll(r)
 		done <- b
 	}()
-	dh.deferred[0].Resume(nil)
-	dh.deferred[1].Resume(packets.ErrUnspecifiedError)
-	dh.deferred[1].Resume(nil) // only the first Resume counts
-	dh.deferred[2].Resume(nil)
+	require.True(t, dh.deferred[0].Resume(nil), "the rest of the publish runs in Resume")
+	require.True(t, dh.deferred[1].Resume(packets.ErrUnspecifiedError))
+	require.False(t, dh.deferred[1].Resume(nil), "only the first Resume counts")
+	require.True(t, dh.deferred[2].Resume(nil))
 	_ = w.Close()
 	require.Equal(t, []string{"qos0", "deferred:one", "deferred:three"}, ah.got())
 	b := <-done
@@ -127,6 +127,8 @@ func (h *earlyHook) Provides(b byte) bool { return b == OnPublish }
 
 func (h *earlyHook) OnPublish(_ *Client, pk packets.Packet) (packets.Packet, error) {
 	d := DeferPublish()
-	d.Resume(nil)
+	if d.Resume(nil) {
+		panic("Resume ran the rest of a publish that OnPublish has not returned yet")
+	}
 	return pk, d
 }
