@@ -17,7 +17,7 @@ func BenchmarkRestore(b *testing.B) {
 	client, _ := st.Client.MarshalBinary()
 	var subs [][]byte
 	for _, s := range st.Subs {
-		raw, _ := json.Marshal(s)
+		raw, _ := json.Marshal(s.Subscription)
 		subs = append(subs, raw)
 	}
 	b.Run("binary", func(b *testing.B) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -27,15 +28,25 @@ func full() *State {
 				Flag: 1, WillDelayInterval: 30, Qos: 2, Retain: true,
 			},
 		},
-		Subs: []storage.Subscription{
-			{T: storage.SubscriptionKey, ID: "a/#", Client: id, Filter: "a/#", Identifier: 268435455, RetainHandling: 2, Qos: 1, RetainAsPublished: true, NoLocal: true},
-			{T: storage.SubscriptionKey, ID: "$share/g/b", Client: id, Filter: "$share/g/b", Qos: 0},
+		Subs: []Sub{
+			{Subscription: storage.Subscription{T: storage.SubscriptionKey, ID: "a/#", Client: id, Filter: "a/#", Identifier: 268435455, RetainHandling: 2, Qos: 1, RetainAsPublished: true, NoLocal: true}},
+			{Subscription: storage.Subscription{T: storage.SubscriptionKey, ID: "$share/g/b", Client: id, Filter: "$share/g/b", Qos: 0}},
 		},
 	}
 }
 
+// clustered is full() as cluster mode stores it: where each subscription
+// starts in KL_MSGS and the key filters of its shared ones.
+func clustered() *State {
+	st := full()
+	st.Subs[0].Since = 1<<64 - 1
+	st.Subs = append(st.Subs, Sub{Subscription: storage.Subscription{T: storage.SubscriptionKey, ID: "$share/h/c", Client: st.Client.ID, Filter: "$share/h/c", Qos: 2}, Since: 7})
+	st.KeyFilters = map[string][]string{"$share/g/b": {"k1", "k/+"}, "$share/h/c": {""}, "": nil}
+	return st
+}
+
 func TestRoundTrip(t *testing.T) {
-	for _, st := range []*State{full(), {Client: storage.Client{ID: "e", T: storage.ClientKey, Username: []byte{}}}} {
+	for _, st := range []*State{full(), clustered(), {Client: storage.Client{ID: "e", T: storage.ClientKey, Username: []byte{}}}} {
 		b := Encode(nil, st)
 		got, err := Decode(st.Client.ID, b)
 		if err != nil {
@@ -59,7 +70,7 @@ func TestFromJSON(t *testing.T) {
 	client, _ := st.Client.MarshalBinary()
 	var subs [][]byte
 	for _, s := range st.Subs {
-		raw, _ := json.Marshal(s)
+		raw, _ := json.Marshal(s.Subscription)
 		subs = append(subs, raw)
 	}
 	b, err := FromJSON(client, subs)
@@ -82,22 +93,64 @@ func TestFromJSON(t *testing.T) {
 // TestTruncated: every prefix of an encoding, and every one-byte change of
 // a length, fails cleanly (ErrCorrupt) or decodes; nothing panics.
 func TestTruncated(t *testing.T) {
-	b := Encode(nil, full())
-	for i := range len(b) {
-		if _, err := Decode("x", b[:i]); !errors.Is(err, ErrCorrupt) {
-			t.Fatalf("prefix of %d bytes: %v, want ErrCorrupt", i, err)
+	for _, st := range []*State{full(), clustered()} {
+		b := Encode(nil, st)
+		for i := range len(b) {
+			if _, err := Decode("x", b[:i]); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("prefix of %d bytes: %v, want ErrCorrupt", i, err)
+			}
+			for _, v := range []byte{0xff, 0x00, b[i] ^ 0x04} {
+				c := append([]byte{}, b...)
+				c[i] = v
+				if _, err := Decode("x", c); err != nil && !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("byte %d set to %#x: %v, want ErrCorrupt or a state", i, v, err)
+				}
+			}
 		}
-		c := append([]byte{}, b...)
-		c[i] = 0xff
-		_, _ = Decode("x", c) // must not panic
+		if _, err := Decode("x", append(b, 0)); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("a trailing byte: %v, want ErrCorrupt", err)
+		}
 	}
-	if _, err := Decode("x", append(b, 0)); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("a trailing byte: %v, want ErrCorrupt", err)
+}
+
+// TestRefused: what an encoder of this version never writes is refused, not
+// guessed at: subscription flags it does not know, a Since of zero under its
+// flag, and a key filters section that is empty, out of order or repeats a
+// filter.
+func TestRefused(t *testing.T) {
+	one := func(kf map[string][]string) []byte {
+		return Encode(nil, &State{
+			Client:     storage.Client{ProtocolVersion: 5},
+			Subs:       []Sub{{Subscription: storage.Subscription{Filter: "f"}, Since: 3}},
+			KeyFilters: kf,
+		})
+	}
+	// version, client flags, then a client of protocol 5 and nothing else:
+	// 3 bytes, will QoS, remote, listener, username, 4 integers, method, data,
+	// user properties, will topic, payload, user properties and 2 integers
+	base := []byte{1, fKeyFilters, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	sub := []byte{1, sSince, 0, 0, 0, 1, 'f', 3} // one subscription with its Since
+	cat := func(parts ...[]byte) []byte { return slices.Concat(append([][]byte{base}, parts...)...) }
+	if b := cat(sub, []byte{1, 1, 'f', 1, 1, 'k'}); !slices.Equal(b, one(map[string][]string{"f": {"k"}})) {
+		t.Fatalf("the layout this test assumes is not the encoder's:\n%x\n%x", b, one(map[string][]string{"f": {"k"}}))
+	}
+	for name, b := range map[string][]byte{
+		"unknown subscription flag":  cat([]byte{1, sSince | 0x08, 0, 0, 0, 1, 'f', 3}, []byte{1, 1, 'f', 0}),
+		"zero since under its flag":  cat([]byte{1, sSince, 0, 0, 0, 1, 'f', 0}, []byte{1, 1, 'f', 0}),
+		"empty key filters":          cat(sub, []byte{0}),
+		"key filters out of order":   cat(sub, []byte{2, 1, 'g', 0, 1, 'f', 0}),
+		"key filters repeated":       cat(sub, []byte{2, 1, 'f', 0, 1, 'f', 0}),
+		"key filters count past end": cat(sub, []byte{1, 1, 'f', 9, 1, 'k'}),
+	} {
+		if st, err := Decode("x", b); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: %+v, %v; want ErrCorrupt", name, st, err)
+		}
 	}
 }
 
 func FuzzDecode(f *testing.F) {
 	f.Add(Encode(nil, full()))
+	f.Add(Encode(nil, clustered()))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := Decode("x", b)
 		if err != nil {

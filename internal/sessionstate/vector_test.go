@@ -21,7 +21,7 @@ func TestFixedVectors(t *testing.T) {
 			"6b0176000178056c77742f7804676f6e650101770131011e02030102feffffff0103612f23000000000a2473686172652f672f62",
 	}, {
 		&State{Client: storage.Client{ID: "e", T: storage.ClientKey, Listener: "tcp", ProtocolVersion: 4},
-			Subs: []storage.Subscription{{T: storage.SubscriptionKey, ID: "a/+", Client: "e", Filter: "a/+", Qos: 1}}},
+			Subs: []Sub{{Subscription: storage.Subscription{T: storage.SubscriptionKey, ID: "a/+", Client: "e", Filter: "a/+", Qos: 1}}}},
 		"010004000000000374637000000000000000000000000000010001000003612f2b",
 	}} {
 		if got := hex.EncodeToString(Encode(nil, tc.st)); got != tc.hex {
