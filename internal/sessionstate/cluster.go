@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // legacyCluster is the JSON cluster mode wrote in a session record's State
@@ -16,6 +17,15 @@ type legacyCluster struct {
 		Since uint64 `json:"since"`
 	} `json:"subs,omitempty"`
 	KeyFilters map[string][]string `json:"kf,omitempty"`
+	Will       *struct {
+		Topic   string                 `json:"topic"`
+		Payload []byte                 `json:"payload,omitempty"`
+		Qos     byte                   `json:"qos,omitempty"`
+		Retain  bool                   `json:"retain,omitempty"`
+		User    []packets.UserProperty `json:"user,omitempty"`
+		Delay   uint32                 `json:"delay,omitempty"`
+		Run     string                 `json:"run"`
+	} `json:"will,omitempty"`
 }
 
 // DecodeCluster decodes the state of client id from a cluster session
@@ -33,6 +43,11 @@ func DecodeCluster(id string, b []byte) (*State, error) {
 	}
 	st := &State{Client: js.Client, KeyFilters: js.KeyFilters}
 	st.Client.ID, st.Client.T = id, storage.ClientKey
+	if w := js.Will; w != nil {
+		st.Client.Will = storage.ClientWill{TopicName: w.Topic, Payload: w.Payload, Qos: w.Qos, Retain: w.Retain, User: w.User,
+			WillDelayInterval: w.Delay, Flag: 1}
+		st.WillRun = w.Run
+	}
 	if len(js.Subs) > 0 {
 		st.Subs = make([]Sub, len(js.Subs))
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 // legacyJSON is a state as cluster mode wrote it before this encoding
@@ -50,6 +51,13 @@ func TestDecodeCluster(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("%s: decoded\n%+v\nwant\n%+v", name, got, want)
 		}
+	}
+	// A will, as the cluster hook kept it while it could still be sent.
+	will, err := DecodeCluster("w", []byte(`{"client":{"protocolVersion":5},"will":{"topic":"lwt","payload":"Ynll","qos":1,"retain":true,`+
+		`"user":[{"k":"a","v":"b"}],"delay":30,"run":"r1"}}`))
+	if err != nil || will.WillRun != "r1" || !reflect.DeepEqual(will.Client.Will, storage.ClientWill{TopicName: "lwt", Payload: []byte("bye"),
+		Qos: 1, Retain: true, User: []packets.UserProperty{{Key: "a", Val: "b"}}, WillDelayInterval: 30, Flag: 1}) {
+		t.Fatalf("a JSON will: %+v %v", will, err)
 	}
 	for _, b := range []string{"{", `{"subs":3}`, legacyJSON[:len(legacyJSON)-1]} {
 		if _, err := DecodeCluster("dev-1", []byte(b)); !errors.Is(err, ErrCorrupt) {

@@ -1,8 +1,8 @@
 // Package sessionstate is the binary encoding of what one node keeps of a
 // persistent MQTT session in its session record (sessionstore.Record.State):
 // the client, as mochi's storage.Client, and its subscriptions, and in
-// cluster mode where each subscription starts in KL_MSGS and the key
-// filters of its shared subscriptions. It is
+// cluster mode where each subscription starts in KL_MSGS, the key filters
+// of its shared subscriptions and which run of a node wrote the will. It is
 // written and read field by field, no reflection: restoring 100k sessions
 // decodes them all at start (the JSON records it replaces, decoded by
 // encoding/json, took 43% of a restart's CPU).
@@ -12,11 +12,13 @@
 // booleans and which byte slices are not nil in one flags byte), then a
 // uvarint count of subscriptions and each one (a flags byte, QoS, retain
 // handling, identifier, filter, then its Since as a uvarint when its flag
-// sSince is set). When the client flag fKeyFilters is set, the key filters
-// follow: a uvarint count of shared subscriptions, each its filter and its
-// list of key filters (a count and the strings), in filter order. A state
-// without Since and key filters (single-node mode) sets neither flag, so
-// its bytes are those of before they existed. The decoder refuses a
+// sSince is set). When the client flag fMore is set, a second flags byte
+// follows the subscriptions, naming the optional sections after it: the
+// key filters (xKeyFilters: a uvarint count of shared subscriptions, each
+// its filter and its list of key filters, a count and the strings, in
+// filter order), then the will's run (xWillRun: a string). A state without
+// Since, key filters and will run (single-node mode) sets none of these
+// flags, so its bytes are those of before they existed. The decoder refuses a
 // version or a flag it does not know, any length or count running past the
 // end and trailing bytes, and allocates no more than the input's length.
 package sessionstate
@@ -44,6 +46,9 @@ type State struct {
 	// single-node mode in a bucket of its own). Nil when there are none; an
 	// empty list decodes as nil.
 	KeyFilters map[string][]string
+	// WillRun is, in cluster mode, the run of the node that wrote the will
+	// (Client.Will, kept there while it may still be sent); "" on one node.
+	WillRun string
 }
 
 // Sub is a stored subscription. Since is, in cluster mode, the last KL_MSGS
@@ -70,8 +75,16 @@ const (
 	fUsername
 	fAuthData
 	fWillPayload
-	// The key filters section follows the subscriptions.
-	fKeyFilters
+	// A flags byte of optional sections (x...) follows the subscriptions.
+	fMore
+)
+
+// optional sections, in their order
+const (
+	xKeyFilters = 1 << iota
+	xWillRun
+
+	xKnown = xKeyFilters | xWillRun
 )
 
 // subscription flags
@@ -99,7 +112,7 @@ func Encode(dst []byte, st *State) []byte {
 		flag(c.Clean, fClean)|flag(p.SessionExpiryIntervalFlag, fSessionExpiryFlag)|
 			flag(p.RequestProblemInfoFlag, fProblemInfoFlag)|flag(c.Will.Retain, fWillRetain)|
 			flag(c.Username != nil, fUsername)|flag(p.AuthenticationData != nil, fAuthData)|
-			flag(c.Will.Payload != nil, fWillPayload)|flag(len(st.KeyFilters) > 0, fKeyFilters),
+			flag(c.Will.Payload != nil, fWillPayload)|flag(len(st.KeyFilters) > 0 || st.WillRun != "", fMore),
 		c.ProtocolVersion, p.RequestProblemInfo, p.RequestResponseInfo, c.Will.Qos)
 	dst = wire.AppendString(dst, c.Remote)
 	dst = wire.AppendString(dst, c.Listener)
@@ -127,18 +140,30 @@ func Encode(dst []byte, st *State) []byte {
 			dst = binary.AppendUvarint(dst, s.Since)
 		}
 	}
-	if len(st.KeyFilters) == 0 {
+	more := flag(len(st.KeyFilters) > 0, xKeyFilters) | flag(st.WillRun != "", xWillRun)
+	if more == 0 {
 		return dst
 	}
-	filters := make([]string, 0, len(st.KeyFilters))
-	for f := range st.KeyFilters {
+	dst = append(dst, more)
+	if more&xKeyFilters != 0 {
+		dst = appendKeyFilters(dst, st.KeyFilters)
+	}
+	if more&xWillRun != 0 {
+		dst = wire.AppendString(dst, st.WillRun)
+	}
+	return dst
+}
+
+func appendKeyFilters(dst []byte, m map[string][]string) []byte {
+	filters := make([]string, 0, len(m))
+	for f := range m {
 		filters = append(filters, f)
 	}
 	slices.Sort(filters)
 	dst = binary.AppendUvarint(dst, uint64(len(filters)))
 	for _, f := range filters {
 		dst = wire.AppendString(dst, f)
-		kf := st.KeyFilters[f]
+		kf := m[f]
 		dst = binary.AppendUvarint(dst, uint64(len(kf)))
 		for _, k := range kf {
 			dst = wire.AppendString(dst, k)
@@ -192,8 +217,19 @@ func Decode(id string, b []byte) (*State, error) {
 			}
 		}
 	}
-	if flags&fKeyFilters != 0 {
-		st.KeyFilters = keyFilters(d)
+	if flags&fMore != 0 {
+		more := d.Byte()
+		if (more == 0 || more&^xKnown != 0) && d.Err() == nil {
+			return nil, fmt.Errorf("%w: optional sections %#x", ErrCorrupt, more)
+		}
+		if more&xKeyFilters != 0 {
+			st.KeyFilters = keyFilters(d)
+		}
+		if more&xWillRun != 0 {
+			if st.WillRun = d.String(); st.WillRun == "" {
+				d.Fail("will run (empty under its flag)")
+			}
+		}
 	}
 	if err := d.Done(); err != nil {
 		return nil, err

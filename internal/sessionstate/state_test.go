@@ -42,11 +42,14 @@ func clustered() *State {
 	st.Subs[0].Since = 1<<64 - 1
 	st.Subs = append(st.Subs, Sub{Subscription: storage.Subscription{T: storage.SubscriptionKey, ID: "$share/h/c", Client: st.Client.ID, Filter: "$share/h/c", Qos: 2}, Since: 7})
 	st.KeyFilters = map[string][]string{"$share/g/b": {"k1", "k/+"}, "$share/h/c": {""}, "": nil}
+	st.WillRun = "0123456789abcdef"
 	return st
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, st := range []*State{full(), clustered(), {Client: storage.Client{ID: "e", T: storage.ClientKey, Username: []byte{}}}} {
+	willOnly := full()
+	willOnly.WillRun = "r"
+	for _, st := range []*State{full(), clustered(), willOnly, {Client: storage.Client{ID: "e", T: storage.ClientKey, Username: []byte{}}}} {
 		b := Encode(nil, st)
 		got, err := Decode(st.Client.ID, b)
 		if err != nil {
@@ -114,9 +117,10 @@ func TestTruncated(t *testing.T) {
 }
 
 // TestRefused: what an encoder of this version never writes is refused, not
-// guessed at: subscription flags it does not know, a Since of zero under its
-// flag, and a key filters section that is empty, out of order or repeats a
-// filter.
+// guessed at: subscription flags or optional sections it does not know, a
+// Since of zero or an empty will run under its flag, an empty flags byte of
+// optional sections, and key filters that are none, out of order or repeat
+// a filter.
 func TestRefused(t *testing.T) {
 	one := func(kf map[string][]string) []byte {
 		return Encode(nil, &State{
@@ -128,19 +132,22 @@ func TestRefused(t *testing.T) {
 	// version, client flags, then a client of protocol 5 and nothing else:
 	// 3 bytes, will QoS, remote, listener, username, 4 integers, method, data,
 	// user properties, will topic, payload, user properties and 2 integers
-	base := []byte{1, fKeyFilters, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	base := []byte{1, fMore, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 	sub := []byte{1, sSince, 0, 0, 0, 1, 'f', 3} // one subscription with its Since
 	cat := func(parts ...[]byte) []byte { return slices.Concat(append([][]byte{base}, parts...)...) }
-	if b := cat(sub, []byte{1, 1, 'f', 1, 1, 'k'}); !slices.Equal(b, one(map[string][]string{"f": {"k"}})) {
+	if b := cat(sub, []byte{xKeyFilters, 1, 1, 'f', 1, 1, 'k'}); !slices.Equal(b, one(map[string][]string{"f": {"k"}})) {
 		t.Fatalf("the layout this test assumes is not the encoder's:\n%x\n%x", b, one(map[string][]string{"f": {"k"}}))
 	}
 	for name, b := range map[string][]byte{
-		"unknown subscription flag":  cat([]byte{1, sSince | 0x08, 0, 0, 0, 1, 'f', 3}, []byte{1, 1, 'f', 0}),
-		"zero since under its flag":  cat([]byte{1, sSince, 0, 0, 0, 1, 'f', 0}, []byte{1, 1, 'f', 0}),
-		"empty key filters":          cat(sub, []byte{0}),
-		"key filters out of order":   cat(sub, []byte{2, 1, 'g', 0, 1, 'f', 0}),
-		"key filters repeated":       cat(sub, []byte{2, 1, 'f', 0, 1, 'f', 0}),
-		"key filters count past end": cat(sub, []byte{1, 1, 'f', 9, 1, 'k'}),
+		"unknown subscription flag":  cat([]byte{1, sSince | 0x08, 0, 0, 0, 1, 'f', 3}, []byte{xKeyFilters, 1, 1, 'f', 0}),
+		"zero since under its flag":  cat([]byte{1, sSince, 0, 0, 0, 1, 'f', 0}, []byte{xKeyFilters, 1, 1, 'f', 0}),
+		"no optional section":        cat(sub, []byte{0}),
+		"unknown optional section":   cat(sub, []byte{xKnown + 1, 1, 1, 'f', 0}),
+		"empty key filters":          cat(sub, []byte{xKeyFilters, 0}),
+		"key filters out of order":   cat(sub, []byte{xKeyFilters, 2, 1, 'g', 0, 1, 'f', 0}),
+		"key filters repeated":       cat(sub, []byte{xKeyFilters, 2, 1, 'f', 0, 1, 'f', 0}),
+		"key filters count past end": cat(sub, []byte{xKeyFilters, 1, 1, 'f', 9, 1, 'k'}),
+		"empty will run":             cat(sub, []byte{xWillRun, 0}),
 	} {
 		if st, err := Decode("x", b); !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %+v, %v; want ErrCorrupt", name, st, err)
