@@ -44,3 +44,21 @@ func BenchmarkRestore(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkClusterState compares what a takeover decodes of a cluster
+// session record's state: the codec's bytes against the JSON cluster mode
+// wrote before it (a client with 3 subscriptions, one shared with key
+// filters). Report: ns/op for each.
+func BenchmarkClusterState(b *testing.B) {
+	bin := Encode(nil, legacyState())
+	for name, data := range map[string][]byte{"binary": bin, "json": []byte(legacyJSON)} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := DecodeCluster("dev-1", data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
