@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/keyline-mq/keyline/internal/filter"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 )
 
 // Which queued (JetStream) messages a cluster session takes: those its
@@ -32,7 +33,7 @@ func (s *clusterSession) takesQueued(topic string, seq uint64) bool {
 
 // matchSession returns the QoS and subscription identifiers with which a
 // session's subscriptions take a message at sequence seq.
-func matchSession(subs []clusterSub, topic string, seq uint64) (qos byte, ids []int, ok bool) {
+func matchSession(subs []sessionstate.Sub, topic string, seq uint64) (qos byte, ids []int, ok bool) {
 	for _, s := range subs {
 		if s.Since >= seq || !filter.Match(s.Filter, topic) {
 			continue

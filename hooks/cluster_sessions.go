@@ -2,7 +2,6 @@ package hooks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"slices"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/keyline-mq/keyline/internal/outbox"
 	"github.com/keyline-mq/keyline/internal/sessionrec"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -47,24 +47,13 @@ import (
 // maxAcked bounds the acknowledged sequences a record lists above its floor.
 const maxAcked = 4096
 
-// clusterState is what a session record's State holds.
-type clusterState struct {
-	Client storage.Client `json:"client"`
-	Subs   []clusterSub   `json:"subs,omitempty"`
-	// KeyFilters are the key filters of its shared subscriptions, by
-	// filter (KeyFilterStore).
-	KeyFilters map[string][]string `json:"kf,omitempty"`
-	// Will is the connection's will while it may still be sent: a node
-	// that finds the owner gone publishes it (cluster_wills.go).
-	Will *storedWill `json:"will,omitempty"`
-}
-
-// clusterSub is a stored subscription; Since is the last KL_MSGS sequence
-// when it was made (older messages are not for it).
-type clusterSub struct {
-	storage.Subscription
-	Since uint64 `json:"since"`
-}
+// A session record's State holds the session's client, its subscriptions
+// with where each starts in KL_MSGS (Since: older messages are not for it)
+// the key filters of its shared subscriptions (KeyFilterStore) and the
+// connection's will while it may still be sent (a node that finds the
+// owner gone publishes it, cluster_wills.go), in one node's codec,
+// internal/sessionstate (DecodeCluster also reads the JSON older releases
+// wrote).
 
 // clusterSession is one copy of a session this node holds: one
 // connection's (client never changes) and the record revisions written for
@@ -77,13 +66,13 @@ type clusterSession struct {
 	replayedTo atomic.Uint64 // queued messages up to here came through the replay
 
 	mu       sync.Mutex
-	rev      uint64                // record revision last read or written
-	rec      sessionstore.Record   // as last written
-	subs     map[string]clusterSub // persistent sessions: filter -> subscription
-	kf       map[string][]string   // persistent sessions: shared subscription filter -> key filters
-	filters  map[string]bool       // filters registered with the node's interest
-	since    map[string]uint64     // filter -> last KL_MSGS sequence when it was subscribed
-	maxSince uint64                // the highest of since
+	rev      uint64                      // record revision last read or written
+	rec      sessionstore.Record         // as last written
+	subs     map[string]sessionstate.Sub // persistent sessions: filter -> subscription
+	kf       map[string][]string         // persistent sessions: shared subscription filter -> key filters
+	filters  map[string]bool             // filters registered with the node's interest
+	since    map[string]uint64           // filter -> last KL_MSGS sequence when it was subscribed
+	maxSince uint64                      // the highest of since
 	// live holds the KL_MSGS sequences of the messages in the session's
 	// outbox (queued or in flight), by outbox sequence: the floor stays
 	// below them (clusterOutboxes keeps it).
@@ -104,7 +93,7 @@ type clusterSession struct {
 }
 
 func newClusterSession(id string, cl *mqtt.Client, persistent bool) *clusterSession {
-	s := &clusterSession{id: id, client: cl, subs: map[string]clusterSub{}, kf: map[string][]string{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
+	s := &clusterSession{id: id, client: cl, subs: map[string]sessionstate.Sub{}, kf: map[string][]string{}, filters: map[string]bool{}, since: map[string]uint64{}, live: map[uint64]uint64{}}
 	s.persistent.Store(persistent)
 	return s
 }
@@ -127,7 +116,7 @@ func (s *clusterSession) inherit(prev *clusterSession) {
 	prev.mu.Lock()
 	subs, kf, filters, since, maxSince, live, acked, dirty := prev.subs, prev.kf, prev.filters, prev.since, prev.maxSince, prev.live, prev.acked, prev.dirty
 	capped, floorCap := prev.capped, prev.floorCap // a restore of prev still running: its replay is not in live yet
-	prev.subs, prev.kf, prev.filters, prev.since, prev.live, prev.acked = map[string]clusterSub{}, map[string][]string{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
+	prev.subs, prev.kf, prev.filters, prev.since, prev.live, prev.acked = map[string]sessionstate.Sub{}, map[string][]string{}, map[string]bool{}, map[string]uint64{}, map[uint64]uint64{}, nil
 	prev.mu.Unlock()
 	s.replayedTo.Store(max(s.replayedTo.Load(), prev.replayedTo.Load()))
 	s.mu.Lock()
@@ -161,18 +150,19 @@ func storedClient(cl *mqtt.Client) storage.Client {
 	}
 }
 
-// stateLocked encodes the session's client and subscriptions.
-func (s *clusterSession) stateLocked() json.RawMessage {
-	st := clusterState{Client: storedClient(s.client), Will: s.will}
+// stateLocked encodes the session's client, subscriptions, key filters and
+// will.
+func (s *clusterSession) stateLocked() []byte {
+	st := sessionstate.State{Client: storedClient(s.client), Subs: make([]sessionstate.Sub, 0, len(s.subs))}
+	s.will.put(&st)
 	for _, sub := range s.subs {
 		st.Subs = append(st.Subs, sub)
 	}
 	if len(s.kf) > 0 {
 		st.KeyFilters = s.kf
 	}
-	slices.SortFunc(st.Subs, func(a, b clusterSub) int { return strings.Compare(a.Filter, b.Filter) })
-	data, _ := json.Marshal(st)
-	return data
+	slices.SortFunc(st.Subs, func(a, b sessionstate.Sub) int { return strings.Compare(a.Filter, b.Filter) })
+	return sessionstate.Encode(nil, &st)
 }
 
 // OnSessionEstablish takes the session over from wherever it was (see the
@@ -316,10 +306,12 @@ func (h *Cluster) dropInterest(s *clusterSession) {
 // placeholder client with its subscriptions, which mochi resumes the
 // session from (session present).
 func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *sessionstore.Record) {
-	var st clusterState
+	st := &sessionstate.State{}
 	if len(rec.State) > 0 {
-		if err := json.Unmarshal(rec.State, &st); err != nil {
+		var err error
+		if st, err = sessionstate.DecodeCluster(cl.ID, rec.State); err != nil {
 			h.Log.Error("cluster: unreadable session record; starting the session empty", "client", cl.ID, "error", err)
+			st = &sessionstate.State{}
 		}
 	}
 	if old, ok := h.server.Clients.Get(cl.ID); ok {
@@ -330,7 +322,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	// (KeyShared.OnSessionEstablished, with their key filters): a group has
 	// its own log, not the node's interest or the session's queue.
 	filters := make([]string, 0, len(st.Subs))
-	plain := make([]clusterSub, 0, len(st.Subs))
+	plain := make([]sessionstate.Sub, 0, len(st.Subs))
 	s.mu.Lock()
 	for _, sub := range st.Subs {
 		s.subs[sub.Filter] = sub
@@ -608,7 +600,7 @@ func (h *Cluster) saveSubscriptions(ctx context.Context, s *clusterSession, adde
 	s.mu.Lock()
 	for _, f := range added {
 		old, existed := s.subs[f.Filter]
-		sub := clusterSub{Subscription: storage.Subscription{
+		sub := sessionstate.Sub{Subscription: storage.Subscription{
 			ID: f.Filter, T: storage.SubscriptionKey, Client: s.id, Filter: f.Filter, Qos: f.Qos,
 			Identifier: f.Identifier, NoLocal: f.NoLocal, RetainHandling: f.RetainHandling, RetainAsPublished: f.RetainAsPublished,
 		}, Since: since}

@@ -2,12 +2,12 @@ package hooks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/sessionrec"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
@@ -30,7 +30,7 @@ type orphanSweep struct {
 
 	// wills takes the records of gone owners that still hold a will
 	// (willWatch.note); the sweep leaves them until the will is out.
-	wills func(rec *sessionstore.Record, rev uint64, st clusterState, now time.Time)
+	wills func(rec *sessionstore.Record, rev uint64, st *sessionstate.State, now time.Time)
 
 	mu      sync.Mutex
 	orphans map[string]time.Time // client id -> when its owner was first found gone
@@ -73,7 +73,7 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 		}
 		seen[rec.ClientID] = true
 		st, stOK := recordState(rec)
-		if stOK && st.Will != nil {
+		if stOK && willIn(st) != nil {
 			if o.wills != nil {
 				o.wills(rec, rev, st, now)
 			}
@@ -124,16 +124,20 @@ func (o *orphanSweep) run(ctx context.Context, now time.Time) ([]string, error) 
 	return deleted, firstErr
 }
 
-// recordState decodes a record's State; false: unreadable.
-func recordState(rec *sessionstore.Record) (clusterState, bool) {
-	var st clusterState
-	return st, json.Unmarshal(rec.State, &st) == nil
+// recordState decodes a record's State (sessionstate.DecodeCluster: also
+// the JSON of older releases); false: unreadable, and st is empty.
+func recordState(rec *sessionstore.Record) (st *sessionstate.State, ok bool) {
+	st, err := sessionstate.DecodeCluster(rec.ClientID, rec.State)
+	if err != nil {
+		return &sessionstate.State{}, false
+	}
+	return st, true
 }
 
 // sessionExpiry is how long a persistent session with state st (ok: it
 // could be read) outlives its connection, as its owner would have applied
 // it with max-session-expiry maxExpiry (seconds); false: never.
-func sessionExpiry(st clusterState, ok bool, maxExpiry uint32) (time.Duration, bool) {
+func sessionExpiry(st *sessionstate.State, ok bool, maxExpiry uint32) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}

@@ -2,22 +2,42 @@ package hooks
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
+
 	"github.com/keyline-mq/keyline/internal/sessionrec"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // TestOrphanSweep runs the orphan sweep over an in-memory session store
 // (the contract it relies on is sessionstore's) and a fake of which nodes
 // answer: no NATS. The same rules run end to end in broker's
-// TestClusterSweepsOrphanedSessions.
+// TestClusterSweepsOrphanedSessions. The records' states are in the
+// session state codec, and in the JSON older releases wrote (their
+// records are read, and expire, the same).
 func TestOrphanSweep(t *testing.T) {
+	t.Run("binary", func(t *testing.T) {
+		testOrphanSweep(t, func(version byte, expiry uint32) []byte {
+			return sessionstate.Encode(nil, &sessionstate.State{Client: storage.Client{ProtocolVersion: version,
+				Properties: storage.ClientProperties{SessionExpiryInterval: expiry, SessionExpiryIntervalFlag: true}}})
+		}, []byte{1, 0, 5})
+	})
+	t.Run("JSON", func(t *testing.T) { testOrphanSweep(t, jsonState, []byte(`{`)) })
+}
+
+// jsonState is a session state as releases before the session state codec
+// wrote it in cluster mode.
+func jsonState(version byte, expiry uint32) []byte {
+	return fmt.Appendf(nil, `{"client":{"protocolVersion":%d,"properties":{"sessionExpiryInterval":%d,"sessionExpiryIntervalFlag":true}}}`, version, expiry)
+}
+
+func testOrphanSweep(t *testing.T, state func(version byte, expiry uint32) []byte, unreadable []byte) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
 	records := sessionstore.NewMemory()
@@ -35,9 +55,6 @@ func TestOrphanSweep(t *testing.T) {
 			return false, nil
 		},
 	}
-	state := func(version byte, expiry uint32) json.RawMessage {
-		return json.RawMessage(fmt.Sprintf(`{"client":{"protocolVersion":%d,"properties":{"sessionExpiryInterval":%d,"sessionExpiryIntervalFlag":true}}}`, version, expiry))
-	}
 	for _, rec := range []sessionstore.Record{
 		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 10)},
 		{ClientID: "young", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-100 * time.Second).Unix(), State: state(5, 3600)},
@@ -45,7 +62,7 @@ func TestOrphanSweep(t *testing.T) {
 		{ClientID: "v311", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-6 * 24 * time.Hour).Unix(), State: state(4, 0)},
 		{ClientID: "v311-old", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-8 * 24 * time.Hour).Unix(), State: state(4, 0)},
 		{ClientID: "was-connected", Owner: "node-gone", Persistent: true, Connected: true, State: state(5, 10)},
-		{ClientID: "unreadable", Owner: "node-gone", Persistent: true, State: json.RawMessage(`{`)},
+		{ClientID: "unreadable", Owner: "node-gone", Persistent: true, State: unreadable},
 		{ClientID: "mine", Owner: "node-a", Connected: true},
 		{ClientID: "held", Owner: "node-b", Connected: true},
 		{ClientID: "unknown-owner", Owner: "node-flaky", Connected: true},
@@ -135,7 +152,7 @@ func TestOrphanSweepOverAFailedWalk(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1_800_000_000, 0)
 	records := sessionstore.NewMemory()
-	state := json.RawMessage(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}}}`)
+	state := jsonState(5, 10)
 	for _, rec := range []sessionstore.Record{
 		{ClientID: "a", Owner: "node-a", Connected: true},
 		{ClientID: "z-orphan", Owner: "node-gone", Persistent: true, Connected: true, State: state},
@@ -182,15 +199,23 @@ func TestOrphanSweepLeavesWills(t *testing.T) {
 	o := &orphanSweep{
 		records: records, self: "node-a", maxExpiry: 3600, orphans: map[string]time.Time{},
 		alive: func(_ context.Context, node string) (bool, error) { return node == "node-b", nil },
-		wills: func(rec *sessionstore.Record, _ uint64, st clusterState, _ time.Time) {
-			handed[rec.ClientID] = st.Will.Topic
+		wills: func(rec *sessionstore.Record, _ uint64, st *sessionstate.State, _ time.Time) {
+			handed[rec.ClientID] = willIn(st).Topic
 		},
 	}
-	withWill := json.RawMessage(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}},"will":{"topic":"wills/x","run":"r1"}}`)
+	// The will in the session state codec, and in the JSON of the releases
+	// before it.
+	st := &sessionstate.State{Client: storage.Client{ProtocolVersion: 5,
+		Properties: storage.ClientProperties{SessionExpiryInterval: 10, SessionExpiryIntervalFlag: true}}}
+	(&storedWill{Topic: "wills/x", Run: "r1"}).put(st)
+	binary := sessionstate.Encode(nil, st)
+	js := []byte(`{"client":{"protocolVersion":5,"properties":{"sessionExpiryInterval":10,"sessionExpiryIntervalFlag":true}},"will":{"topic":"wills/x","run":"r1"}}`)
 	for _, rec := range []sessionstore.Record{
-		{ClientID: "clean", Owner: "node-gone", Connected: true, State: withWill},
-		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-time.Hour).Unix(), State: withWill},
-		{ClientID: "held", Owner: "node-b", Connected: true, State: withWill},
+		{ClientID: "clean", Owner: "node-gone", Connected: true, State: binary},
+		{ClientID: "expired", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-time.Hour).Unix(), State: binary},
+		{ClientID: "clean-json", Owner: "node-gone", Connected: true, State: js},
+		{ClientID: "expired-json", Owner: "node-gone", Persistent: true, DisconnectedAt: now.Add(-time.Hour).Unix(), State: js},
+		{ClientID: "held", Owner: "node-b", Connected: true, State: binary},
 	} {
 		if _, err := records.Save(ctx, &rec, 0); err != nil {
 			t.Fatal(err)
@@ -200,7 +225,8 @@ func TestOrphanSweepLeavesWills(t *testing.T) {
 	if err != nil || len(deleted) != 0 {
 		t.Fatalf("sweep deleted %q (%v), want none: their wills are not out", deleted, err)
 	}
-	if len(handed) != 2 || handed["clean"] != "wills/x" || handed["expired"] != "wills/x" {
-		t.Fatalf("wills handed over %v, want those of clean and expired", handed)
+	if len(handed) != 4 || handed["clean"] != "wills/x" || handed["expired"] != "wills/x" ||
+		handed["clean-json"] != "wills/x" || handed["expired-json"] != "wills/x" {
+		t.Fatalf("wills handed over %v, want those of clean and expired, in either encoding", handed)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/keyline-mq/keyline/internal/filter"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
@@ -79,7 +80,7 @@ func TestTopicMatchAndSessionMatch(t *testing.T) {
 			t.Errorf("filter.Match(%q, %q) = %v", c.filter, c.topic, got)
 		}
 	}
-	subs := []clusterSub{{Since: 10}, {Since: 2}}
+	subs := []sessionstate.Sub{{Since: 10}, {Since: 2}}
 	subs[0].Filter, subs[0].Qos, subs[0].Identifier = "a/#", 2, 7
 	subs[1].Filter, subs[1].Qos = "a/+", 1
 	if qos, ids, ok := matchSession(subs, "a/b", 5); !ok || qos != 1 || len(ids) != 0 {

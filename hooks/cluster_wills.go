@@ -4,21 +4,23 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // Wills of the clients of a node that dies.
 //
-// A connection's will rides in its session record (clusterState.Will),
+// A connection's will rides in its session record (the state's
+// Client.Will, with the run that wrote it: storedWill.put),
 // written before its CONNACK with the record the ownership protocol writes
 // anyway, and gone from it once mochi sent it (OnWillSent), the client
 // disconnected normally (OnDisconnect), or another connection took the
@@ -44,16 +46,37 @@ import (
 
 // storedWill is a will as a record holds it.
 type storedWill struct {
-	Topic   string                 `json:"topic"`
-	Payload []byte                 `json:"payload,omitempty"`
-	Qos     byte                   `json:"qos,omitempty"`
-	Retain  bool                   `json:"retain,omitempty"`
-	User    []packets.UserProperty `json:"user,omitempty"`
+	Topic   string
+	Payload []byte
+	Qos     byte
+	Retain  bool
+	User    []packets.UserProperty
 	// Delay is the will delay interval in seconds (mochi bounds it by the
 	// session expiry the client sent).
-	Delay uint32 `json:"delay,omitempty"`
+	Delay uint32
 	// Run is the owner's run (Cluster.run) when it wrote the will.
-	Run string `json:"run"`
+	Run string
+}
+
+// put sets st's will to w (none if w is nil): the state's Client.Will
+// and WillRun.
+func (w *storedWill) put(st *sessionstate.State) {
+	if w == nil {
+		st.Client.Will, st.WillRun = storage.ClientWill{}, ""
+		return
+	}
+	st.Client.Will = storage.ClientWill{TopicName: w.Topic, Payload: w.Payload, Qos: w.Qos, Retain: w.Retain, User: w.User,
+		WillDelayInterval: w.Delay, Flag: 1}
+	st.WillRun = w.Run
+}
+
+// willIn returns the will st holds, nil if none.
+func willIn(st *sessionstate.State) *storedWill {
+	w := &st.Client.Will
+	if w.Flag == 0 {
+		return nil
+	}
+	return &storedWill{Topic: w.TopicName, Payload: w.Payload, Qos: w.Qos, Retain: w.Retain, User: w.User, Delay: w.WillDelayInterval, Run: st.WillRun}
 }
 
 // Timings of the will watch.
@@ -81,17 +104,19 @@ func willOf(cl *mqtt.Client, run string) *storedWill {
 }
 
 // withWill returns state (a record's State) with its will replaced by w.
-func withWill(state json.RawMessage, w *storedWill) json.RawMessage {
-	var st clusterState
-	if len(state) > 0 && json.Unmarshal(state, &st) != nil {
-		return state // unreadable: restore says so
+func withWill(state []byte, w *storedWill) []byte {
+	st := &sessionstate.State{}
+	if len(state) > 0 {
+		var err error
+		if st, err = sessionstate.DecodeCluster("", state); err != nil {
+			return state // unreadable: restore says so
+		}
 	}
-	if st.Will == nil && w == nil {
+	if willIn(st) == nil && w == nil {
 		return state
 	}
-	st.Will = w
-	data, _ := json.Marshal(st)
-	return data
+	w.put(st)
+	return sessionstate.Encode(nil, st)
 }
 
 // willSent drops the will from the record of cl's session: mochi sent it.
@@ -209,7 +234,7 @@ func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Tim
 			return true
 		}
 		st, ok := recordState(rec)
-		if !ok || st.Will == nil || (rec.Owner == self && st.Will.Run == h.run) {
+		if !ok || willIn(st) == nil || (rec.Owner == self && st.WillRun == h.run) {
 			return true // none, or this run's: mochi sends it
 		}
 		if only == nil && rec.Owner != self {
@@ -235,12 +260,12 @@ func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Tim
 
 // note keeps the will of rec (at rev, state st), whose owner was found
 // gone at now, until it is due.
-func (w *willWatch) note(rec *sessionstore.Record, rev uint64, st clusterState, now time.Time) {
+func (w *willWatch) note(rec *sessionstore.Record, rev uint64, st *sessionstate.State, now time.Time) {
 	base := now
 	if !rec.Connected && rec.DisconnectedAt > 0 {
 		base = time.Unix(rec.DisconnectedAt, 0)
 	}
-	delay := time.Duration(st.Will.Delay) * time.Second
+	delay := time.Duration(st.Client.Will.WillDelayInterval) * time.Second
 	if !rec.Persistent {
 		delay = 0 // the session ended with its connection, and the will is due with it
 	} else if expiry, ok := sessionExpiry(st, true, w.h.server.Options.Capabilities.MaximumSessionExpiryInterval); ok {
@@ -285,7 +310,8 @@ func (w *willWatch) claim(ctx context.Context, id string, rev uint64) (*storedWi
 		return nil, err
 	}
 	st, ok := recordState(rec)
-	if !ok || st.Will == nil {
+	will := willIn(st)
+	if !ok || will == nil {
 		return nil, nil
 	}
 	if rec.Persistent {
@@ -300,7 +326,7 @@ func (w *willWatch) claim(ctx context.Context, id string, rev uint64) (*storedWi
 	if err != nil {
 		return nil, err
 	}
-	return st.Will, nil
+	return will, nil
 }
 
 // publishWill publishes a will of another node's client as a publish of

@@ -52,7 +52,7 @@ func (h *Storage) updateRecord(id string, change func(st *sessionstate.State) bo
 		if !change(st) {
 			return nil
 		}
-		slices.SortFunc(st.Subs, func(a, b storage.Subscription) int { return strings.Compare(a.Filter, b.Filter) })
+		slices.SortFunc(st.Subs, func(a, b sessionstate.Sub) int { return strings.Compare(a.Filter, b.Filter) })
 		_, err = h.records.Save(ctx, &sessionstore.Record{ClientID: id, Persistent: true, State: sessionstate.Encode(nil, st)}, rev)
 		if !errors.Is(err, sessionstore.ErrRevision) {
 			return err
@@ -184,8 +184,8 @@ func (h *Storage) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes [
 			st.Client = c
 		}
 		for _, sub := range subs {
-			st.Subs = slices.DeleteFunc(st.Subs, func(s storage.Subscription) bool { return s.Filter == sub.Filter })
-			st.Subs = append(st.Subs, sub)
+			st.Subs = slices.DeleteFunc(st.Subs, func(s sessionstate.Sub) bool { return s.Filter == sub.Filter })
+			st.Subs = append(st.Subs, sessionstate.Sub{Subscription: sub})
 		}
 		return true
 	})
@@ -205,7 +205,7 @@ func (h *Storage) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 	err := h.updateRecord(cl.ID, func(st *sessionstate.State) bool {
 		n := len(st.Subs)
 		for _, f := range pk.Filters {
-			st.Subs = slices.DeleteFunc(st.Subs, func(s storage.Subscription) bool { return s.Filter == f.Filter })
+			st.Subs = slices.DeleteFunc(st.Subs, func(s sessionstate.Sub) bool { return s.Filter == f.Filter })
 		}
 		return len(st.Subs) != n && st.Client.ID != ""
 	})
@@ -228,7 +228,9 @@ func (h *Storage) StoredClients() ([]storage.Client, error) {
 			return true
 		}
 		clients = append(clients, st.Client)
-		h.restored = append(h.restored, st.Subs...)
+		for _, sub := range st.Subs {
+			h.restored = append(h.restored, sub.Subscription)
+		}
 		return true
 	})
 	if errors.Is(err, sessionrec.ErrCorrupt) {

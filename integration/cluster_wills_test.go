@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"encoding/json"
 	"net"
 	"strings"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 	"github.com/keyline-mq/keyline/internal/natstest"
 	"github.com/keyline-mq/keyline/internal/sessionrec"
+	"github.com/keyline-mq/keyline/internal/sessionstate"
 )
 
 // willCounter counts the messages a subscriber got, by topic, with when
@@ -247,15 +247,11 @@ func recordWill(t *testing.T, urls []string, id string) string {
 		if err != nil || rec.ClientID != id {
 			continue
 		}
-		var st struct {
-			Will *struct {
-				Topic string `json:"topic"`
-			} `json:"will"`
-		}
-		if json.Unmarshal(rec.State, &st) != nil || st.Will == nil {
+		st, err := sessionstate.DecodeCluster(id, rec.State)
+		if err != nil || st.Client.Will.Flag == 0 {
 			return "none"
 		}
-		return st.Will.Topic
+		return st.Client.Will.TopicName
 	}
 	return ""
 }

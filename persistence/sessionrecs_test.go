@@ -186,7 +186,7 @@ func TestMigratesFormat2Sessions(t *testing.T) {
 			}
 			for j := range i % 4 {
 				sub := storage.Subscription{T: storage.SubscriptionKey, ID: fmt.Sprintf("t/%d/#", j), Client: id, Filter: fmt.Sprintf("t/%d/#", j), Qos: 1, Identifier: j}
-				st.Subs = append(st.Subs, sub)
+				st.Subs = append(st.Subs, sessionstate.Sub{Subscription: sub})
 				raw, _ := json.Marshal(sub)
 				key := append(append([]byte{byte(len(id))}, id...), sub.Filter...)
 				if err := sb.Put(key, raw); err != nil {

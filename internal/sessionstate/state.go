@@ -1,6 +1,8 @@
 // Package sessionstate is the binary encoding of what one node keeps of a
 // persistent MQTT session in its session record (sessionstore.Record.State):
-// the client, as mochi's storage.Client, and its subscriptions. It is
+// the client, as mochi's storage.Client, and its subscriptions, and in
+// cluster mode where each subscription starts in KL_MSGS, the key filters
+// of its shared subscriptions and which run of a node wrote the will. It is
 // written and read field by field, no reflection: restoring 100k sessions
 // decodes them all at start (the JSON records it replaces, decoded by
 // encoding/json, took 43% of a restart's CPU).
@@ -8,9 +10,17 @@
 // Layout, version 1: the byte 1, then the client (strings and byte slices
 // as a uvarint length and the bytes (internal/wire), integers as uvarints,
 // booleans and which byte slices are not nil in one flags byte), then a
-// uvarint count of subscriptions and each one. The decoder refuses a
-// version it does not know, any length or count running past the end and
-// trailing bytes, and allocates no more than the input's length.
+// uvarint count of subscriptions and each one (a flags byte, QoS, retain
+// handling, identifier, filter, then its Since as a uvarint when its flag
+// sSince is set). When the client flag fMore is set, a second flags byte
+// follows the subscriptions, naming the optional sections after it: the
+// key filters (xKeyFilters: a uvarint count of shared subscriptions, each
+// its filter and its list of key filters, a count and the strings, in
+// filter order), then the will's run (xWillRun: a string). A state without
+// Since, key filters and will run (single-node mode) sets none of these
+// flags, so its bytes are those of before they existed. The decoder refuses a
+// version or a flag it does not know, any length or count running past the
+// end and trailing bytes, and allocates no more than the input's length.
 package sessionstate
 
 import (
@@ -19,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
 	"github.com/mochi-mqtt/server/v2/packets"
@@ -29,7 +40,23 @@ import (
 // State is one session's client and subscriptions.
 type State struct {
 	Client storage.Client
-	Subs   []storage.Subscription
+	Subs   []Sub
+	// KeyFilters are the key filters of its shared subscriptions, by
+	// subscription filter (cluster mode keeps them in the session's record;
+	// single-node mode in a bucket of its own). Nil when there are none; an
+	// empty list decodes as nil.
+	KeyFilters map[string][]string
+	// WillRun is, in cluster mode, the run of the node that wrote the will
+	// (Client.Will, kept there while it may still be sent); "" on one node.
+	WillRun string
+}
+
+// Sub is a stored subscription. Since is, in cluster mode, the last KL_MSGS
+// sequence when it was made (older messages are not for it); zero in
+// single-node mode.
+type Sub struct {
+	storage.Subscription
+	Since uint64
 }
 
 const version = 1
@@ -48,12 +75,25 @@ const (
 	fUsername
 	fAuthData
 	fWillPayload
+	// A flags byte of optional sections (x...) follows the subscriptions.
+	fMore
+)
+
+// optional sections, in their order
+const (
+	xKeyFilters = 1 << iota
+	xWillRun
+
+	xKnown = xKeyFilters | xWillRun
 )
 
 // subscription flags
 const (
 	sRetainAsPublished = 1 << iota
 	sNoLocal
+	sSince // a uvarint Since follows the filter
+
+	sKnown = sRetainAsPublished | sNoLocal | sSince
 )
 
 func flag(on bool, f byte) byte {
@@ -72,7 +112,7 @@ func Encode(dst []byte, st *State) []byte {
 		flag(c.Clean, fClean)|flag(p.SessionExpiryIntervalFlag, fSessionExpiryFlag)|
 			flag(p.RequestProblemInfoFlag, fProblemInfoFlag)|flag(c.Will.Retain, fWillRetain)|
 			flag(c.Username != nil, fUsername)|flag(p.AuthenticationData != nil, fAuthData)|
-			flag(c.Will.Payload != nil, fWillPayload),
+			flag(c.Will.Payload != nil, fWillPayload)|flag(len(st.KeyFilters) > 0 || st.WillRun != "", fMore),
 		c.ProtocolVersion, p.RequestProblemInfo, p.RequestResponseInfo, c.Will.Qos)
 	dst = wire.AppendString(dst, c.Remote)
 	dst = wire.AppendString(dst, c.Listener)
@@ -92,9 +132,42 @@ func Encode(dst []byte, st *State) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(st.Subs)))
 	for i := range st.Subs {
 		s := &st.Subs[i]
-		dst = append(dst, flag(s.RetainAsPublished, sRetainAsPublished)|flag(s.NoLocal, sNoLocal), s.Qos, s.RetainHandling)
+		dst = append(dst, flag(s.RetainAsPublished, sRetainAsPublished)|flag(s.NoLocal, sNoLocal)|flag(s.Since != 0, sSince),
+			s.Qos, s.RetainHandling)
 		dst = binary.AppendVarint(dst, int64(s.Identifier))
 		dst = wire.AppendString(dst, s.Filter)
+		if s.Since != 0 {
+			dst = binary.AppendUvarint(dst, s.Since)
+		}
+	}
+	more := flag(len(st.KeyFilters) > 0, xKeyFilters) | flag(st.WillRun != "", xWillRun)
+	if more == 0 {
+		return dst
+	}
+	dst = append(dst, more)
+	if more&xKeyFilters != 0 {
+		dst = appendKeyFilters(dst, st.KeyFilters)
+	}
+	if more&xWillRun != 0 {
+		dst = wire.AppendString(dst, st.WillRun)
+	}
+	return dst
+}
+
+func appendKeyFilters(dst []byte, m map[string][]string) []byte {
+	filters := make([]string, 0, len(m))
+	for f := range m {
+		filters = append(filters, f)
+	}
+	slices.Sort(filters)
+	dst = binary.AppendUvarint(dst, uint64(len(filters)))
+	for _, f := range filters {
+		dst = wire.AppendString(dst, f)
+		kf := m[f]
+		dst = binary.AppendUvarint(dst, uint64(len(kf)))
+		for _, k := range kf {
+			dst = wire.AppendString(dst, k)
+		}
 	}
 	return dst
 }
@@ -121,11 +194,14 @@ func Decode(id string, b []byte) (*State, error) {
 	c.Will.TopicName, c.Will.Payload, c.Will.User = d.String(), bytesCopy(d, flags&fWillPayload != 0), user(d)
 	c.Will.Flag, c.Will.WillDelayInterval = uint32(limit(d, math.MaxUint32)), uint32(limit(d, math.MaxUint32))
 	if n := d.Count(); n > 0 {
-		st.Subs = make([]storage.Subscription, n)
+		st.Subs = make([]Sub, n)
 	}
 	for i := range st.Subs {
 		s := &st.Subs[i]
 		sf := d.Byte()
+		if sf&^sKnown != 0 && d.Err() == nil {
+			return nil, fmt.Errorf("%w: subscription flags %#x", ErrCorrupt, sf)
+		}
 		s.RetainAsPublished, s.NoLocal = sf&sRetainAsPublished != 0, sf&sNoLocal != 0
 		s.Qos, s.RetainHandling = d.Byte(), d.Byte()
 		if sid := d.Varint(); sid < math.MinInt32 || sid > math.MaxInt32 {
@@ -135,6 +211,25 @@ func Decode(id string, b []byte) (*State, error) {
 		}
 		s.Filter = d.String()
 		s.ID, s.T, s.Client = s.Filter, storage.SubscriptionKey, id
+		if sf&sSince != 0 {
+			if s.Since = d.Uvarint(); s.Since == 0 {
+				d.Fail("subscription start (zero under its flag)")
+			}
+		}
+	}
+	if flags&fMore != 0 {
+		more := d.Byte()
+		if (more == 0 || more&^xKnown != 0) && d.Err() == nil {
+			return nil, fmt.Errorf("%w: optional sections %#x", ErrCorrupt, more)
+		}
+		if more&xKeyFilters != 0 {
+			st.KeyFilters = keyFilters(d)
+		}
+		if more&xWillRun != 0 {
+			if st.WillRun = d.String(); st.WillRun == "" {
+				d.Fail("will run (empty under its flag)")
+			}
+		}
 	}
 	if err := d.Done(); err != nil {
 		return nil, err
@@ -158,7 +253,7 @@ func FromJSON(client []byte, subs [][]byte) ([]byte, error) {
 		if s.Client != st.Client.ID {
 			return nil, fmt.Errorf("sessionstate: subscription %q of client %q stored under client %q", s.Filter, s.Client, st.Client.ID)
 		}
-		st.Subs = append(st.Subs, s)
+		st.Subs = append(st.Subs, Sub{Subscription: s})
 	}
 	return Encode(nil, &st), nil
 }
@@ -188,6 +283,38 @@ func bytesCopy(d *wire.Decoder, set bool) []byte {
 		return nil
 	}
 	return append([]byte{}, b...)
+}
+
+// keyFilters reads the key filters section: at least one subscription
+// filter, each once, in order (so a state has one encoding).
+func keyFilters(d *wire.Decoder) map[string][]string {
+	n := d.Count()
+	if n == 0 {
+		d.Fail("key filters (an empty section)")
+		return nil
+	}
+	m := make(map[string][]string, n)
+	prev := ""
+	for i := range n {
+		f := d.String()
+		if i > 0 && f <= prev {
+			d.Fail("key filters (out of order)")
+			return nil
+		}
+		prev = f
+		var kf []string
+		if k := d.Count(); k > 0 {
+			kf = make([]string, k)
+			for j := range kf {
+				kf[j] = d.String()
+			}
+		}
+		m[f] = kf
+		if d.Err() != nil {
+			return nil
+		}
+	}
+	return m
 }
 
 func user(d *wire.Decoder) []packets.UserProperty {
