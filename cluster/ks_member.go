@@ -273,14 +273,17 @@ func (ng *nodeGroup) kickRetry() {
 	}
 }
 
-// deliverLocal writes a delivery to a member on this node. The delivery is
+// deliverLocal writes a delivery to a member on this node and returns the
+// outcome: deliveredOK, deliveryRefused (not active, or the write failed),
+// or deliveryUnreadable (the member may not read its topic: not written,
+// the holder routes it again, see ks_readaccess.go). The delivery is
 // outstanding from before the write, so an ack cannot overtake it.
-func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) bool {
+func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) byte {
 	ng.mu.Lock()
 	lm := ng.mu.members[member]
 	if lm == nil || !lm.active {
 		ng.mu.Unlock()
-		return false
+		return deliveryRefused
 	}
 	canRead := lm.opts.CanRead
 	tracked := m.QoS > 0 && lm.qos > 0
@@ -289,22 +292,22 @@ func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt i
 		ng.mu.outstanding[d] = m.Key
 	}
 	ng.mu.Unlock()
-	if canRead != nil && !canRead(m.Topic) {
-		if tracked {
-			(&Group{ng}).Reject(member, m.Offset, 0x87) // not authorized: dead-lettered, never sent
-		}
-		return true
+	outcome := deliveredOK
+	switch {
+	case canRead != nil && !canRead(m.Topic):
+		outcome = deliveryUnreadable
+	case !ng.local.Deliver(member, m, attempt):
+		outcome = deliveryRefused
 	}
-	ok := ng.local.Deliver(member, m, attempt)
-	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+	if f, flushes := ng.local.(keyshared.Flusher); flushes && outcome == deliveredOK {
 		f.Flush() // no round here to wait for (keyshared.Output)
 	}
-	if !ok && tracked {
+	if outcome != deliveredOK && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)
 		ng.mu.Unlock()
 	}
-	return ok
+	return outcome
 }
 
 func (ng *nodeGroup) revokeLocal(member string, offset uint64) {
@@ -367,11 +370,7 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 				ng.deliverLocal(it.member, &msg, 1)
 				continue
 			}
-			outcome := deliveredOK
-			if !ng.deliverLocal(it.member, &msg, int(it.attempt)) {
-				outcome = deliveryRefused
-			}
-			reply = append(reply, outcome)
+			reply = append(reply, ng.deliverLocal(it.member, &msg, int(it.attempt)))
 		case downRevoke:
 			ng.revokeLocal(it.member, it.offset)
 		}
