@@ -87,13 +87,14 @@ func TestClusterKeySharedReadAccessOfARemoteMember(t *testing.T) {
 	t.Cleanup(pub.Close)
 
 	seq := 0
-	publish := func(topic, key string) {
+	publishQoS := func(topic, key string, qos byte) {
 		t.Helper()
 		seq++
-		if rc, err := pub.Publish(topic, []byte(key+" "+strconv.Itoa(seq)), 1, mqtttest.UserProperty{Key: "key", Value: key}); err != nil || rc >= 0x80 {
+		if rc, err := pub.Publish(topic, []byte(key+" "+strconv.Itoa(seq)), qos, mqtttest.UserProperty{Key: "key", Value: key}); err != nil || rc >= 0x80 {
 			t.Fatalf("publish: %#x %v", rc, err)
 		}
 	}
+	publish := func(topic, key string) { t.Helper(); publishQoS(topic, key, 1) }
 	got := map[string]string{} // payload -> member
 	last := map[string]int{}   // key -> last seq received
 	bobReadsSecret := false
@@ -159,6 +160,13 @@ func TestClusterKeySharedReadAccessOfARemoteMember(t *testing.T) {
 	if _, _, dead := status(); dead != 0 {
 		t.Fatalf("%d messages dead-lettered", dead)
 	}
+
+	// QoS 0 (routed, not logged): a message m2 may not read goes to m1.
+	before0 := len(got)
+	for k := range keys {
+		publishQoS("jobs/secret/z", fmt.Sprintf("k%02d", k), 0)
+	}
+	receive(before0+keys, "QoS 0")
 
 	// Phase 2: the only member that may read jobs/secret/ leaves; its
 	// messages wait (m2's keep flowing) and go to it when it is back.

@@ -165,6 +165,9 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 		}
 		k++
 	}
+	if k < len(outcomes) {
+		h.unreadableQoS0(items, outcomes[k:])
+	}
 }
 
 // holderOut delivers the group's messages: to members on this node

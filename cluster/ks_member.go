@@ -356,24 +356,35 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 	}
 	ng.mu.Unlock()
 	reply := []byte{replyOK}
+	var unreadable0 []int // QoS 0 items whose member may not read them
 	for i := range b.items {
 		it := &b.items[i]
 		switch it.kind {
 		case downDeliver, downQoS0:
 			msg, err := keyshared.DecodeMessage(it.msg, true)
 			if err != nil {
+				if it.kind == downDeliver {
+					reply = append(reply, deliveryRefused) // one outcome per delivery
+				}
 				continue
 			}
 			msg.Offset = it.offset
 			if it.kind == downQoS0 {
 				msg.QoS = 0
-				ng.deliverLocal(it.member, &msg, 1)
+				if ng.deliverLocal(it.member, &msg, 1) == deliveryUnreadable {
+					unreadable0 = append(unreadable0, i)
+				}
 				continue
 			}
 			reply = append(reply, ng.deliverLocal(it.member, &msg, int(it.attempt)))
 		case downRevoke:
 			ng.revokeLocal(it.member, it.offset)
 		}
+	}
+	// After the outcomes of the deliveries: the QoS 0 items the holder
+	// routes again (ks_readaccess.go).
+	for _, i := range unreadable0 {
+		reply = binary.AppendUvarint(reply, uint64(i))
 	}
 	ng.mu.Lock()
 	ng.mu.downSeq, ng.mu.downReply = b.seq, reply

@@ -3,6 +3,7 @@ package cluster
 import (
 	"sync"
 
+	"github.com/keyline-mq/keyline/internal/wire"
 	"github.com/keyline-mq/keyline/keyshared"
 )
 
@@ -19,8 +20,11 @@ import (
 // topic as one that member may not read, which its CanRead refuses from then
 // on, and hands the message back to the dispatcher (Dispatcher.Return): not
 // an attempt, not a nack, it goes to another eligible member or waits, as on
-// one node. A join (a resubscribe, a resync with a new holder, a reload of
-// the ACL on the member's node) starts the member's record afresh.
+// one node. A QoS 0 message (the Router's: no state, no outcome per
+// delivery) a member may not read is listed after the outcomes of the
+// node's answer; the holder records its topic likewise and routes it again.
+// A join (a resubscribe, a resync with a new holder, a reload of the ACL on
+// the member's node) starts the member's record afresh.
 
 // maxRefusedTopics bounds the topics recorded per member; past it an old
 // one is forgotten (and found out again by the next delivery on it).
@@ -70,6 +74,33 @@ func (h *holder) unreadable(member string, it *downItem) {
 	}
 	m.refused.refuse(msg.Topic)
 	h.giveBack(member, it.offset)
+}
+
+// unreadableQoS0 routes again the QoS 0 items of a down batch whose members
+// may not read them: rest lists their indexes in items (the tail of the
+// node's answer). As on one node, another eligible member gets each, or
+// none does (the Router skips it).
+func (h *holder) unreadableQoS0(items []downItem, rest []byte) {
+	d := wire.NewDecoder(rest, errWire)
+	for len(d.Rest()) > 0 {
+		i := d.Uvarint()
+		if d.Err() != nil || i >= uint64(len(items)) || items[i].kind != downQoS0 {
+			return
+		}
+		it := &items[i]
+		h.mu.Lock()
+		m := h.mu.members[it.member]
+		h.mu.Unlock()
+		msg, err := keyshared.DecodeMessage(it.msg, false)
+		if err != nil {
+			continue
+		}
+		if m != nil && m.refused != nil {
+			m.refused.refuse(msg.Topic)
+		}
+		msg.Offset, msg.QoS = it.offset, 0
+		h.r.Route(&msg)
+	}
 }
 
 // giveBack hands a delivery member may not read back to the dispatcher.
