@@ -105,6 +105,9 @@ func (b *Broker) reloadLocked() (adminapi.ReloadResult, error) {
 		return res, fmt.Errorf("%w: %w", errReload, err)
 	}
 	res.Disconnected, res.Unsubscribed = rep.Disconnected, rep.Unsubscribed
+	if b.groups != nil {
+		b.groups.ReadAccessChanged() // what a holder on another node was refused may be allowed now
+	}
 	if material != nil {
 		res.Disconnected = append(res.Disconnected, b.dropRevoked(material)...)
 		slices.Sort(res.Disconnected)

@@ -413,13 +413,18 @@ func (g *Groups) nodeGroupOf(gh string) *nodeGroup {
 // resyncAll makes every node side resync with its holder (after this node
 // reconnected to NATS: requests in flight may have been lost).
 func (g *Groups) resyncAll() {
+	for _, ng := range g.nodeGroups() {
+		ng.kickRetry()
+	}
+}
+
+// nodeGroups returns the node sides of every group open here.
+func (g *Groups) nodeGroups() []*nodeGroup {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	nodes := make([]*nodeGroup, 0, len(g.mu.nodes))
 	for _, ng := range g.mu.nodes {
 		nodes = append(nodes, ng)
 	}
-	g.mu.Unlock()
-	for _, ng := range nodes {
-		ng.kickRetry()
-	}
+	return nodes
 }

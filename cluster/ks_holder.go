@@ -57,6 +57,9 @@ type heldMember struct {
 	qos     byte
 	filters []string
 	active  bool
+	// refused is what the member's node answered it may not read (nil on
+	// the holder's own node, whose members' CanRead the dispatcher asks).
+	refused *refusedTopics
 }
 
 func (g *Groups) startHolder(name, gh string, l *lease) (*holder, error) {

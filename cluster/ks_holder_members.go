@@ -29,20 +29,24 @@ func (h *holder) join(node string, it *upItem) {
 		h.g.log.Debug("key-shared: a node's report of a member whose session moved to another node; ignored", "group", h.name, "member", it.member, "from", node, "held through", prev.node)
 		return
 	}
+	hm := &heldMember{node: node, qos: it.qos, filters: it.filters, active: true}
+	opts := keyshared.MemberOptions{ReceiveMaximum: int(it.recvMax), KeyFilters: it.filters}
+	if node == h.g.node.cfg.NodeID {
+		if ng := h.g.nodeGroupOf(h.gh); ng != nil {
+			opts.CanRead = ng.canRead(it.member)
+		}
+	} else {
+		hm.refused = &refusedTopics{} // its node answers (ks_readaccess.go)
+		opts.CanRead = hm.refused.canRead
+	}
 	h.mu.Lock()
-	h.mu.members[it.member] = &heldMember{node: node, qos: it.qos, filters: it.filters, active: true}
+	h.mu.members[it.member] = hm
 	h.mu.lastSeen = time.Now()
 	h.mu.Unlock()
 	if prev != nil && prev.node != node {
 		// The client moved to another node: what it held there is gone.
 		_ = h.d.RemoveMember(it.member)
 		_ = h.r.RemoveMember(it.member)
-	}
-	opts := keyshared.MemberOptions{ReceiveMaximum: int(it.recvMax), KeyFilters: it.filters}
-	if node == h.g.node.cfg.NodeID {
-		if ng := h.g.nodeGroupOf(h.gh); ng != nil {
-			opts.CanRead = ng.canRead(it.member)
-		}
 	}
 	if err := h.d.AddMember(it.member, opts); err != nil {
 		h.g.log.Warn("key-shared: add member", "group", h.name, "member", it.member, "error", err)
@@ -132,7 +136,8 @@ func (h *holder) link(node string) *pipe[downItem] {
 }
 
 // delivered applies a node's answer to a down batch: a delivery the member
-// could not take goes back to its key (counted as a failed attempt).
+// could not take goes back to its key (counted as a failed attempt); one it
+// may not read goes back uncounted, to another member (ks_readaccess.go).
 func (h *holder) delivered(items []downItem, reply []byte) {
 	if len(reply) == 0 {
 		return
@@ -146,14 +151,22 @@ func (h *holder) delivered(items []downItem, reply []byte) {
 	}
 	outcomes := reply[1:]
 	k := 0
-	for _, it := range items {
+	for j, it := range items {
 		if it.kind != downDeliver {
 			continue
 		}
-		if k < len(outcomes) && outcomes[k] == deliveryRefused {
-			h.answer(upNack, it.member, it.offset, 0)
+		if k < len(outcomes) {
+			switch outcomes[k] {
+			case deliveryRefused:
+				h.answer(upNack, it.member, it.offset, 0)
+			case deliveryUnreadable:
+				h.unreadable(it.member, &items[j])
+			}
 		}
 		k++
+	}
+	if k < len(outcomes) {
+		h.unreadableQoS0(items, outcomes[k:])
 	}
 }
 
@@ -178,7 +191,18 @@ func (o holderOut) Deliver(member string, m *keyshared.Message, attempt int) boo
 		return false
 	case h.g.node.cfg.NodeID:
 		ng := h.g.nodeGroupOf(h.gh)
-		return ng != nil && ng.deliverLocal(member, m, attempt)
+		if ng == nil {
+			return false
+		}
+		switch ng.deliverLocal(member, m, attempt) {
+		case deliveryRefused:
+			return false
+		case deliveryUnreadable:
+			// Its CanRead, which the dispatcher asked, refuses it by now
+			// (an ACL reload): taken, then handed back.
+			h.giveBack(member, m.Offset)
+		}
+		return true
 	}
 	p := h.link(node)
 	return p != nil && p.push(downItem{kind: downDeliver, member: member, offset: m.Offset, attempt: uint32(attempt), msg: keyshared.EncodeMessage(m)})
@@ -210,7 +234,7 @@ func (o routerOut) Deliver(member string, m *keyshared.Message, _ int) bool {
 		return false
 	case h.g.node.cfg.NodeID:
 		ng := h.g.nodeGroupOf(h.gh)
-		return ng != nil && ng.deliverLocal(member, m, 0)
+		return ng != nil && ng.deliverLocal(member, m, 0) != deliveryRefused
 	default:
 		p := h.link(node)
 		return p != nil && p.push(downItem{kind: downQoS0, member: member, offset: m.Offset, msg: keyshared.EncodeMessage(m)})

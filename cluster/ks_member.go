@@ -273,14 +273,17 @@ func (ng *nodeGroup) kickRetry() {
 	}
 }
 
-// deliverLocal writes a delivery to a member on this node. The delivery is
+// deliverLocal writes a delivery to a member on this node and returns the
+// outcome: deliveredOK, deliveryRefused (not active, or the write failed),
+// or deliveryUnreadable (the member may not read its topic: not written,
+// the holder routes it again, see ks_readaccess.go). The delivery is
 // outstanding from before the write, so an ack cannot overtake it.
-func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) bool {
+func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt int) byte {
 	ng.mu.Lock()
 	lm := ng.mu.members[member]
 	if lm == nil || !lm.active {
 		ng.mu.Unlock()
-		return false
+		return deliveryRefused
 	}
 	canRead := lm.opts.CanRead
 	tracked := m.QoS > 0 && lm.qos > 0
@@ -289,22 +292,22 @@ func (ng *nodeGroup) deliverLocal(member string, m *keyshared.Message, attempt i
 		ng.mu.outstanding[d] = m.Key
 	}
 	ng.mu.Unlock()
-	if canRead != nil && !canRead(m.Topic) {
-		if tracked {
-			(&Group{ng}).Reject(member, m.Offset, 0x87) // not authorized: dead-lettered, never sent
-		}
-		return true
+	outcome := deliveredOK
+	switch {
+	case canRead != nil && !canRead(m.Topic):
+		outcome = deliveryUnreadable
+	case !ng.local.Deliver(member, m, attempt):
+		outcome = deliveryRefused
 	}
-	ok := ng.local.Deliver(member, m, attempt)
-	if f, flushes := ng.local.(keyshared.Flusher); flushes {
+	if f, flushes := ng.local.(keyshared.Flusher); flushes && outcome == deliveredOK {
 		f.Flush() // no round here to wait for (keyshared.Output)
 	}
-	if !ok && tracked {
+	if outcome != deliveredOK && tracked {
 		ng.mu.Lock()
 		delete(ng.mu.outstanding, d)
 		ng.mu.Unlock()
 	}
-	return ok
+	return outcome
 }
 
 func (ng *nodeGroup) revokeLocal(member string, offset uint64) {
@@ -353,28 +356,35 @@ func (ng *nodeGroup) applyDown(b *downBatch) []byte {
 	}
 	ng.mu.Unlock()
 	reply := []byte{replyOK}
+	var unreadable0 []int // QoS 0 items whose member may not read them
 	for i := range b.items {
 		it := &b.items[i]
 		switch it.kind {
 		case downDeliver, downQoS0:
 			msg, err := keyshared.DecodeMessage(it.msg, true)
 			if err != nil {
+				if it.kind == downDeliver {
+					reply = append(reply, deliveryRefused) // one outcome per delivery
+				}
 				continue
 			}
 			msg.Offset = it.offset
 			if it.kind == downQoS0 {
 				msg.QoS = 0
-				ng.deliverLocal(it.member, &msg, 1)
+				if ng.deliverLocal(it.member, &msg, 1) == deliveryUnreadable {
+					unreadable0 = append(unreadable0, i)
+				}
 				continue
 			}
-			outcome := deliveredOK
-			if !ng.deliverLocal(it.member, &msg, int(it.attempt)) {
-				outcome = deliveryRefused
-			}
-			reply = append(reply, outcome)
+			reply = append(reply, ng.deliverLocal(it.member, &msg, int(it.attempt)))
 		case downRevoke:
 			ng.revokeLocal(it.member, it.offset)
 		}
+	}
+	// After the outcomes of the deliveries: the QoS 0 items the holder
+	// routes again (ks_readaccess.go).
+	for _, i := range unreadable0 {
+		reply = binary.AppendUvarint(reply, uint64(i))
 	}
 	ng.mu.Lock()
 	ng.mu.downSeq, ng.mu.downReply = b.seq, reply

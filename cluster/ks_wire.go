@@ -55,6 +55,9 @@ const (
 const (
 	deliveredOK byte = iota
 	deliveryRefused
+	// deliveryUnreadable: the member may not read the message's topic; it
+	// was not written to the client (ks_readaccess.go).
+	deliveryUnreadable
 )
 
 var errWire = errors.New("cluster: malformed key-shared message")

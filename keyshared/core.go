@@ -343,6 +343,28 @@ func (c *core) nack(member string, offset uint64, reason byte, now time.Time) {
 	c.serviceMember(m, now)
 }
 
+// returned takes back a delivery the member cannot take after all
+// (Dispatcher.Return): the attempt is undone and the key routed again.
+func (c *core) returned(member string, offset uint64, now time.Time) {
+	e := c.inflightOn(member, offset)
+	if e == nil {
+		c.st.staleAcks++
+		return
+	}
+	m := c.endInflight(e)
+	if e.deliveries > 1 {
+		c.st.redeliveries--
+	}
+	e.deliveries--
+	if e.deliveries == 0 {
+		e.firstDelivery = time.Time{}
+	}
+	c.st.delivered--
+	c.st.refused++
+	c.route(e.ks, now)
+	c.serviceMember(m, now)
+}
+
 // reject dead-letters the message at once, whatever the poison policy.
 func (c *core) reject(member string, offset uint64, reason byte, now time.Time) {
 	e := c.inflightOn(member, offset)

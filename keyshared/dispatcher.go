@@ -71,6 +71,7 @@ const (
 	resAck resultKind = iota + 1
 	resNack
 	resReject
+	resReturn
 )
 
 // result is a member's answer to a delivery, queued for the loop.
@@ -216,6 +217,18 @@ func (d *Dispatcher) Nack(member string, offset uint64, reason byte) error {
 // at once, whatever the poison policy. It does not wait for the loop.
 func (d *Dispatcher) Reject(member string, offset uint64, reason byte) error {
 	return d.push(result{member: member, offset: offset, kind: resReject, reason: reason})
+}
+
+// Return reports that member cannot take offset after all, for a reason
+// that is the member's, not the message's: it may not read the message's
+// topic, as its CanRead says by now (a check made where the member is, after
+// the delivery left). The message goes back to the head of its key as if it
+// had never been offered: not counted as an attempt (nor as a delivery), it
+// is routed again, to another eligible member or to wait for one. The
+// caller makes CanRead refuse the topic before calling Return, or the
+// message goes to the member again. It does not wait for the loop.
+func (d *Dispatcher) Return(member string, offset uint64) error {
+	return d.push(result{member: member, offset: offset, kind: resReturn})
 }
 
 func (d *Dispatcher) push(r result) error {
@@ -381,6 +394,8 @@ func (d *Dispatcher) drain(now time.Time) {
 			d.core.nack(r.member, r.offset, r.reason, now)
 		case resReject:
 			d.core.reject(r.member, r.offset, r.reason, now)
+		case resReturn:
+			d.core.returned(r.member, r.offset, now)
 		}
 	}
 	clear(b)

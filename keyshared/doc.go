@@ -51,6 +51,8 @@
 // acked. Messages that expired are skipped and counted. A message that no
 // member may take (key filters, read access) is never skipped: its key waits
 // for a member that may (Stats.UnroutableKeys), and so does the cursor.
+// Return hands back a delivery its member turns out not to be able to read
+// (a check made where the member is): uncounted, it is routed again.
 //
 // # Caveats
 //
