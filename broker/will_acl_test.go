@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/eclipse/paho.golang/paho"
@@ -60,5 +61,30 @@ func TestWillTheClientMayNotPublishIsRefused(t *testing.T) {
 	expectNone(t, ops, "ops")
 	if got := b.auth.WillsRefused.Load(); got != 3 {
 		t.Errorf("wills refused: %d, want 3", got)
+	}
+
+	// A reload that takes the right away drops the will of a connection
+	// made before it, when the connection goes: what the CONNECT would be
+	// refused for now is not published either.
+	dev, _ := dialRawAck(t, addr, "dev1-old", rawOptions{version: 5, clean: true, username: "dev1", password: "pw", willTopic: "devices/dev1/old"})
+	keep, _ := dialRawAck(t, addr, "dev1-keep", rawOptions{version: 5, clean: true, username: "dev1", password: "pw", willTopic: "devices/dev1/keep"})
+	var fresh Config
+	if err := DecodeConfig([]byte(strings.ReplaceAll(willACLConfig, `"devices/dev1/#": 3`, `"devices/dev1/keep": 3`)), &fresh); err != nil {
+		t.Fatal(err)
+	}
+	c := cfg
+	c.Auth = fresh.Auth
+	b.SetReloadSource(func() (Config, error) { return c, nil })
+	if res, err := b.Reload(); err != nil || len(res.NeedRestart) != 0 {
+		t.Fatalf("reload: %+v %v", res, err)
+	}
+	_ = dev.c.Close() // no DISCONNECT: the will goes, or would
+	_ = keep.c.Close()
+	if m := ops.Next(t); m.Topic != "devices/dev1/keep" {
+		t.Fatalf("ops got the will on %s, want only devices/dev1/keep's", m.Topic)
+	}
+	expectNone(t, ops, "ops")
+	if got := b.auth.WillsRefused.Load(); got != 4 {
+		t.Errorf("wills refused: %d, want 4", got)
 	}
 }

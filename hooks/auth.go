@@ -108,7 +108,7 @@ func (h *Auth) ID() string { return "keyline-auth" }
 func (h *Auth) Provides(b byte) bool { return authEvents.has(b) }
 
 var authEvents = eventSet(
-	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnDisconnect, mqtt.OnSessionEstablished,
+	mqtt.OnConnectAuthenticate, mqtt.OnACLCheck, mqtt.OnDisconnect, mqtt.OnSessionEstablished, mqtt.OnWill,
 )
 
 // OnConnectAuthenticate reports whether the client may connect (by its
@@ -141,6 +141,18 @@ func (h *Auth) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) bool {
 		return false
 	}
 	return true
+}
+
+// OnWill drops a will the client may no longer publish when its
+// connection ends (an ACL reload since its CONNECT took the right away):
+// what willAllowed refused at CONNECT is refused when the will goes too.
+func (h *Auth) OnWill(cl *mqtt.Client, will mqtt.Will) (mqtt.Will, error) {
+	if cl.Net.Inline || h.OnACLCheck(cl, will.TopicName, true) {
+		return will, nil
+	}
+	h.WillsRefused.Add(1)
+	h.Log.Info("dropping a will the client may no longer publish", "client", clip(cl.ID), "username", clip(string(cl.Properties.Username)), "will_topic", clip(will.TopicName))
+	return will, packets.ErrRejectPacket
 }
 
 // willAllowed reports whether cl may publish its will, if it has one, as

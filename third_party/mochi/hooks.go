@@ -516,9 +516,20 @@ func (h *Hooks) OnPacketIDExhausted(cl *Client, pk packets.Packet) {
 // published. The return values of the hook methods are passed-through in the order
 // the hooks were attached.
 func (h *Hooks) OnWill(cl *Client, will Will) Will {
+	will, _ = h.onWill(cl, will)
+	return will
+}
+
+// onWill is OnWill that also reports whether a hook dropped the will
+// (Keyline: a hook's packets.ErrRejectPacket drops it; other errors are
+// logged and the will goes on unmodified, as in v2.7.9).
+func (h *Hooks) onWill(cl *Client, will Will) (Will, bool) {
 	for _, hook := range h.GetAll() {
 		if hook.Provides(OnWill) {
 			mlwt, err := hook.OnWill(cl, will)
+			if errors.Is(err, packets.ErrRejectPacket) {
+				return will, true
+			}
 			if err != nil {
 				h.Log.Error("parse will error",
 					"error", err,
@@ -530,7 +541,7 @@ func (h *Hooks) OnWill(cl *Client, will Will) Will {
 		}
 	}
 
-	return will
+	return will, false
 }
 
 // OnWillSent is called when an LWT message has been issued from a disconnecting client.

@@ -572,3 +572,45 @@ func TestPatchCancelDelayedWill(t *testing.T) {
 	s.sendLWT(now)
 	require.Equal(t, uint32(0), now.Properties.Will.Flag, "a will without a delay not sent")
 }
+
+type dropWillHook struct {
+	HookBase
+	sent int
+}
+
+func (h *dropWillHook) ID() string { return "drop-will" }
+
+func (h *dropWillHook) Provides(b byte) bool { return b == OnWill || b == OnWillSent }
+
+func (h *dropWillHook) OnWill(_ *Client, will Will) (Will, error) {
+	if will.TopicName == "denied" {
+		return will, packets.ErrRejectPacket
+	}
+	return will, nil
+}
+
+func (h *dropWillHook) OnWillSent(*Client, packets.Packet) { h.sent++ }
+
+// TestPatchWillDropped: a hook's OnWill answering packets.ErrRejectPacket
+// drops the will (item 24), delayed or not; another will still goes.
+func TestPatchWillDropped(t *testing.T) {
+	s := newServer()
+	h := new(dropWillHook)
+	require.NoError(t, s.AddHook(h, nil))
+	for i, delay := range []uint32{0, 2} {
+		cl, _, _ := newTestClient()
+		cl.ID = fmt.Sprintf("denied-%d", i)
+		cl.Properties.Will = Will{Flag: 1, TopicName: "denied", Payload: []byte("x"), WillDelayInterval: delay}
+		s.Clients.Add(cl)
+		s.sendLWT(cl)
+		require.Equal(t, uint32(0), cl.Properties.Will.Flag, "a dropped will is gone")
+		require.Equal(t, 0, s.loop.willDelayed.Len(), "a dropped will waits for its delay")
+	}
+	require.Equal(t, 0, h.sent)
+	ok, _, _ := newTestClient()
+	ok.ID = "ok"
+	ok.Properties.Will = Will{Flag: 1, TopicName: "allowed", Payload: []byte("x")}
+	s.Clients.Add(ok)
+	s.sendLWT(ok)
+	require.Equal(t, 1, h.sent, "another will is sent")
+}

@@ -1736,7 +1736,11 @@ func (s *Server) sendLWT(cl *Client) {
 		return
 	}
 
-	modifiedLWT := s.hooks.OnWill(cl, cl.Properties.Will)
+	modifiedLWT, dropped := s.hooks.onWill(cl, cl.Properties.Will)
+	if dropped { // Keyline: a hook refused it
+		atomic.StoreUint32(&cl.Properties.Will.Flag, 0)
+		return
+	}
 
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{
