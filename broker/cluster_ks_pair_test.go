@@ -13,7 +13,8 @@ import (
 
 // ksPair is a Key-Shared group on two nodes sharing one NATS server: member
 // m1 on the first node, m2 on the node that does not hold the group's
-// lease, and what they received (each payload is "<key> <seq>...").
+// lease, and what they received (each payload is "<key> <seq>..."). Or, to
+// compare, both members on one node without a cluster.
 type ksPair struct {
 	t             *testing.T
 	bs            []*Broker
@@ -31,28 +32,40 @@ type ksPair struct {
 // startKSPair starts the nodes with config (YAML, may be empty), and the
 // members: m1 with o1, m2 with o2 (CleanStart and KeepAlive are set here).
 func startKSPair(t *testing.T, config string, o1, o2 mqtttest.WorkerOptions) *ksPair {
-	nc := natstest.Start(t, 1)
+	return startKSNodes(t, 2, config, o1, o2)
+}
+
+// startKSNodes is startKSPair on nodes nodes: 1 is one node, no cluster.
+func startKSNodes(t *testing.T, nodes int, config string, o1, o2 mqtttest.WorkerOptions) *ksPair {
 	p := &ksPair{t: t, group: "g/jobs/#", filter: "$share/g/jobs/#", got: map[string]string{}, last: map[string]int{}}
-	for i := range 2 {
+	var urls []string
+	if nodes > 1 {
+		urls = natstest.Start(t, 1).URLs()
+	}
+	for i := range nodes {
 		cfg := testConfig(t)
 		if err := DecodeConfig([]byte(config), &cfg); err != nil {
 			t.Fatal(err)
 		}
-		cfg.Cluster.NATS = nc.URLs()
-		cfg.Cluster.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		if nodes > 1 {
+			cfg.Cluster.NATS = urls
+			cfg.Cluster.NodeID = fmt.Sprintf("node-%c", 'a'+i)
+		}
 		p.cfgs = append(p.cfgs, cfg)
 		p.bs = append(p.bs, startBroker(t, cfg))
 	}
 	p.m1 = p.dial(p.bs[0], "m1", o1)
-	waitFor(t, 15*time.Second, "the group's holder", func() bool { h, n, _ := p.status(); return h != "" && n == 1 })
+	waitFor(t, 15*time.Second, "the group", func() bool { h, n, _ := p.status(); return (h != "" || nodes == 1) && n == 1 })
 	holder, _, _ := p.status()
-	p.m2Node = p.bs[1]
-	if holder == p.bs[1].cfg.Cluster.NodeID {
+	p.m2Node = p.bs[len(p.bs)-1]
+	if holder == p.m2Node.cfg.Cluster.NodeID && nodes > 1 {
 		p.m2Node = p.bs[0]
 	}
 	p.m2 = p.dial(p.m2Node, "m2", o2)
 	waitFor(t, 15*time.Second, "both members active", func() bool { _, n, _ := p.status(); return n == 2 })
-	t.Logf("holder %s, m2 on %s", holder, p.m2Node.cfg.Cluster.NodeID)
+	if nodes > 1 {
+		t.Logf("holder %s, m2 on %s", holder, p.m2Node.cfg.Cluster.NodeID)
+	}
 	return p
 }
 

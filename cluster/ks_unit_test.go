@@ -19,7 +19,7 @@ var offsetsSeed = flag.Uint64("offsets.seed", 0, "seed of TestOffsetsAndState (0
 func TestUpDownBatchRoundTrip(t *testing.T) {
 	up := upBatch{epoch: 7, node: "node-a\x00xyz", seq: 3, items: []upItem{
 		{kind: upResync},
-		{kind: upJoin, member: "m1", qos: 2, recvMax: 10, filters: []string{"a*", "b?"}},
+		{kind: upJoin, member: "m1", qos: 2, recvMax: 10, filters: []string{"a*", "b?"}, limit: keyshared.PacketLimit{Max: 256, Version: 5, SubscriptionID: 7}},
 		{kind: upResync, member: resyncEnd},
 		{kind: upActive, member: "m1", active: true},
 		{kind: upAck, member: "m1", offset: 42},

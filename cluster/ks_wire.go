@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/keyline-mq/keyline/internal/wire"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // The wire format of Key-Shared traffic between nodes. Two kinds of batch
@@ -20,6 +21,9 @@ import (
 // Batches are numbered per sender and epoch; a receiver applies each number
 // once and answers a retry from what it remembers, so a batch lost with a
 // NATS server is sent again without being applied twice.
+//
+// The format is not versioned: the nodes of a cluster run the same version
+// (a join's packet limit, for one, was added to it).
 
 // Up items.
 const (
@@ -71,6 +75,7 @@ type upItem struct {
 	qos     byte
 	recvMax uint32
 	filters []string
+	limit   keyshared.PacketLimit // join: the member's Maximum Packet Size
 	key     string
 }
 
@@ -120,6 +125,9 @@ func (b *upBatch) encode() []byte {
 			for _, f := range it.filters {
 				out = appendStr(out, f)
 			}
+			out = binary.AppendUvarint(out, uint64(it.limit.Max))
+			out = append(out, it.limit.Version)
+			out = binary.AppendUvarint(out, uint64(max(it.limit.SubscriptionID, 0)))
 		case upActive:
 			out = append(out, boolByte(it.active))
 		case upAck, upAcked:
@@ -152,6 +160,9 @@ func decodeUpBatch(buf []byte) (upBatch, error) {
 			for range d.Count() {
 				it.filters = append(it.filters, d.String())
 			}
+			it.limit.Max = uint32(min(d.Uvarint(), 1<<32-1))
+			it.limit.Version = d.Byte()
+			it.limit.SubscriptionID = int(min(d.Uvarint(), 1<<28)) // MQTT's are below 2^28
 		case upActive:
 			it.active = d.Byte() == 1
 		case upAck, upAcked:
