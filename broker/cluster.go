@@ -134,6 +134,7 @@ func (b *Broker) joinCluster() error {
 func (b *Broker) startGroups(ctx context.Context) error {
 	g, err := b.node.StartGroups(ctx, cluster.GroupsConfig{
 		Settings: b.groupSettingsOf,
+		Fits:     hooks.KeySharedFits,
 		OnDeadLetter: func(group string, d keyshared.DeadLetter) {
 			if ks := b.clusterKS.Load(); ks != nil {
 				ks.PublishDeadLetter(group, d)

@@ -74,6 +74,11 @@ type GroupsConfig struct {
 	StateEvery time.Duration
 	// GatherTimeout bounds a takeover's wait for the other nodes' resyncs.
 	GatherTimeout time.Duration
+	// Fits, when set, makes a member's Fits (keyshared.MemberOptions) from
+	// the packet limit its node reported in its join, so that the holder
+	// offers a member only what it can take, as one node does (the
+	// broker's hooks.KeySharedFits; nil: no such check).
+	Fits func(l keyshared.PacketLimit, qos byte) func(*keyshared.Message) bool
 	// OnDeadLetter, when set, is told of every dead letter the holder
 	// stored (the broker publishes it live on $dlq/...).
 	OnDeadLetter func(group string, d keyshared.DeadLetter)

@@ -30,7 +30,11 @@ func (h *holder) join(node string, it *upItem) {
 		return
 	}
 	hm := &heldMember{node: node, qos: it.qos, filters: it.filters, active: true}
-	opts := keyshared.MemberOptions{ReceiveMaximum: int(it.recvMax), KeyFilters: it.filters}
+	opts := keyshared.MemberOptions{ReceiveMaximum: int(it.recvMax), KeyFilters: it.filters, Limit: it.limit}
+	if h.g.cfg.Fits != nil {
+		// The exact check of one node, from what the member's node reported.
+		opts.Fits = h.g.cfg.Fits(it.limit, it.qos)
+	}
 	if node == h.g.node.cfg.NodeID {
 		if ng := h.g.nodeGroupOf(h.gh); ng != nil {
 			opts.CanRead = ng.canRead(it.member)

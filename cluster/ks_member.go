@@ -159,7 +159,7 @@ func (ng *nodeGroup) unsent(it upItem) {
 }
 
 func joinItem(id string, m *localMember) upItem {
-	return upItem{kind: upJoin, member: id, qos: m.qos, recvMax: uint32(max(m.opts.ReceiveMaximum, 0)), filters: m.opts.KeyFilters}
+	return upItem{kind: upJoin, member: id, qos: m.qos, recvMax: uint32(max(m.opts.ReceiveMaximum, 0)), filters: m.opts.KeyFilters, limit: m.opts.Limit}
 }
 
 // send hands items to the holder: directly when it is this node, through

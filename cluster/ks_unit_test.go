@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,7 +20,8 @@ var offsetsSeed = flag.Uint64("offsets.seed", 0, "seed of TestOffsetsAndState (0
 func TestUpDownBatchRoundTrip(t *testing.T) {
 	up := upBatch{epoch: 7, node: "node-a\x00xyz", seq: 3, items: []upItem{
 		{kind: upResync},
-		{kind: upJoin, member: "m1", qos: 2, recvMax: 10, filters: []string{"a*", "b?"}},
+		{kind: upJoin, member: "m1", qos: 2, recvMax: 10, filters: []string{"a*", "b?"}, limit: keyshared.PacketLimit{Max: 256, Version: 5, SubscriptionID: 7}},
+		{kind: upJoin, member: "m0", qos: 1}, // no limit: the older upJoin form
 		{kind: upResync, member: resyncEnd},
 		{kind: upActive, member: "m1", active: true},
 		{kind: upAck, member: "m1", offset: 42},
@@ -48,6 +50,11 @@ func TestUpDownBatchRoundTrip(t *testing.T) {
 		if _, err := decodeUpBatch(enc[:i]); err == nil {
 			t.Fatalf("truncated at %d decoded", i)
 		}
+	}
+	// A join without a packet limit keeps the bytes an older node reads.
+	old := upBatch{epoch: 1, node: "n", seq: 1, items: []upItem{{kind: upJoin, member: "m", qos: 1, recvMax: 5, filters: []string{"a"}}}}
+	if got, want := old.encode(), []byte{1, 1, 'n', 1, 1, upJoin, 1, 'm', 1, 5, 1, 1, 'a'}; !bytes.Equal(got, want) {
+		t.Fatalf("join without a limit: % x, want % x", got, want)
 	}
 	if _, err := decodeDownBatch([]byte{0xff, 0xff, 0xff}); !errors.Is(err, errWire) {
 		t.Fatalf("garbage: %v", err)

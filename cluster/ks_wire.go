@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/keyline-mq/keyline/internal/wire"
+	"github.com/keyline-mq/keyline/keyshared"
 )
 
 // The wire format of Key-Shared traffic between nodes. Two kinds of batch
@@ -20,6 +21,10 @@ import (
 // Batches are numbered per sender and epoch; a receiver applies each number
 // once and answers a retry from what it remembers, so a batch lost with a
 // NATS server is sent again without being applied twice.
+//
+// The format is not versioned; what a newer node adds stays readable to an
+// older one where it can (an older holder cannot read upJoinLimit, which is
+// sent only for a member with a Maximum Packet Size).
 
 // Up items.
 const (
@@ -32,6 +37,10 @@ const (
 	upResync                      // the node's members follow; any member not listed left
 	upOutstanding                 // a delivery the member holds (after a resync)
 	upAcked                       // an ack made under an earlier holder (after a resync)
+	// upJoinLimit is upJoin with the member's packet limit after it, as
+	// a join of a member with a Maximum Packet Size travels (decoded as
+	// upJoin); a join without one keeps the older upJoin form.
+	upJoinLimit
 )
 
 // resyncEnd is the member of the upResync item that closes a resync's
@@ -71,6 +80,7 @@ type upItem struct {
 	qos     byte
 	recvMax uint32
 	filters []string
+	limit   keyshared.PacketLimit // join: the member's Maximum Packet Size
 	key     string
 }
 
@@ -110,7 +120,12 @@ func (b *upBatch) encode() []byte {
 	out = binary.AppendUvarint(out, uint64(len(b.items)))
 	for i := range b.items {
 		it := &b.items[i]
-		out = append(out, it.kind)
+		limited := it.kind == upJoin && it.limit.Max > 0
+		if limited {
+			out = append(out, upJoinLimit)
+		} else {
+			out = append(out, it.kind)
+		}
 		out = appendStr(out, it.member)
 		switch it.kind {
 		case upJoin:
@@ -119,6 +134,11 @@ func (b *upBatch) encode() []byte {
 			out = binary.AppendUvarint(out, uint64(len(it.filters)))
 			for _, f := range it.filters {
 				out = appendStr(out, f)
+			}
+			if limited {
+				out = binary.AppendUvarint(out, uint64(it.limit.Max))
+				out = append(out, it.limit.Version)
+				out = binary.AppendUvarint(out, uint64(max(it.limit.SubscriptionID, 0)))
 			}
 		case upActive:
 			out = append(out, boolByte(it.active))
@@ -146,11 +166,17 @@ func decodeUpBatch(buf []byte) (upBatch, error) {
 		it := upItem{kind: d.Byte()}
 		it.member = d.String()
 		switch it.kind {
-		case upJoin:
+		case upJoin, upJoinLimit:
 			it.qos = d.Byte()
 			it.recvMax = uint32(min(d.Uvarint(), 1<<32-1))
 			for range d.Count() {
 				it.filters = append(it.filters, d.String())
+			}
+			if it.kind == upJoinLimit {
+				it.kind = upJoin
+				it.limit.Max = uint32(min(d.Uvarint(), 1<<32-1))
+				it.limit.Version = d.Byte()
+				it.limit.SubscriptionID = int(min(d.Uvarint(), 1<<28)) // MQTT's are below 2^28
 			}
 		case upActive:
 			it.active = d.Byte() == 1

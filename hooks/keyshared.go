@@ -312,21 +312,31 @@ func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) error {
 	if h.cfg.CanRead != nil {
 		opts.CanRead = func(topic string) bool { return h.cfg.CanRead(cl, topic) }
 	}
-	if max, version := maxPacketSize(cl), cl.Properties.ProtocolVersion; max > 0 {
-		// A message larger than the member's Maximum Packet Size is not for
-		// it: another member gets it, or it waits (it was dead-lettered).
-		var ids []int
-		if m.subID > 0 && version == 5 {
-			ids = []int{m.subID} // as deliver sends them
-		}
-		opts.Fits = func(msg *keyshared.Message) bool {
-			return fits(max, deliveryLen(msg, version, min(msg.QoS, m.qos), ids))
-		}
-	}
+	// A message larger than the member's Maximum Packet Size is not for
+	// it: another member gets it, or it waits (it was dead-lettered).
+	opts.Limit = keyshared.PacketLimit{Max: maxPacketSize(cl), Version: cl.Properties.ProtocolVersion, SubscriptionID: m.subID}
+	opts.Fits = KeySharedFits(opts.Limit, m.qos)
 	if err := g.d.AddMember(cl.ID, opts); err != nil {
 		h.Log.Error("add member", "group", g.name, "client", cl.ID, "error", err)
 	}
 	return nil
+}
+
+// KeySharedFits is the Fits of a Key-Shared member with limit l subscribed
+// at qos (nil: no limit): whether a delivery of a message to it is within
+// its Maximum Packet Size. A cluster's holder makes it from what the
+// member's node reported (cluster.GroupsConfig.Fits).
+func KeySharedFits(l keyshared.PacketLimit, qos byte) func(*keyshared.Message) bool {
+	if l.Max == 0 {
+		return nil
+	}
+	var ids []int
+	if l.SubscriptionID > 0 && l.Version == 5 {
+		ids = []int{l.SubscriptionID} // as deliver sends them
+	}
+	return func(msg *keyshared.Message) bool {
+		return fits(l.Max, deliveryLen(msg, l.Version, min(msg.QoS, qos), ids))
+	}
 }
 
 // OnUnsubscribed removes the client from the groups it left; the groups and

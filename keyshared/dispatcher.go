@@ -165,9 +165,21 @@ type MemberOptions struct {
 	// Maximum Packet Size). Like a topic it may not read, a message it cannot
 	// take is never offered to it: another member gets it, or it waits.
 	Fits func(m *Message) bool
+	// Limit is what Fits checks, for a backend whose dispatcher runs on
+	// another node than the member (cluster mode): the member's node
+	// reports it, and the dispatcher's node makes the same Fits from it.
+	Limit PacketLimit
 	// QoS is the QoS granted to the member's subscription: what
 	// Group.Members shows (the dispatcher does not use it).
 	QoS byte
+}
+
+// PacketLimit is a member's MQTT 5 Maximum Packet Size and what the size of
+// a delivery to it depends on besides the message.
+type PacketLimit struct {
+	Max            uint32 // the Maximum Packet Size; 0: none
+	Version        byte   // the member's MQTT protocol version
+	SubscriptionID int    // sent with each delivery (MQTT 5); 0: none
 }
 
 // AddMember adds a member (an MQTT client id). Adding a member that exists
