@@ -160,6 +160,7 @@ type Stats struct {
 	DirectWrites    atomic.Uint64 // of which made by a Flusher's caller, not a writer goroutine
 	Frames          atomic.Uint64 // frames written
 	DropSignals     atomic.Uint64 // drop signals sent
+	AbandonedHolds  atomic.Uint64 // held acknowledgements not sent: undecided within HoldCloseTimeout of a close
 
 	InfoMessagesSent, InfoPacketsSent, InfoBytesSent, InfoMessagesDropped *int64
 }
@@ -176,6 +177,12 @@ const BatchBudget = 256 << 10
 
 // FlushTimeout bounds how long Close waits for queued frames to reach a peer.
 const FlushTimeout = time.Second
+
+// HoldCloseTimeout bounds how long a closed connection waits for the
+// decision of an acknowledgement held on a durable write (Hold): past it the
+// held acknowledgements and the frames behind them are not sent, but the
+// closing DISCONNECT still is, within FlushTimeout of Close.
+const HoldCloseTimeout = FlushTimeout / 2
 
 // Conn is a client connection whose writes are queued.
 type Conn struct {
@@ -213,6 +220,10 @@ type Conn struct {
 		afterDone func()        // AfterDone: called once finished
 		finished  bool          // the connection is flushed (or failed) and closed
 		done      chan struct{} // Done's channel, made when asked for; closed when finished
+		// holdTimer ends a closed connection's wait for held
+		// acknowledgements (abandonHolds); armed when the writer finds
+		// one blocking the queue of a closed connection.
+		holdTimer *time.Timer
 	}
 	// onDeadline (Watch) is told every change of the read deadline; set
 	// once before use.

@@ -61,6 +61,9 @@ func (c *Conn) notifyCloseLocked() {
 func (c *Conn) finish() {
 	c.mu.Lock()
 	c.mu.finished = true
+	if c.mu.holdTimer != nil {
+		c.mu.holdTimer.Stop()
+	}
 	f := c.mu.afterDone
 	c.mu.afterDone = nil
 	if c.mu.done != nil {

@@ -127,3 +127,37 @@ func (c *Conn) heldLocked() bool {
 	h := c.mu.q[c.mu.head].hold
 	return h != nil && !h.decided
 }
+
+// abandonHolds ends a closed connection's wait for held acknowledgements
+// (HoldCloseTimeout after the writer found one blocking it): the first
+// undecided one and every frame behind it are not sent, but for a closing
+// DISCONNECT, which the writer then sends and finishes the connection. Nothing
+// acknowledged is lost: a publisher that gets no acknowledgement resends
+// (QoS 1 and 2 are at least once), and the deliveries behind it stay in the
+// session they came from, as they do when a connection is cut.
+func (c *Conn) abandonHolds() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.finished || c.mu.failed != nil || !c.heldLocked() {
+		return
+	}
+	var keep []entry
+	bytes, held := 0, uint64(0)
+	for _, e := range c.mu.q[c.mu.head:] {
+		if e.hold != nil && !e.hold.decided {
+			held++
+		}
+		if e.kind == kindMochi && len(e.b) > 0 && e.b[0]>>4 == 14 { // DISCONNECT
+			e.hold = nil
+			keep = append(keep, e)
+			bytes += len(e.b)
+		}
+	}
+	c.mu.shift += uint64(len(c.mu.q))
+	c.mu.q, c.mu.head, c.mu.bytes = keep, 0, bytes
+	clear(c.mu.conflate) // positions moved; the index starts over
+	c.stats.AbandonedHolds.Add(held)
+	c.log.Debug("closing connection: acknowledgements still held on durable writes are not sent; the publisher resends",
+		"remote", c.RemoteAddr().String(), "held", held, "timeout", HoldCloseTimeout)
+	c.scheduleLocked()
+}

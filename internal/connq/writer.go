@@ -67,6 +67,12 @@ func (c *Conn) take(bt *batch) (takeResult, func()) {
 		c.mu.q, c.mu.head, c.mu.bytes, c.mu.conflate, c.mu.wake = nil, 0, 0, nil, nil
 		return takeDone, nil
 	case c.mu.head == len(c.mu.q) || c.heldLocked() || gated:
+		if c.mu.closing && c.mu.holdTimer == nil && c.heldLocked() {
+			// Closed, and a held acknowledgement blocks the queue: its
+			// durable write may take as long as its timeout (a JetStream
+			// publish retried for seconds), which no write deadline bounds.
+			c.mu.holdTimer = time.AfterFunc(HoldCloseTimeout, c.abandonHolds)
+		}
 		c.mu.scheduled = false // Enqueue, Write (the CONNACK), Close or a hold's decision start it again
 		return takeIdle, nil
 	}
