@@ -336,6 +336,11 @@ func (b *Broker) shutdown() error {
 		return b.closeResources()
 	}
 	b.stopBridges() // before the hooks stop: they requeue what is in flight
+	if b.cluster != nil {
+		// A CONNECT taking a session over from another node would keep the
+		// listener's close waiting for release requests (2 s each).
+		b.cluster.Stopping()
+	}
 	// Close disconnects every client, waits for their handlers and stops the
 	// hooks (the storage hook commits what is queued).
 	_ = b.server.Close()

@@ -1,14 +1,18 @@
 package broker
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/eclipse/paho.golang/paho"
+	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/nats-io/nats.go"
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/adminapi"
@@ -145,4 +149,56 @@ func TestClusterSessionFromOldJSONState(t *testing.T) {
 	}
 	_ = w1.Disconnect()
 	resume(b)
+}
+
+// TestClusterStopEndsASessionTakeover: a CONNECT taking a session over from
+// another node that does not answer its release request (a node that is
+// itself restarting) does not keep a graceful stop waiting: the takeover
+// ends as the stop begins (the CONNECT is refused) instead of retrying its
+// release requests (2 s each) for as long as 20 s while the listener waits.
+// Checked by state, not time: the CONNECT is refused (the old code waited
+// for the request to time out, then accepted it).
+func TestClusterStopEndsASessionTakeover(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	a := startClusterBrokers(t, 1, nc.URLs())[0]
+	ctx := context.Background()
+	if _, err := a.ClusterNode().SessionStore().Save(ctx, &sessionstore.Record{ClientID: "mover", Owner: "node-ghost", Persistent: true}, 0); err != nil {
+		t.Fatal(err)
+	}
+	ghost, err := nats.Connect(nc.URLs()[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ghost.Close()
+	requests, err := ghost.SubscribeSync(cluster.Prefix + ".o." + cluster.NodeHash("node-ghost")) // never answered
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ghost.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", a.Addr("tcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rc := &rawClient{t: t, c: c, r: bufio.NewReader(c), version: 5}
+	connect := packets.Packet{FixedHeader: packets.FixedHeader{Type: packets.Connect}, ProtocolVersion: 5,
+		Connect:    packets.ConnectParams{ProtocolName: []byte("MQTT"), ClientIdentifier: "mover", Keepalive: 60},
+		Properties: packets.Properties{SessionExpiryInterval: 300, SessionExpiryIntervalFlag: true}}
+	rc.send(connect)
+	if _, err := requests.NextMsg(mqtttest.Timeout); err != nil {
+		t.Fatalf("no release request to the session's owner: %v", err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := a.Shutdown(sctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := a.ClusterHook().Stats.Refused.Load(); n != 1 {
+		t.Fatalf("%d CONNECTs refused, want the takeover ended by the stop (1): the stop waited for its release request", n)
+	}
+	if pk, err := rc.read(mqtttest.Timeout); err == nil && (pk.FixedHeader.Type != packets.Connack || pk.ReasonCode == 0) {
+		t.Fatalf("got %v reason %#x, want a refused CONNACK or the connection closed", pk.FixedHeader.Type, pk.ReasonCode)
+	}
 }

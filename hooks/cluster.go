@@ -108,14 +108,20 @@ type Cluster struct {
 	wills     *willWatch   // made by SetNode
 	sweepOnce sync.Once
 	stop      chan struct{}
-	started   chan struct{} // closed by OnStarted: the hooks are in place
-	wg        sync.WaitGroup
+	// stopping is cancelled by Stopping, as the broker starts to stop: a
+	// CONNECT taking a session over gives up at once rather than keep the
+	// listener's close waiting for its release requests.
+	stopping    context.Context
+	endStopping context.CancelFunc
+	started     chan struct{} // closed by OnStarted: the hooks are in place
+	wg          sync.WaitGroup
 }
 
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
 	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), started: make(chan struct{}), run: newRun()}
+	h.stopping, h.endStopping = context.WithCancel(context.Background())
 	for _, c := range []struct {
 		cl **mqtt.Client
 		id string
@@ -159,6 +165,10 @@ var clusterEvents = eventSet(
 	mqtt.OnPublish, mqtt.OnPublished, mqtt.OnWillSent,
 	mqtt.OnClientExpired, mqtt.OnPacketSent, mqtt.OnStarted,
 )
+
+// Stopping tells the hook the server is about to close: session takeovers
+// still running (OnSessionEstablish) end, refused, and new ones are refused.
+func (h *Cluster) Stopping() { h.endStopping() }
 
 // Stop ends the flusher after a last flush of every session.
 func (h *Cluster) Stop() error {

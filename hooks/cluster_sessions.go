@@ -171,7 +171,7 @@ func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
 	if cl.Net.Inline || h.node == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(h.stopping, 20*time.Second)
 	defer cancel()
 	s, restore, err := h.acquire(ctx, cl, pk.Connect.Clean)
 	if err != nil {
