@@ -117,6 +117,7 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnDroppedMessages, f.ConnDroppedBytes = cs.DroppedMessages.Load(), cs.DroppedBytes.Load()
 		f.ConnConflated, f.ConnDropSignals = cs.Conflated.Load(), cs.DropSignals.Load()
 		f.ConnSlowDisconnects, f.ConnProtocolErrors = cs.SlowDisconnects.Load(), cs.ProtocolErrors.Load()
+		f.ConnAbandonedHolds = cs.AbandonedHolds.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
 	}
 	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's

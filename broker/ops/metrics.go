@@ -63,6 +63,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_conn_conflated_messages_total", "QoS 0 messages replaced in a slow client's queue by a newer one of their topic (slow policy conflate).", prometheus.CounterValue},
 	{"keyline_conn_drop_signals_total", "Drop signals sent: publishes that carried the number of messages their client missed.", prometheus.CounterValue},
 	{"keyline_conn_slow_disconnects_total", "Clients disconnected because their outbound queue overflowed.", prometheus.CounterValue},
+	{"keyline_conn_abandoned_acks_total", "Acknowledgements held on a durable write and not sent: the connection closed and the write was still undecided after connq.HoldCloseTimeout (the publisher resends).", prometheus.CounterValue},
 	{"keyline_conn_protocol_errors_total", "Connections closed for a protocol error found in what the client sent (duplicate properties, Receive Maximum or Maximum Packet Size 0).", prometheus.CounterValue},
 	{"keyline_conn_writes_total", "Socket writes (one writev per writer wakeup).", prometheus.CounterValue},
 	{"keyline_conn_frames_written_total", "MQTT frames written; divided by keyline_conn_writes_total, the frames per writev.", prometheus.CounterValue},
@@ -130,6 +131,7 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values["keyline_conn_conflated_messages_total"] = float64(f.ConnConflated)
 	values["keyline_conn_drop_signals_total"] = float64(f.ConnDropSignals)
 	values["keyline_conn_slow_disconnects_total"] = float64(f.ConnSlowDisconnects)
+	values["keyline_conn_abandoned_acks_total"] = float64(f.ConnAbandonedHolds)
 	values["keyline_conn_protocol_errors_total"] = float64(f.ConnProtocolErrors)
 	values["keyline_conn_writes_total"] = float64(f.ConnWrites)
 	values["keyline_conn_frames_written_total"] = float64(f.ConnFrames)

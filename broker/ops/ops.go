@@ -99,6 +99,7 @@ type Figures struct {
 	ConnDroppedMessages, ConnDroppedBytes          uint64
 	ConnConflated, ConnDropSignals                 uint64
 	ConnSlowDisconnects, ConnProtocolErrors        uint64
+	ConnAbandonedHolds                             uint64
 	ConnWrites, ConnFrames                         uint64
 	GroupAppendErrors, GroupKeysTooLong            uint64
 	GroupSubscriptionsRefused, GroupResultsDropped uint64
