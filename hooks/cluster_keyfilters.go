@@ -1,37 +1,44 @@
 package hooks
 
 import (
-	"context"
 	"slices"
-	"time"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 )
 
-// SaveKeyFilters implements KeyFilterStore: in the session's record, which
-// is written before it returns (a failed write is retried by the record's
-// writer, as for the session's subscriptions).
+// SaveKeyFilters implements KeyFilterStore: in the session's record. It
+// only marks the record to be written: the SUBSCRIBE's own write of the
+// session's subscriptions (OnSubscribed, after Key-Shared's, before the
+// SUBACK) carries it, so one record write covers both.
 func (h *Cluster) SaveKeyFilters(cl *mqtt.Client, filter string, filters []string) error {
+	h.setKeyFilters(cl, filter, filters)
+	return nil
+}
+
+// ForgetKeyFilters implements KeyFilterStore: the UNSUBSCRIBE's write of
+// the session's subscriptions (OnUnsubscribed) carries it.
+func (h *Cluster) ForgetKeyFilters(cl *mqtt.Client, filter string) {
+	h.setKeyFilters(cl, filter, nil)
+}
+
+// setKeyFilters records filters (none: forgets them) in the copy of cl's
+// session, marking its record to be written if they changed.
+func (h *Cluster) setKeyFilters(cl *mqtt.Client, filter string, filters []string) {
 	s := h.session(cl)
 	if s == nil || !s.persistent.Load() {
-		return nil
+		return
 	}
 	s.mu.Lock()
-	old, had := s.kf[filter]
+	defer s.mu.Unlock()
+	if slices.Equal(s.kf[filter], filters) {
+		return
+	}
 	if len(filters) == 0 {
 		delete(s.kf, filter)
 	} else {
 		s.kf[filter] = slices.Clone(filters)
 	}
-	changed := had != (len(filters) > 0) || !slices.Equal(old, filters)
-	s.dirty = s.dirty || changed
-	s.mu.Unlock()
-	if changed {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.flush(ctx, s, true)
-	}
-	return nil
+	s.dirty = true
 }
 
 // KeyFilters implements KeyFilterStore: from the copy of the session this

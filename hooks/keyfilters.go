@@ -18,14 +18,18 @@ import (
 // Contract (both implementations):
 //   - SaveKeyFilters records filters for cl's shared subscription filter,
 //     replacing what was recorded; none forgets them. It does nothing for
-//     a session that is not persistent. It returns once the record will
-//     survive the broker (written, or queued to a writer that retries it):
-//     an error means the subscription is not to be granted.
+//     a session that is not persistent. What it records is durable by the
+//     time the SUBACK goes out (written before it returns, or by the write
+//     of the session's subscriptions that the SUBSCRIBE makes anyway): an
+//     error means the subscription is not to be granted.
+//   - ForgetKeyFilters forgets them for an UNSUBSCRIBE, without waiting
+//     (as the subscription's own removal does not).
 //   - KeyFilters returns what was recorded for the session of cl (by its
 //     client id), nil when nothing was; it never fails (an unreadable
 //     record is logged and reads as none: the member takes every key).
 type KeyFilterStore interface {
 	SaveKeyFilters(cl *mqtt.Client, filter string, filters []string) error
+	ForgetKeyFilters(cl *mqtt.Client, filter string)
 	KeyFilters(cl *mqtt.Client, filter string) []string
 }
 
@@ -49,6 +53,13 @@ func (s StoredKeyFilters) SaveKeyFilters(cl *mqtt.Client, filter string, filters
 		w.Val = data
 	}
 	return s.Sessions.Write(w)[0]
+}
+
+// ForgetKeyFilters implements KeyFilterStore: a queued delete.
+func (s StoredKeyFilters) ForgetKeyFilters(cl *mqtt.Client, filter string) {
+	if persistent(cl) {
+		s.Sessions.Delete(persistence.KindKeyFilters, subscriptionKey(cl.ID, filter))
+	}
 }
 
 // KeyFilters implements KeyFilterStore.

@@ -348,8 +348,8 @@ func (h *KeyShared) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
 			continue
 		}
 		h.leave(cl.ID, n.String())
-		if err := h.saveKeyFilters(cl, f.Filter, nil); err != nil {
-			h.Log.Warn("stored key filters not forgotten", "client", clip(cl.ID), "filter", clip(f.Filter), "error", err)
+		if h.cfg.KeyFilters != nil {
+			h.cfg.KeyFilters.ForgetKeyFilters(cl, f.Filter)
 		}
 	}
 }
