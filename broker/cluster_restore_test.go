@@ -77,9 +77,9 @@ func TestClusterTakeoverDuringRestoreKeepsQueued(t *testing.T) {
 
 	// The session moves to node b, which holds its rebuild.
 	connected := make(chan struct{})
+	conn := mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil) // here: Dial may t.Fatal
 	go func() {
 		defer close(connected)
-		conn := mqtttest.Dial(t, mqtttest.TCP, b.Addr("tcp"), nil)
 		expiry := uint32(3600)
 		if v, err := mqtttest.TryConnectV5(conn, &paho.Connect{ClientID: "keep-dev", KeepAlive: 30,
 			Properties: &paho.ConnectProperties{SessionExpiryInterval: &expiry}}); err == nil {
