@@ -130,6 +130,13 @@ func ConnectV5(t testing.TB, conn net.Conn, cp *paho.Connect) *V5 {
 // TryConnectV5 is ConnectV5 that returns the error (a refused CONNACK
 // included) instead of failing the test. The caller closes the client.
 func TryConnectV5(conn net.Conn, cp *paho.Connect) (*V5, error) {
+	if _, ok := conn.(sync.Locker); !ok {
+		// paho writes one packet in several Write calls and from several
+		// goroutines (the caller's, its pinger's, its acknowledger's): over
+		// a conn without writev (TLS, WebSocket) their packets interleave
+		// unless paho can hold the conn's lock around each (as Dial's are).
+		conn = packets.NewThreadSafeConn(conn)
+	}
 	c := &V5{Msgs: make(chan *paho.Publish, 10000)}
 	c.Client = paho.NewClient(paho.ClientConfig{
 		ClientID: cp.ClientID,
