@@ -290,7 +290,7 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 	if pk.Origin != clusterQueuedClient {
 		return subs
 	}
-	seq := h.fwd.injectSeq.Load()
+	seq := h.fwd.injecting()
 	h.table.locked(func(get func(string) *clusterSession) {
 		for id := range subs.Subscriptions {
 			if s := get(id); s != nil && !s.takesQueued(pk.TopicName, seq) {

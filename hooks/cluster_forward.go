@@ -257,3 +257,7 @@ func (f *forwarder) injects(cl *mqtt.Client) bool { return cl == f.inlineCore ||
 
 // readTo is the highest KL_MSGS sequence the node has read (floorSource).
 func (f *forwarder) readTo() uint64 { return f.node.QueuedPosition() }
+
+// injecting is the KL_MSGS sequence of the queued message being injected
+// (0: none).
+func (f *forwarder) injecting() uint64 { return f.injectSeq.Load() }

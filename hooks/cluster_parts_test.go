@@ -278,6 +278,21 @@ func maps(a, b map[string]int) bool {
 type fakeSessionNode struct {
 	*fakeNode
 	onRelease func(owner, id string, rev uint64)
+	replay    *fakeReplay
+}
+
+// fakeReplay is KL_MSGS as Replay reads it: msgs in order, then last (or,
+// with err, the error after the messages up to errAfter).
+type fakeReplay struct {
+	msgs     []replayed
+	last     uint64
+	err      error
+	errAfter uint64
+}
+
+type replayed struct {
+	seq  uint64
+	body []byte
 }
 
 func (n fakeSessionNode) RequestRelease(_ context.Context, owner, id string, rev uint64) error {
@@ -296,18 +311,54 @@ func (n fakeSessionNode) Announce(id string, rev uint64) {
 	n.announced[id] = rev
 }
 
-func (n fakeSessionNode) Replay(context.Context, []string, uint64, func(uint64, []byte)) (uint64, error) {
-	return 0, errors.New("not in this test")
+func (n fakeSessionNode) Replay(_ context.Context, _ []string, after uint64, fn func(uint64, []byte)) (uint64, error) {
+	r := n.replay
+	if r == nil {
+		return after, nil
+	}
+	for _, m := range r.msgs {
+		if r.err != nil && m.seq > r.errAfter {
+			return 0, r.err
+		}
+		if m.seq > after {
+			fn(m.seq, m.body)
+		}
+	}
+	return r.last, r.err
 }
 
 type fakeOutboxes struct {
-	mu      sync.Mutex
-	dropped []string
+	mu       sync.Mutex
+	dropped  []string
+	requeued []string
+	routes   int
+	queued   []uint64 // the refs PrependSession was given
+	upTo     uint64
 }
 
-func (o *fakeOutboxes) RequeueSession(string, byte, []outbox.Queued) int   { return 0 }
-func (o *fakeOutboxes) PrependSession(string, []outbox.Queued, uint64) int { return 0 }
-func (o *fakeOutboxes) RoutesChanged()                                     {}
+func (o *fakeOutboxes) RequeueSession(id string, _ byte, msgs []outbox.Queued) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.requeued = append(o.requeued, id)
+	return len(msgs)
+}
+
+func (o *fakeOutboxes) PrependSession(_ string, msgs []outbox.Queued, upTo uint64) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, m := range msgs {
+		o.queued = append(o.queued, m.Ref)
+	}
+	o.upTo = upTo
+	return len(msgs)
+}
+
+func (o *fakeOutboxes) RoutesChanged() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.routes++
+}
+
 func (o *fakeOutboxes) DropSession(id string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -316,15 +367,16 @@ func (o *fakeOutboxes) DropSession(id string) {
 
 type ownerFixture struct {
 	*writerFixture
-	node  *fakeNode
-	owner *sessionOwner
-	outs  *fakeOutboxes
-	moved []string
+	node   *fakeNode
+	replay *fakeReplay
+	owner  *sessionOwner
+	outs   *fakeOutboxes
+	moved  []string
 }
 
 func newOwnerFixture(onRelease func(owner, id string, rev uint64)) *ownerFixture {
-	f := &ownerFixture{writerFixture: newWriterFixture(), node: newFakeNode("a"), outs: &fakeOutboxes{}}
-	sn := fakeSessionNode{f.node, onRelease}
+	f := &ownerFixture{writerFixture: newWriterFixture(), node: newFakeNode("a"), outs: &fakeOutboxes{}, replay: &fakeReplay{}}
+	sn := fakeSessionNode{f.node, onRelease, f.replay}
 	in := &interest{node: f.node, table: f.table, writer: f.w, log: testLog}
 	f.owner = &sessionOwner{node: sn, records: f.records, server: mqtt.New(nil), table: f.table, interest: in, writer: f.w,
 		run: "run-1", outboxes: func() SessionOutboxes { return f.outs }, moved: func(id string) { f.moved = append(f.moved, id) },
@@ -472,6 +524,124 @@ func TestSessionOwnerLosesToARelease(t *testing.T) {
 	f.owner.encodePacket(v3, &pk)
 	if pk.ReasonCode != packets.Err3ServerUnavailable.Code {
 		t.Fatalf("3.1.1 CONNACK of a refused connection: %#x, want 0x03", pk.ReasonCode)
+	}
+}
+
+// restoreRecord is node b's record of a persistent session: floor 10,
+// sequence 12 acknowledged, an ordinary subscription from the start, one
+// made at sequence 13 and a Key-Shared one with key filters.
+func restoreRecord() sessionstore.Record {
+	st := &sessionstate.State{Client: storage.Client{ID: "c", ProtocolVersion: 5},
+		KeyFilters: map[string][]string{"$share/g/k/#": {"dev-1"}, "gone/#": {"x"}}}
+	for _, sub := range []sessionstate.Sub{{Since: 0}, {Since: 13}, {Since: 0}} {
+		st.Subs = append(st.Subs, sub)
+	}
+	st.Subs[0].Filter, st.Subs[0].Qos = "a/#", 1
+	st.Subs[1].Filter, st.Subs[1].Qos = "b/#", 2
+	st.Subs[2].Filter, st.Subs[2].Qos = "$share/g/k/#", 1
+	return sessionstore.Record{ClientID: "c", Owner: "b", Persistent: true, Floor: 10, Acked: []uint64{12},
+		State: sessionstate.Encode(nil, st)}
+}
+
+// replayOf puts messages (sequence, topic, QoS, ...) in KL_MSGS.
+func (f *ownerFixture) replayOf(t *testing.T, msgs ...any) {
+	t.Helper()
+	for i := 0; i < len(msgs); i += 3 {
+		body, err := encodeEnvelope(testPublish("far", msgs[i+1].(string), byte(msgs[i+2].(int))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.replay.msgs = append(f.replay.msgs, replayed{uint64(msgs[i].(int)), body})
+	}
+}
+
+// takeOver writes restoreRecord as node b's and connects its client here;
+// it returns the client and the copy installed for it (nil: none).
+func (f *ownerFixture) takeOver(t *testing.T) (*mqtt.Client, *clusterSession) {
+	t.Helper()
+	rec := restoreRecord()
+	if _, err := f.records.Save(context.Background(), &rec, 0); err != nil {
+		t.Fatal(err)
+	}
+	cl := persistentClient("c")
+	f.owner.establish(cl, packets.Packet{})
+	return cl, f.table.current(cl)
+}
+
+// TestSessionOwnerRestore: a session taken over from its record gets its
+// filters into the node's interest (not the shared one's), its
+// subscriptions into mochi's index under a placeholder, its key filters,
+// and, in its outbox, every queued message above the floor that its
+// subscriptions take at QoS 1/2, in order, without the acknowledged ones
+// and those older than the subscription; the floor's cap goes once they
+// are queued.
+func TestSessionOwnerRestore(t *testing.T) {
+	f := newOwnerFixture(nil)
+	f.replayOf(t, 9, "a/old", 1, 11, "a/1", 1, 12, "a/acked", 1, 13, "b/before", 1, 14, "b/1", 1,
+		15, "c/none", 1, 16, "a/qos0", 0, 17, "a/2", 2)
+	f.replay.last = 20
+	cl, s := f.takeOver(t)
+	if s == nil {
+		t.Fatal("no copy installed")
+	}
+	if !slices.Equal(f.outs.queued, []uint64{11, 14, 17}) || f.outs.upTo != 20 {
+		t.Fatalf("queued %v up to %d, want [11 14 17] up to 20", f.outs.queued, f.outs.upTo)
+	}
+	if !slices.Equal(f.outs.requeued, []string{"c"}) || f.outs.routes != 1 || f.owner.stats.Restored.Load() != 3 {
+		t.Fatalf("outbox requeued %v, routes %d, restored %d", f.outs.requeued, f.outs.routes, f.owner.stats.Restored.Load())
+	}
+	if !maps(f.node.interest, map[string]int{"a/#": 1, "b/#": 1}) {
+		t.Fatalf("interest %v, want a/# and b/# (a group has a log of its own)", f.node.interest)
+	}
+	ph, ok := f.owner.server.Clients.Get("c")
+	if !ok || ph == cl || ph.State.Subscriptions.Len() != 3 {
+		t.Fatal("no placeholder holding the session's 3 subscriptions for mochi to resume")
+	}
+	if s.capped || s.replayedTo.Load() != 20 {
+		t.Fatalf("capped %v, replayed to %d: want the cap gone and 20", s.capped, s.replayedTo.Load())
+	}
+	if got := (clusterKeyFilters{f.table}).KeyFilters(cl, "$share/g/k/#"); !slices.Equal(got, []string{"dev-1"}) {
+		t.Fatalf("key filters %q, want [dev-1]", got)
+	}
+	if got := (clusterKeyFilters{f.table}).KeyFilters(cl, "gone/#"); got != nil {
+		t.Fatalf("key filters of a subscription the session no longer has: %q", got)
+	}
+	if s.takesQueued("a/x", 20) || !s.takesQueued("a/x", 21) {
+		t.Fatal("a queued message the replay covered would be delivered again")
+	}
+}
+
+// TestSessionOwnerRestoreFails: a replay that fails part way leaves the
+// floor capped at the last message it handled, so the next replay brings
+// the rest.
+func TestSessionOwnerRestoreFails(t *testing.T) {
+	ctx := context.Background()
+	f := newOwnerFixture(nil)
+	f.replayOf(t, 11, "a/1", 1, 16, "b/1", 1, 17, "a/2", 1)
+	f.replay.err, f.replay.errAfter = errors.New("replica gone"), 16
+	_, s := f.takeOver(t)
+	if s == nil || !s.capped || s.floorCap != 16 {
+		t.Fatalf("after a failed replay: %+v, want the floor capped at 16", s)
+	}
+	if !slices.Equal(f.outs.queued, []uint64{11, 16}) {
+		t.Fatalf("queued %v, want what the replay read", f.outs.queued)
+	}
+	// The outbox holds 11 and 16 (the fan-out reports them); the cap
+	// keeps the floor at 16 however far the node has read, once they are
+	// acknowledged.
+	out := clusterOutboxes{f.table}
+	out.Put("c", outbox.Stored{Seq: 1, Ref: 11})
+	out.Put("c", outbox.Stored{Seq: 2, Ref: 16})
+	f.floors.read = 100
+	f.w.flush(ctx, s, true)
+	if rec, _ := f.load(t, "c"); rec.Floor != 10 {
+		t.Fatalf("floor %d with 11 in the outbox, want 10", rec.Floor)
+	}
+	out.Delete("c", 1, 11)
+	out.Delete("c", 2, 16)
+	f.w.flush(ctx, s, true)
+	if rec, _ := f.load(t, "c"); rec.Floor != 16 {
+		t.Fatalf("floor %d once both are acknowledged, want the cap 16 (17 was never read)", rec.Floor)
 	}
 }
 
