@@ -1,9 +1,32 @@
 package hooks
 
+// The cluster hook (Cluster) is the mochi glue of cluster mode. It holds no
+// state of its own: each part owns one kind of state, behind its own lock
+// or none, and reaches the cluster node only through a small interface of
+// the node's methods it calls (clusterNode adapts *cluster.Node), so that
+// each part is tested with fakes of it, without NATS:
+//
+//	part               owns                                     node interface  file
+//	forwarder          publishes in flight to/from other nodes  forwardNode     cluster_forward.go
+//	                   (their KL_MSGS sequences), the injecting
+//	                   clients
+//	sessionTable       which copy of each session is installed  none            cluster_table.go
+//	sessionOwner       the ownership protocol: acquire, restore, sessionNode     cluster_sessions.go,
+//	                   release, forget; refused connections                     cluster_restore.go
+//	recordWriter       session records: floor, acks, state      (floorSource)   cluster_resolved.go
+//	interest           the node's interest per session          interestNode    cluster_interest.go
+//	clusterKeyFilters  members' key filters (KeyFilterStore)    none            cluster_keyfilters.go
+//	clusterOutboxes    the outboxes' KL_MSGS references         none            cluster_resolved.go
+//	sysFigures         other nodes' figures, $SYS totals        sysNode         cluster_sys.go
+//	orphanSweep        sessions whose owner is gone             (alive func)    cluster_sweep.go
+//	willWatch          wills of clients of nodes that are gone  willNode        cluster_wills.go
+//
+// Cluster builds the parts (NewCluster), binds them to the node (SetNode),
+// runs their loops, and turns each mochi event into calls on them.
+
 import (
 	"context"
-	"errors"
-	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,7 +36,6 @@ import (
 
 	"github.com/keyline-mq/keyline/cluster"
 	"github.com/keyline-mq/keyline/internal/outbox"
-	"github.com/keyline-mq/keyline/sessionstore"
 )
 
 // SessionOutboxes is what the cluster hook needs of the fan-out's session
@@ -60,18 +82,19 @@ type ClusterStats struct {
 // Cluster is the mochi glue of cluster mode: it forwards local publishes
 // and wills to the other nodes, delivers theirs locally,
 // keeps the node's interest equal to its local subscriptions, and keeps
-// session records (ownership, subscriptions, progress) in the cluster.
+// session records (ownership, subscriptions, progress) in the cluster. The
+// work is its parts' (see the top of this file). Its KeyFilterStore is
+// clusterKeyFilters'.
 //
 // It must be added after the Key-Shared hook and before the fan-out hook:
 // the fan-out hook may answer OnPublish with CodeSuccessIgnore, which ends
 // the hook chain, and forwarding must not depend on mochi's own routing.
 type Cluster struct {
 	mqtt.HookBase
+	clusterKeyFilters
 	server *mqtt.Server
 	node   *cluster.Node
-	// records is where session records live (the node's bucket).
-	records sessionstore.Store
-	Stats   ClusterStats
+	Stats  ClusterStats
 	// Outboxes is the fan-out: a session taken over from another node gets
 	// its queued messages there, and one another node took leaves it.
 	Outboxes SessionOutboxes
@@ -81,37 +104,19 @@ type Cluster struct {
 	// record), rather than holding them through an eviction grace.
 	Moved func(clientID string)
 
-	inlineCore, inlineQueued, inlineSys, inlineWill *mqtt.Client
-	// run tells this run of the node from an earlier one under the same id
-	// (the wills in records carry it).
-	run string
+	fwd      *forwarder
+	table    *sessionTable // the sessions this node holds
+	owner    *sessionOwner
+	writer   *recordWriter
+	interest *interest
+	sys      *sysFigures
+	sweep    *orphanSweep // made by SetNode
+	wills    *willWatch   // made by SetNode
 
-	// injectSeq is the KL_MSGS sequence of the queued message being injected
-	// (one goroutine injects queued messages).
-	injectSeq atomic.Uint64
-	// pubSeq: publishing client id -> KL_MSGS sequence of the publish it is
-	// in the middle of (stored, not yet delivered locally).
-	pubSeq sync.Map
-	// storing: *storeTicket -> a sequence every client store in flight
-	// will be at or above (floorLocked keeps floors below it).
-	storing sync.Map
-	// publishers: *mqtt.Client -> its *cluster.Publisher.
-	publishers sync.Map
-
-	table *sessionTable // the sessions this node holds
-	// refused holds the connections whose session ownership could not be
-	// settled, until their CONNACK (a refusal) is out.
-	refused sync.Map // *mqtt.Client -> struct{}
-
-	nodes     nodeTable    // other nodes' figures
-	sweep     *orphanSweep // made on the first sweep
-	wills     *willWatch   // made by SetNode
-	sweepOnce sync.Once
-	stop      chan struct{}
-	// stopping is cancelled by Stopping, as the broker starts to stop: a
+	stop chan struct{}
+	// endStopping is called by Stopping, as the broker starts to stop: a
 	// CONNECT taking a session over gives up at once rather than keep the
 	// listener's close waiting for its release requests.
-	stopping    context.Context
 	endStopping context.CancelFunc
 	started     chan struct{} // closed by OnStarted: the hooks are in place
 	wg          sync.WaitGroup
@@ -120,28 +125,60 @@ type Cluster struct {
 // NewCluster returns the cluster hook for server. Bind it to a node with
 // SetNode before the server serves.
 func NewCluster(server *mqtt.Server) *Cluster {
-	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), started: make(chan struct{}), run: newRun()}
-	h.stopping, h.endStopping = context.WithCancel(context.Background())
-	for _, c := range []struct {
-		cl **mqtt.Client
-		id string
-	}{{&h.inlineCore, clusterCoreClient}, {&h.inlineQueued, clusterQueuedClient}, {&h.inlineSys, clusterSysClient}, {&h.inlineWill, clusterWillClient}} {
-		*c.cl = server.NewClient(nil, mqtt.LocalListener, c.id, true)
-		(*c.cl).Properties.ProtocolVersion = 5
+	h := &Cluster{server: server, table: newSessionTable(), stop: make(chan struct{}), started: make(chan struct{})}
+	inline := func(id string) *mqtt.Client {
+		cl := server.NewClient(nil, mqtt.LocalListener, id, true)
+		cl.Properties.ProtocolVersion = 5
+		return cl
 	}
+	log := func() *slog.Logger { return h.Log }
+	h.clusterKeyFilters = clusterKeyFilters{h.table}
+	h.fwd = &forwarder{inject: server, log: log, stats: &h.Stats,
+		inlineCore: inline(clusterCoreClient), inlineQueued: inline(clusterQueuedClient)}
+	h.writer = &recordWriter{table: h.table, floors: h.fwd, stats: &h.Stats, log: log}
+	h.interest = &interest{table: h.table, writer: h.writer, log: log}
+	stopping, end := context.WithCancel(context.Background())
+	h.endStopping = end
+	h.owner = &sessionOwner{server: server, table: h.table, interest: h.interest, writer: h.writer, run: newRun(),
+		outboxes: func() SessionOutboxes { return h.Outboxes },
+		moved: func(id string) {
+			if h.Moved != nil {
+				h.Moved(id)
+			}
+		},
+		stopping: stopping, stats: &h.Stats, log: log}
+	h.writer.stale = h.owner.dropCopy
+	h.sys = &sysFigures{mochi: nodeFigureSource{info: server.Info, clients: server.Clients}, inject: server,
+		inline: inline(clusterSysClient), stats: &h.Stats, log: log}
+	h.wills = &willWatch{inject: server, inline: inline(clusterWillClient), run: h.owner.run, stats: &h.Stats, log: log,
+		heard: h.sys.nodes.lastHeard, maxExpiry: server.Options.Capabilities.MaximumSessionExpiryInterval,
+		pending: map[string]pendingWill{}, gone: map[string]bool{}}
 	return h
 }
 
 // Handler returns what the cluster node calls back.
 func (h *Cluster) Handler() cluster.Handler {
-	return cluster.Handler{Message: h.deliver, Release: h.Release, NodeStats: h.nodeStats}
+	return cluster.Handler{Message: h.fwd.deliver, Release: h.Release,
+		NodeStats: func(data []byte) { h.sys.nodes.heard(data, time.Now()) }}
 }
 
-// SetNode binds the hook to its node and starts the session flusher.
+// SetNode binds the hook to its node and starts its loops: the session
+// flusher, the $SYS figures, the orphan sweep and the will watch.
 func (h *Cluster) SetNode(n *cluster.Node) {
-	h.node, h.records = n, n.SessionStore()
-	h.wills = &willWatch{h: h, pending: map[string]pendingWill{}, gone: map[string]bool{}}
-	for _, loop := range []func(){h.flushLoop, h.sysLoop, h.sweepLoop, h.willLoop} {
+	h.node = n
+	node, records := clusterNode{n}, n.SessionStore()
+	h.fwd.node, h.interest.node, h.sys.node = node, node, node
+	h.owner.node, h.owner.records, h.writer.records = node, records, records
+	h.wills.node, h.wills.records = node, records
+	h.sweep = &orphanSweep{records: records, self: n.NodeID(), alive: n.Alive, maxExpiry: h.wills.maxExpiry,
+		orphans: map[string]time.Time{}, wills: h.wills.note}
+	log := func() *slog.Logger { return h.Log }
+	for _, loop := range []func(){
+		func() { h.writer.loop(h.stop) },
+		func() { h.sys.loop(h.stop) },
+		func() { h.sweep.loop(h.stop, log) },
+		func() { h.wills.loop(h.started, h.stop) },
+	} {
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
@@ -166,11 +203,20 @@ var clusterEvents = eventSet(
 	mqtt.OnClientExpired, mqtt.OnPacketSent, mqtt.OnStarted,
 )
 
+// OnStarted lets the will watch begin: mochi serves, every hook is added.
+func (h *Cluster) OnStarted() {
+	select {
+	case <-h.started:
+	default:
+		close(h.started)
+	}
+}
+
 // Stopping tells the hook the server is about to close: session takeovers
 // still running (OnSessionEstablish) end, refused, and new ones are refused.
 func (h *Cluster) Stopping() { h.endStopping() }
 
-// Stop ends the flusher after a last flush of every session.
+// Stop ends the loops after a last flush of every session.
 func (h *Cluster) Stop() error {
 	select {
 	case <-h.stop:
@@ -184,9 +230,7 @@ func (h *Cluster) Stop() error {
 
 // FromCluster reports whether cl is one of the clients that inject what
 // other nodes send.
-func (h *Cluster) FromCluster(cl *mqtt.Client) bool {
-	return cl == h.inlineCore || cl == h.inlineQueued || cl == h.inlineSys
-}
+func (h *Cluster) FromCluster(cl *mqtt.Client) bool { return h.fwd.injects(cl) || cl == h.sys.inline }
 
 // Ready reports whether the node may take new connections.
 func (h *Cluster) Ready() bool { return h.node != nil && h.node.Ready() }
@@ -202,8 +246,6 @@ func (h *Cluster) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 	return packets.ErrServerUnavailable
 }
 
-// --- publishing to other nodes ---
-
 // OnPublish forwards a publish from a local client to the other nodes. QoS
 // 1/2 publishes are stored in the cluster before mochi acknowledges them; if
 // that fails the publisher is told (MQTT 5: PUBACK/PUBREC 0x80; 3.1.1: the
@@ -213,145 +255,33 @@ func (h *Cluster) OnConnect(cl *mqtt.Client, _ packets.Packet) error {
 // order, so that its acknowledgement, the hooks after this one (the
 // fan-out's deliveries) and mochi's routing all follow the store.
 func (h *Cluster) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if (cl.Net.Inline && !forwardedInline(cl.ID)) || h.node == nil {
-		return pk, nil // the broker's own ($SYS) or from another node; dead letters and bridged messages go to every node
-	}
-	body, err := encodeEnvelope(pk)
-	if err != nil {
-		h.Log.Warn("cluster: not forwarding a publish", "topic", pk.TopicName, "error", err)
+	if h.node == nil {
 		return pk, nil
 	}
-	if pk.FixedHeader.Qos > 0 && !cl.Net.Inline {
-		return pk, h.storeDeferred(cl, pk, body)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
-	defer cancel()
-	seq, err := h.node.Publish(ctx, pk.TopicName, pk.FixedHeader.Qos, body)
-	if err != nil {
-		if pk.FixedHeader.Qos == 0 {
-			h.Log.Debug("cluster: QoS 0 publish not forwarded", "topic", pk.TopicName, "error", err)
-			return pk, nil
-		}
-		return pk, h.refuseStore(cl, pk, err)
-	}
-	h.Stats.Forwarded.Add(1)
-	if seq > 0 {
-		h.pubSeq.Store(cl.ID, seq) // OnQosPublish ties local deliveries to it
-	}
-	return pk, nil
-}
-
-// storeTicket marks a client's store in flight (Cluster.storing).
-type storeTicket struct{}
-
-// storeDeferred starts a QoS 1/2 publish's store on the client's publisher
-// and defers the publish until it answers.
-func (h *Cluster) storeDeferred(cl *mqtt.Client, pk packets.Packet, body []byte) error {
-	v, ok := h.publishers.Load(cl)
-	if !ok {
-		v, _ = h.publishers.LoadOrStore(cl, h.node.NewPublisher())
-	}
-	d := mqtt.DeferPublish()
-	t := new(storeTicket)
-	// The message will be above every sequence the node has read so far:
-	// no session's floor passes it until its local deliveries are recorded.
-	h.storing.Store(t, h.node.QueuedPosition()+1)
-	v.(*cluster.Publisher).Store(pk.TopicName, body, func(seq uint64, err error) {
-		if err != nil {
-			h.storing.Delete(t)
-			d.Resume(h.refuseStore(cl, pk, err))
-			return
-		}
-		h.Stats.Forwarded.Add(1)
-		h.pubSeq.Store(cl.ID, seq) // OnQosPublish ties local deliveries to it
-		h.storing.Delete(t)
-		// Resume runs the rest of the publish here, in the client's order,
-		// and OnPublished clears pubSeq; or, when the store was
-		// acknowledged before mochi took d in (a fast store), the rest runs
-		// on the client's reader once it does, and pubSeq must stay for it
-		// (cleared there, or by OnDisconnect): cleared here, that run's
-		// local deliveries would hold no session's floor.
-		if d.Resume(nil) {
-			h.pubSeq.CompareAndDelete(cl.ID, seq) // a publish that ended before OnPublished
-		}
-	})
-	return d
-}
-
-// refuseStore answers a QoS 1/2 publish that could not be stored.
-func (h *Cluster) refuseStore(cl *mqtt.Client, pk packets.Packet, err error) error {
-	h.Stats.ForwardErrors.Add(1)
-	h.Log.Warn("cluster: QoS 1/2 publish not stored; refusing it", "topic", pk.TopicName, "client", cl.ID, "error", err)
-	if cl.Properties.ProtocolVersion == 5 {
-		return packets.ErrUnspecifiedError
-	}
-	cl.Stop(fmt.Errorf("cluster: message not stored: %w", err))
-	return packets.ErrRejectPacket
+	return h.fwd.publish(cl, pk)
 }
 
 // OnPublished ends a publish: its local deliveries are all recorded.
-func (h *Cluster) OnPublished(cl *mqtt.Client, pk packets.Packet) {
-	// A QoS 0 publish has no sequence, and may end while one of the
-	// client's deferred QoS 1/2 publishes is being delivered.
-	if pk.FixedHeader.Qos > 0 && (!cl.Net.Inline || forwardedInline(cl.ID)) {
-		h.pubSeq.Delete(cl.ID)
-	}
-}
+func (h *Cluster) OnPublished(cl *mqtt.Client, pk packets.Packet) { h.fwd.published(cl, pk) }
 
 // OnWillSent forwards a will to the other nodes (mochi has delivered it
-// locally; a retained will was stored by the Retained hook).
+// locally; a retained will was stored by the Retained hook) and drops it
+// from the session's record.
 func (h *Cluster) OnWillSent(cl *mqtt.Client, pk packets.Packet) {
 	if h.node == nil || cl.Net.Inline {
 		return
 	}
-	h.willSent(cl)
-	body, err := encodeEnvelope(pk)
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), cluster.DefaultPublishTimeout+time.Second)
-		_, err = h.node.Publish(ctx, pk.TopicName, pk.FixedHeader.Qos, body)
-		cancel()
-	}
-	if err != nil {
-		h.Log.Warn("cluster: will not forwarded", "client", cl.ID, "topic", pk.TopicName, "error", err)
-		return
-	}
-	h.Stats.Forwarded.Add(1)
+	h.writer.willSent(cl)
+	h.fwd.forwardWill(cl, pk)
 }
 
-// --- delivering what other nodes send ---
-
-// deliver injects a message from another node into mochi, which delivers it
-// to the local subscribers (the fan-out hook takes QoS 0 deliveries). It
-// does not come back to OnPublish's forwarding, and Key-Shared groups do
-// not take it (they are per node).
-func (h *Cluster) deliver(in cluster.Incoming) {
-	pk, err := decodeEnvelope(in.Data)
-	if err != nil {
-		h.Log.Warn("cluster: dropping a malformed message", "error", err)
-		return
-	}
-	if !remainingExpiry(&pk, time.Now()) {
-		h.Stats.Expired.Add(1)
-		return
-	}
-	// Retained state comes from the retained stream, in its order; a live
-	// copy must not overwrite it (it may be older than what the stream holds).
-	// Its retain flag stays for delivery: retain-as-published subscribers
-	// see it set, as they do on one node [MQTT-3.3.1-12].
-	pk.Mods.RetainNotStored = true
-	cl := h.inlineCore
-	if in.Queued {
-		cl = h.inlineQueued
-		h.injectSeq.Store(in.Seq)
-		defer h.injectSeq.Store(0)
-	}
-	if err := h.server.InjectPacket(cl, pk); err != nil {
-		h.Log.Warn("cluster: delivering a message from another node", "topic", pk.TopicName, "error", err)
-		return
-	}
-	h.Stats.Injected.Add(1)
-	h.Stats.Delivered.Add(1)
-}
+// MessageRef is the fan-out's Refs in cluster mode: the KL_MSGS sequence of
+// a QoS 1/2 publish, kept with every outbox copy of it so that the
+// session's floor stays below it until it is acknowledged. A message from
+// another node is the one being injected; a local publish was stored by
+// OnPublish before it is delivered here. Retained messages and QoS 0 have
+// none (0).
+func (h *Cluster) MessageRef(pk packets.Packet) uint64 { return h.fwd.ref(pk) }
 
 // OnSelectSubscribers keeps a queued message from a session that already
 // got it through a replay (a session taken over from another node), or
@@ -360,7 +290,7 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 	if pk.Origin != clusterQueuedClient {
 		return subs
 	}
-	seq := h.injectSeq.Load()
+	seq := h.fwd.injecting()
 	h.table.locked(func(get func(string) *clusterSession) {
 		for id := range subs.Subscriptions {
 			if s := get(id); s != nil && !s.takesQueued(pk.TopicName, seq) {
@@ -371,117 +301,68 @@ func (h *Cluster) OnSelectSubscribers(subs *mqtt.Subscribers, pk packets.Packet)
 	return subs
 }
 
-// --- subscriptions: the node's interest ---
-
 // OnSubscribed registers the granted subscriptions' filters with the node
 // (waiting until other nodes' messages will reach it) and stores them in a
 // persistent session's record before the SUBACK goes out.
 func (h *Cluster) OnSubscribed(cl *mqtt.Client, pk packets.Packet, reasonCodes []byte) {
-	if h.node == nil || cl.Net.Inline {
-		return
-	}
-	s := h.session(cl)
-	if s == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	var added []packets.Subscription
-	var fresh []string
-	s.mu.Lock()
-	for i, f := range pk.Filters {
-		if i >= len(reasonCodes) || reasonCodes[i] >= packets.ErrUnspecifiedError.Code {
-			continue
-		}
-		sub := f
-		sub.Qos = reasonCodes[i]
-		added = append(added, sub) // new, or the same filter with new options
-		if mqtt.IsSharedFilter(f.Filter) {
-			continue // in the record only: a Key-Shared group has a log of its own
-		}
-		if _, known := s.since[f.Filter]; !known {
-			s.setSinceLocked(f.Filter, sincePending) // takes no queued message yet
-			fresh = append(fresh, f.Filter)
-		}
-	}
-	s.mu.Unlock()
-	var since uint64
-	if len(fresh) > 0 {
-		h.addInterest(ctx, s, fresh...)
-		// Read once the node's consumer takes the filters: every later
-		// message reaches this node.
-		var err error
-		if since, err = h.node.LastSequence(ctx); err != nil {
-			h.Log.Warn("cluster: subscription start unknown; it may get messages published just before it", "client", cl.ID, "error", err)
-		}
-		s.mu.Lock()
-		for _, f := range fresh {
-			s.setSinceLocked(f, since)
-		}
-		s.mu.Unlock()
-	}
-	if len(added) > 0 && s.persistent.Load() {
-		h.saveSubscriptions(ctx, s, added, since, nil)
+	if h.node != nil && !cl.Net.Inline {
+		h.interest.subscribed(cl, pk, reasonCodes)
 	}
 }
 
 // OnUnsubscribed drops the filters from the node's interest and the record.
 func (h *Cluster) OnUnsubscribed(cl *mqtt.Client, pk packets.Packet) {
+	if h.node != nil && !cl.Net.Inline {
+		h.interest.unsubscribed(cl, pk)
+	}
+}
+
+// OnSessionEstablish takes the session over from wherever it was (see the
+// ownership protocol in cluster_sessions.go) before mochi looks for a local
+// one. If the cluster cannot settle ownership the CONNECT is refused
+// (EncodePacket turns the CONNACK into 0x88).
+func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
+	if h.node != nil && !cl.Net.Inline {
+		h.owner.establish(cl, pk)
+	}
+}
+
+// Release drops this node's copy of a client's session: another node is
+// taking it over from record revision upTo (sessionOwner.release).
+func (h *Cluster) Release(clientID string, upTo uint64) { h.owner.release(clientID, upTo) }
+
+// EncodePacket (a PacketEncoder step) turns the CONNACK of a connection
+// whose session ownership could not be settled into a refusal.
+func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) { h.owner.encodePacket(cl, pk) }
+
+// OnPacketSent closes a refused connection once its CONNACK is out.
+func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
+	h.owner.packetSent(cl, pk)
+}
+
+// OnDisconnect writes a persistent session's state as it goes offline, or
+// deletes the record of a session that ends with its connection.
+func (h *Cluster) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 	if h.node == nil || cl.Net.Inline {
 		return
 	}
-	s := h.session(cl)
-	if s == nil {
-		return
-	}
-	var removed []string
-	for _, f := range pk.Filters {
-		if mqtt.IsSharedFilter(f.Filter) {
-			s.mu.Lock()
-			_, ok := s.subs[f.Filter]
-			s.mu.Unlock()
-			if ok {
-				removed = append(removed, f.Filter)
-			}
-		} else if h.removeInterest(s, f.Filter) {
-			removed = append(removed, f.Filter)
-		}
-	}
-	if len(removed) > 0 && s.persistent.Load() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		h.saveSubscriptions(ctx, s, nil, 0, removed)
+	h.fwd.disconnected(cl)
+	h.owner.disconnect(cl, err, expire)
+}
+
+// OnClientExpired deletes an expired session's record.
+func (h *Cluster) OnClientExpired(cl *mqtt.Client) {
+	if h.node != nil {
+		h.owner.expired(cl)
 	}
 }
 
-// addInterest registers the session's new filters with the node and waits
-// until other nodes' messages for them reach it.
-func (h *Cluster) addInterest(ctx context.Context, s *clusterSession, filters ...string) {
-	var fresh []string
-	s.mu.Lock()
-	for _, f := range filters {
-		if !s.filters[f] {
-			s.filters[f] = true
-			fresh = append(fresh, f)
-		}
-	}
-	s.mu.Unlock()
-	if len(fresh) == 0 {
-		return
-	}
-	if err := h.node.AddInterests(ctx, fresh...); err != nil && !errors.Is(err, cluster.ErrInvalidTopic) {
-		h.Log.Warn("cluster: subscription not yet known to the other nodes", "filters", fresh, "error", err)
-	}
+// SweepOrphans deletes the records of sessions left by nodes that are gone
+// (orphanSweep) and returns the client ids deleted.
+func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, error) {
+	return h.sweep.run(ctx, now)
 }
 
-func (h *Cluster) removeInterest(s *clusterSession, filter string) bool {
-	s.mu.Lock()
-	had := s.filters[filter]
-	delete(s.filters, filter)
-	delete(s.since, filter)
-	s.mu.Unlock()
-	if had {
-		h.node.RemoveInterest(filter)
-	}
-	return had
-}
+// ClusterFigures returns the figures of every node heard from recently,
+// this one first.
+func (h *Cluster) ClusterFigures() []nodeFigures { return h.sys.figures(time.Now()) }

@@ -6,25 +6,30 @@ import (
 	mqtt "github.com/mochi-mqtt/server/v2"
 )
 
+// clusterKeyFilters is the KeyFilterStore of cluster mode: the key filters
+// live in the session copies of the table, and so in their records. It
+// owns nothing; a copy's key filters are under its lock.
+type clusterKeyFilters struct{ table *sessionTable }
+
 // SaveKeyFilters implements KeyFilterStore: in the session's record. It
 // only marks the record to be written: the SUBSCRIBE's own write of the
 // session's subscriptions (OnSubscribed, after Key-Shared's, before the
 // SUBACK) carries it, so one record write covers both.
-func (h *Cluster) SaveKeyFilters(cl *mqtt.Client, filter string, filters []string) error {
-	h.setKeyFilters(cl, filter, filters)
+func (k clusterKeyFilters) SaveKeyFilters(cl *mqtt.Client, filter string, filters []string) error {
+	k.set(cl, filter, filters)
 	return nil
 }
 
 // ForgetKeyFilters implements KeyFilterStore: the UNSUBSCRIBE's write of
 // the session's subscriptions (OnUnsubscribed) carries it.
-func (h *Cluster) ForgetKeyFilters(cl *mqtt.Client, filter string) {
-	h.setKeyFilters(cl, filter, nil)
+func (k clusterKeyFilters) ForgetKeyFilters(cl *mqtt.Client, filter string) {
+	k.set(cl, filter, nil)
 }
 
-// setKeyFilters records filters (none: forgets them) in the copy of cl's
-// session, marking its record to be written if they changed.
-func (h *Cluster) setKeyFilters(cl *mqtt.Client, filter string, filters []string) {
-	s := h.session(cl)
+// set records filters (none: forgets them) in the copy of cl's session,
+// marking its record to be written if they changed.
+func (k clusterKeyFilters) set(cl *mqtt.Client, filter string, filters []string) {
+	s := k.table.current(cl)
 	if s == nil || !s.persistent.Load() {
 		return
 	}
@@ -43,8 +48,8 @@ func (h *Cluster) setKeyFilters(cl *mqtt.Client, filter string, filters []string
 
 // KeyFilters implements KeyFilterStore: from the copy of the session this
 // node holds (restored from its record when it came from another node).
-func (h *Cluster) KeyFilters(cl *mqtt.Client, filter string) []string {
-	s := h.session(cl)
+func (k clusterKeyFilters) KeyFilters(cl *mqtt.Client, filter string) []string {
+	s := k.table.current(cl)
 	if s == nil {
 		return nil
 	}

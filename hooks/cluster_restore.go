@@ -21,17 +21,17 @@ import (
 // the replay of its queued messages into its outbox (Outboxes), then a
 // placeholder client with its subscriptions, which mochi resumes the
 // session from (session present).
-func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *sessionstore.Record) {
+func (o *sessionOwner) restore(ctx context.Context, cl *mqtt.Client, s *clusterSession, rec *sessionstore.Record) {
 	st := &sessionstate.State{}
 	if len(rec.State) > 0 {
 		var err error
 		if st, err = sessionstate.DecodeCluster(cl.ID, rec.State); err != nil {
-			h.Log.Error("cluster: unreadable session record; starting the session empty", "client", cl.ID, "error", err)
+			o.log().Error("cluster: unreadable session record; starting the session empty", "client", cl.ID, "error", err)
 			st = &sessionstate.State{}
 		}
 	}
-	if old, ok := h.server.Clients.Get(cl.ID); ok {
-		h.dropLocal(old) // a stale local copy
+	if old, ok := o.server.Clients.Get(cl.ID); ok {
+		o.dropLocal(old) // a stale local copy
 	}
 	// Shared subscriptions go back into mochi's index and the session's
 	// subscriptions, from which Key-Shared rejoins their groups
@@ -55,7 +55,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		}
 	}
 	s.mu.Unlock()
-	h.addInterest(ctx, s, filters...)
+	o.interest.add(ctx, s, filters...)
 	version := cl.Properties.ProtocolVersion
 	// The session takes live deliveries before its queued messages are read
 	// back: a message stored after the replay's end must reach it here (a
@@ -64,10 +64,11 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	// mochi's index, then the replay's messages go ahead of what arrived
 	// meanwhile (found by TestClusterRollingRestart: subscribing after the
 	// replay lost what the node's own clients published in between).
-	if h.Outboxes != nil {
-		h.Outboxes.RequeueSession(cl.ID, version, nil)
+	outboxes := o.outboxes()
+	if outboxes != nil {
+		outboxes.RequeueSession(cl.ID, version, nil)
 	}
-	ph := h.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
+	ph := o.server.NewClient(nil, cl.Net.Listener, cl.ID, false)
 	ph.Properties.ProtocolVersion = cl.Properties.ProtocolVersion
 	ph.Properties.Username = cl.Properties.Username
 	ph.Properties.Clean = false
@@ -77,14 +78,14 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 			Filter: sub.Filter, Qos: sub.Qos, NoLocal: sub.NoLocal, RetainAsPublished: sub.RetainAsPublished,
 			RetainHandling: sub.RetainHandling, Identifier: sub.Identifier,
 		}
-		if h.server.Topics.Subscribe(cl.ID, ps) {
-			atomic.AddInt64(&h.server.Info.Subscriptions, 1)
+		if o.server.Topics.Subscribe(cl.ID, ps) {
+			atomic.AddInt64(&o.server.Info.Subscriptions, 1)
 		}
 		ph.State.Subscriptions.Add(sub.Filter, ps)
 	}
-	h.server.Clients.Add(ph)
-	if h.Outboxes != nil {
-		h.Outboxes.RoutesChanged()
+	o.server.Clients.Add(ph)
+	if outboxes != nil {
+		outboxes.RoutesChanged()
 	}
 
 	acked := map[uint64]bool{}
@@ -95,9 +96,9 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 	// the fan-out sends them once the client's CONNACK is out, in that
 	// order, as single-node mode resends what it kept.
 	var queued []outbox.Queued
-	maxHeld := int(h.server.Options.Capabilities.MaximumInflight)
+	maxHeld := int(o.server.Options.Capabilities.MaximumInflight)
 	handled := rec.Floor // every message up to here is queued or not for the session
-	last, err := h.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
+	last, err := o.node.Replay(ctx, filters, rec.Floor, func(seq uint64, body []byte) {
 		defer func() { handled = seq }()
 		if acked[seq] {
 			return
@@ -111,7 +112,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 			return
 		}
 		if len(queued) >= maxHeld {
-			atomic.AddInt64(&h.server.Info.InflightDropped, 1)
+			atomic.AddInt64(&o.server.Info.InflightDropped, 1)
 			return
 		}
 		if version != 5 {
@@ -119,7 +120,7 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		}
 		p, err := encodeFrame(pk, version, false, min(qos, pk.FixedHeader.Qos), ids)
 		if err != nil {
-			h.Log.Warn("cluster: a queued message cannot be encoded for the session; skipped", "client", cl.ID, "topic", clip(pk.TopicName), "error", err)
+			o.log().Warn("cluster: a queued message cannot be encoded for the session; skipped", "client", cl.ID, "topic", clip(pk.TopicName), "error", err)
 			return
 		}
 		// It may have reached the client from the node that held the
@@ -127,11 +128,11 @@ func (h *Cluster) restore(ctx context.Context, cl *mqtt.Client, s *clusterSessio
 		queued = append(queued, outbox.Queued{Pub: p, Ref: seq, Created: pk.Created, Deadline: pk.Expiry, Sent: true})
 	})
 	if err != nil {
-		h.Log.Error("cluster: replaying a session's queued messages failed; the rest stay in its record for the next replay", "client", cl.ID, "after", handled, "error", err)
+		o.log().Error("cluster: replaying a session's queued messages failed; the rest stay in its record for the next replay", "client", cl.ID, "after", handled, "error", err)
 	}
 	s.replayedTo.Store(last)
-	if h.Outboxes != nil {
-		h.Stats.Restored.Add(uint64(h.Outboxes.PrependSession(cl.ID, queued, last)))
+	if outboxes != nil {
+		o.stats.Restored.Add(uint64(outboxes.PrependSession(cl.ID, queued, last)))
 	}
 	s.mu.Lock()
 	if err == nil {

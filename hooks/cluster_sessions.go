@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -130,10 +131,6 @@ func (s *clusterSession) inherit(prev *clusterSession) {
 	}
 }
 
-// session returns the copy of the session cl holds on this node, nil if
-// none (a client taken over, a placeholder, or not a session of ours).
-func (h *Cluster) session(cl *mqtt.Client) *clusterSession { return h.table.current(cl) }
-
 func storedClient(cl *mqtt.Client) storage.Client {
 	props := cl.Properties.Props.Copy()
 	return storage.Client{
@@ -163,39 +160,80 @@ func (s *clusterSession) stateLocked() []byte {
 	return sessionstate.Encode(nil, &st)
 }
 
-// OnSessionEstablish takes the session over from wherever it was (see the
+// sessionNode is what the session owner needs of the cluster node.
+type sessionNode interface {
+	NodeID() string
+	// LastSequence is the last KL_MSGS sequence.
+	LastSequence(ctx context.Context) (uint64, error)
+	// RequestRelease asks owner to drop its copy of clientID (at or below
+	// record revision rev).
+	RequestRelease(ctx context.Context, owner, clientID string, rev uint64) error
+	// Announce tells every node that this one owns clientID at rev.
+	Announce(clientID string, rev uint64)
+	// Replay calls fn with every KL_MSGS message above after that filters
+	// match, in order; it returns the last sequence it covered.
+	Replay(ctx context.Context, filters []string, after uint64, fn func(seq uint64, body []byte)) (uint64, error)
+}
+
+// sessionOwner runs the ownership protocol: it takes sessions over from
+// other nodes (acquire, restore), gives them up when asked (release) and
+// ends them (forget). What it owns is the connections refused meanwhile;
+// the copies are the table's, their records the writer's and their node
+// interest the interest's.
+type sessionOwner struct {
+	node     sessionNode        // set by Cluster.SetNode
+	records  sessionstore.Store // set by Cluster.SetNode
+	server   *mqtt.Server
+	table    *sessionTable
+	interest *interest
+	writer   *recordWriter
+	// run is this run of the node (the wills in records carry it).
+	run string
+	// outboxes returns the fan-out's session outboxes (nil: none).
+	outboxes func() SessionOutboxes
+	// moved is told the id of a client whose session another node took
+	// over, once this node has dropped its copy (Cluster.Moved).
+	moved func(clientID string)
+	// stopping ends takeovers in progress (Cluster.Stopping).
+	stopping context.Context
+	stats    *ClusterStats
+	log      func() *slog.Logger
+
+	// refused holds the connections whose session ownership could not be
+	// settled, until their CONNACK (a refusal) is out.
+	refused sync.Map // *mqtt.Client -> struct{}
+}
+
+// establish takes the session over from wherever it was (see the
 // ownership protocol above) before mochi looks for a local one. If the
 // cluster cannot settle ownership the CONNECT is refused (OnPacketEncode
 // turns the CONNACK into 0x88).
-func (h *Cluster) OnSessionEstablish(cl *mqtt.Client, pk packets.Packet) {
-	if cl.Net.Inline || h.node == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(h.stopping, 20*time.Second)
+func (o *sessionOwner) establish(cl *mqtt.Client, pk packets.Packet) {
+	ctx, cancel := context.WithTimeout(o.stopping, 20*time.Second)
 	defer cancel()
-	s, restore, err := h.acquire(ctx, cl, pk.Connect.Clean)
+	s, restore, err := o.acquire(ctx, cl, pk.Connect.Clean)
 	if err != nil {
-		h.Log.Warn("cluster: refusing a connection: session ownership not settled", "client", cl.ID, "error", err)
-		h.Stats.Refused.Add(1)
-		h.refused.Store(cl, struct{}{})
+		o.log().Warn("cluster: refusing a connection: session ownership not settled", "client", cl.ID, "error", err)
+		o.stats.Refused.Add(1)
+		o.refused.Store(cl, struct{}{})
 		// Make mochi forget this client when it goes: it holds no session.
 		cl.Properties.Clean = true
 		cl.Properties.Props.SessionExpiryInterval = 0
 		return
 	}
 	if restore != nil {
-		h.restore(ctx, cl, s, restore)
+		o.restore(ctx, cl, s, restore)
 	}
 }
 
 // acquire runs steps 1-3 of the ownership protocol. It returns the record
 // to rebuild the session from when the session must be restored.
-func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*clusterSession, *sessionstore.Record, error) {
-	self := h.node.NodeID()
+func (o *sessionOwner) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*clusterSession, *sessionstore.Record, error) {
+	self := o.node.NodeID()
 	id := cl.ID
 	persist := persistent(cl)
-	h.table.begin(id)
-	defer h.table.end(id)
+	o.table.begin(id)
+	defer o.table.end(id)
 	var lastErr error
 	for attempt := 0; attempt < 8; attempt++ {
 		if attempt > 0 {
@@ -205,11 +243,11 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 				return nil, nil, ctx.Err()
 			}
 		}
-		rec, rev, err := h.records.Load(ctx, id)
+		rec, rev, err := o.records.Load(ctx, id)
 		if errors.Is(err, sessionrec.ErrCorrupt) {
 			// Retrying cannot read it: the session starts anew over it
 			// (the Save below is at its revision), as a lost one would.
-			h.Log.Error("cluster: replacing a session record that cannot be decoded", "client", id, "error", err)
+			o.log().Error("cluster: replacing a session record that cannot be decoded", "client", id, "error", err)
 			rec, err = nil, nil
 		}
 		if err != nil {
@@ -217,15 +255,15 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			continue
 		}
 		if rec != nil && rec.Owner != self {
-			if err := h.node.RequestRelease(ctx, rec.Owner, id, rev); err != nil {
-				h.Log.Warn("cluster: the previous owner did not confirm the release", "client", id, "owner", rec.Owner, "error", err)
+			if err := o.node.RequestRelease(ctx, rec.Owner, id, rev); err != nil {
+				o.log().Warn("cluster: the previous owner did not confirm the release", "client", id, "owner", rec.Owner, "error", err)
 			}
 		}
-		prev := h.table.get(id)
+		prev := o.table.get(id)
 		keepLocal := !clean && prev != nil && rec != nil && rec.Owner == self && rec.Persistent
 		var restore *sessionstore.Record
 		s := newClusterSession(id, cl, persist)
-		s.will = willOf(cl, h.run)
+		s.will = willOf(cl, o.run)
 		nr := sessionstore.Record{ClientID: id, Owner: self, Persistent: persist, Connected: true}
 		switch {
 		case keepLocal: // mochi holds it in memory and resumes it
@@ -243,7 +281,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			nr.Floor, nr.Acked, nr.State = rec.Floor, rec.Acked, withWill(rec.State, s.will)
 		default:
 			if persist {
-				if nr.Floor, err = h.node.LastSequence(ctx); err != nil {
+				if nr.Floor, err = o.node.LastSequence(ctx); err != nil {
 					lastErr = err
 					continue
 				}
@@ -256,7 +294,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 			s.capped, s.floorCap = true, nr.Floor // until restore has queued what is above it
 		}
 		s.mu.Unlock()
-		nrev, err := h.records.Save(ctx, &nr, rev)
+		nrev, err := o.records.Save(ctx, &nr, rev)
 		if errors.Is(err, sessionstore.ErrRevision) {
 			lastErr = err
 			continue
@@ -267,7 +305,7 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		s.mu.Lock()
 		s.rev, s.rec, s.dirty = nrev, nr, false
 		s.mu.Unlock()
-		switch err := h.table.install(s, prev); {
+		switch err := o.table.install(s, prev); {
 		case errors.Is(err, errTableChanged):
 			lastErr = err
 			continue // prev was released or replaced meanwhile: look again
@@ -277,66 +315,54 @@ func (h *Cluster) acquire(ctx context.Context, cl *mqtt.Client, clean bool) (*cl
 		if keepLocal {
 			s.inherit(prev)
 		} else if prev != nil {
-			h.dropInterest(prev) // mochi discards or replaces the local copy
+			o.interest.drop(prev) // mochi discards or replaces the local copy
 		}
 		if rec != nil && rec.Owner != self {
-			h.node.Announce(id, nrev)
+			o.node.Announce(id, nrev)
 		}
 		return s, restore, nil
 	}
 	return nil, nil, lastErr
 }
 
-// dropInterest forgets a session's filters on the node.
-func (h *Cluster) dropInterest(s *clusterSession) {
-	s.released.Store(true)
-	s.mu.Lock()
-	filters := s.filters
-	s.filters = map[string]bool{}
-	s.mu.Unlock()
-	for f := range filters {
-		h.node.RemoveInterest(f)
-	}
-}
-
 // dropLocal forgets a local client and its session without touching the
 // record (another node owns it).
-func (h *Cluster) dropLocal(cl *mqtt.Client) {
-	h.server.CancelDelayedWill(cl) // the session goes on elsewhere [MQTT-3.1.3-9]
+func (o *sessionOwner) dropLocal(cl *mqtt.Client) {
+	o.server.CancelDelayedWill(cl) // the session goes on elsewhere [MQTT-3.1.3-9]
 	if !cl.Closed() {
-		_ = h.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
+		_ = o.server.DisconnectClient(cl, packets.ErrSessionTakenOver)
 	}
-	h.server.UnsubscribeClient(cl)
+	o.server.UnsubscribeClient(cl)
 	cl.ClearInflights()
-	if cur, ok := h.server.Clients.Get(cl.ID); ok && cur == cl {
-		h.server.Clients.Delete(cl.ID)
+	if cur, ok := o.server.Clients.Get(cl.ID); ok && cur == cl {
+		o.server.Clients.Delete(cl.ID)
 	}
 }
 
-// Release drops this node's copy of a client's session: another node is
+// release drops this node's copy of a client's session: another node is
 // taking it over. A connected client gets DISCONNECT 0x8E, and the record
 // gets the session's last progress first, so the next owner does not
 // resend what the client has acknowledged here.
 //
 // A copy newer than upTo stays: a late announcement or a request that lost
 // a race must not drop a session taken over since.
-func (h *Cluster) Release(clientID string, upTo uint64) {
-	s, newer := h.table.claim(clientID, upTo)
+func (o *sessionOwner) release(clientID string, upTo uint64) {
+	s, newer := o.table.claim(clientID, upTo)
 	if newer {
 		return
 	}
 	if s == nil {
 		// No copy here: a stale client mochi still holds under the id goes
 		// (a connection that is being acquired is not in mochi's list yet).
-		if cl, ok := h.server.Clients.Get(clientID); ok {
-			h.dropLocal(cl)
-			h.moved(clientID)
+		if cl, ok := o.server.Clients.Get(clientID); ok {
+			o.dropLocal(cl)
+			o.movedAway(clientID)
 		}
 		return
 	}
 	if s.persistent.Load() {
 		if !s.client.Closed() {
-			_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
+			_ = o.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 		}
 		s.mu.Lock()
 		s.rec.Connected = false
@@ -344,43 +370,43 @@ func (h *Cluster) Release(clientID string, upTo uint64) {
 		s.will = nil // cancelled, or (no delay) sent as the connection closed
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		h.write(ctx, s, true)
+		o.writer.write(ctx, s, true)
 		cancel()
 	}
-	h.dropCopy(s)
+	o.dropCopy(s)
 }
 
 // dropCopy forgets s, a copy already uninstalled, without writing its
 // record: its interest, and its connection if mochi still holds it.
-func (h *Cluster) dropCopy(s *clusterSession) {
-	h.server.CancelDelayedWill(s.client) // the session goes on elsewhere [MQTT-3.1.3-9]
-	h.dropInterest(s)
-	if h.Outboxes != nil {
-		h.Outboxes.DropSession(s.id) // what it queued is another node's now
+func (o *sessionOwner) dropCopy(s *clusterSession) {
+	o.server.CancelDelayedWill(s.client) // the session goes on elsewhere [MQTT-3.1.3-9]
+	o.interest.drop(s)
+	if out := o.outboxes(); out != nil {
+		out.DropSession(s.id) // what it queued is another node's now
 	}
-	if cl, ok := h.server.Clients.Get(s.id); ok && cl == s.client {
-		h.dropLocal(cl)
+	if cl, ok := o.server.Clients.Get(s.id); ok && cl == s.client {
+		o.dropLocal(cl)
 	} else if !s.client.Closed() {
-		_ = h.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
+		_ = o.server.DisconnectClient(s.client, packets.ErrSessionTakenOver)
 	}
-	h.moved(s.id)
+	o.movedAway(s.id)
 }
 
-// moved tells Moved that another node took over the session of id, unless
-// this node holds a newer copy of it meanwhile.
-func (h *Cluster) moved(id string) {
-	if h.Moved != nil && h.table.get(id) == nil {
-		h.Moved(id)
+// movedAway tells moved that another node took over the session of id,
+// unless this node holds a newer copy of it meanwhile.
+func (o *sessionOwner) movedAway(id string) {
+	if o.moved != nil && o.table.get(id) == nil {
+		o.moved(id)
 	}
 }
 
-// EncodePacket (a PacketEncoder step) turns the CONNACK of a connection
+// encodePacket (the cluster hook's PacketEncoder step) turns the CONNACK of a connection
 // whose session ownership could not be settled into a refusal.
-func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
+func (o *sessionOwner) encodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	if pk.FixedHeader.Type != packets.Connack || pk.ReasonCode != 0 {
 		return
 	}
-	if _, refused := h.refused.Load(cl); refused {
+	if _, refused := o.refused.Load(cl); refused {
 		pk.SessionPresent = false
 		pk.ReasonCode = packets.ErrServerUnavailable.Code
 		if cl.Properties.ProtocolVersion < 5 {
@@ -389,36 +415,27 @@ func (h *Cluster) EncodePacket(cl *mqtt.Client, pk *packets.Packet) {
 	}
 }
 
-// OnPacketSent closes a refused connection once its CONNACK is out.
-func (h *Cluster) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
+// packetSent closes a refused connection once its CONNACK is out.
+func (o *sessionOwner) packetSent(cl *mqtt.Client, pk packets.Packet) {
 	if pk.FixedHeader.Type == packets.Connack && pk.ReasonCode >= packets.Err3ServerUnavailable.Code {
-		if _, refused := h.refused.LoadAndDelete(cl); refused {
+		if _, refused := o.refused.LoadAndDelete(cl); refused {
 			cl.Stop(packets.ErrServerUnavailable)
 		}
 	}
 }
 
-// OnDisconnect writes a persistent session's state as it goes offline, or
+// disconnect writes a persistent session's state as it goes offline, or
 // deletes the record of a session that ends with its connection.
-func (h *Cluster) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
-	if h.node == nil || cl.Net.Inline {
-		return
-	}
-	if v, ok := h.pubSeq.Load(cl.ID); ok && cl.Closed() {
-		// A publish cut short (its PUBACK could not be written) never
-		// reached OnPublished: do not let it hold every floor back.
-		h.pubSeq.CompareAndDelete(cl.ID, v)
-	}
-	h.publishers.Delete(cl) // its stores in flight keep it until they end
-	h.refused.Delete(cl)    // its CONNACK may never have gone out
-	s := h.session(cl)
+func (o *sessionOwner) disconnect(cl *mqtt.Client, err error, expire bool) {
+	o.refused.Delete(cl) // its CONNACK may never have gone out
+	s := o.table.current(cl)
 	if s == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if expire {
-		h.forget(ctx, s)
+		o.forget(ctx, s)
 		return
 	}
 	s.mu.Lock()
@@ -428,36 +445,36 @@ func (h *Cluster) OnDisconnect(cl *mqtt.Client, err error, expire bool) {
 		s.will = nil // a normal DISCONNECT discards it [MQTT-3.1.2-10]
 	}
 	s.mu.Unlock()
-	h.flush(ctx, s, true)
+	o.writer.flush(ctx, s, true)
 }
 
-// OnClientExpired deletes an expired session's record.
-func (h *Cluster) OnClientExpired(cl *mqtt.Client) {
-	if s := h.session(cl); s != nil && h.node != nil {
+// expired deletes an expired session's record.
+func (o *sessionOwner) expired(cl *mqtt.Client) {
+	if s := o.table.current(cl); s != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		h.forget(ctx, s)
+		o.forget(ctx, s)
 	}
 }
 
 // forget ends a session: its copy, interest and record.
-func (h *Cluster) forget(ctx context.Context, s *clusterSession) {
-	if !h.table.remove(s) {
+func (o *sessionOwner) forget(ctx context.Context, s *clusterSession) {
+	if !o.table.remove(s) {
 		return // replaced or released meanwhile: the record is someone else's
 	}
-	h.dropInterest(s)
+	o.interest.drop(s)
 	s.mu.Lock()
 	rev := s.rev
 	s.mu.Unlock()
-	if err := h.records.Delete(ctx, s.id, rev); err != nil && !errors.Is(err, sessionstore.ErrRevision) {
-		h.Stats.RecordErrors.Add(1)
-		h.Log.Warn("cluster: session record not deleted", "client", s.id, "error", err)
+	if err := o.records.Delete(ctx, s.id, rev); err != nil && !errors.Is(err, sessionstore.ErrRevision) {
+		o.stats.RecordErrors.Add(1)
+		o.log().Warn("cluster: session record not deleted", "client", s.id, "error", err)
 	}
 }
 
 // saveSubscriptions records added and removed subscriptions of a
 // persistent session before its SUBACK/UNSUBACK.
-func (h *Cluster) saveSubscriptions(ctx context.Context, s *clusterSession, added []packets.Subscription, since uint64, removed []string) {
+func (w *recordWriter) saveSubscriptions(ctx context.Context, s *clusterSession, added []packets.Subscription, since uint64, removed []string) {
 	s.mu.Lock()
 	for _, f := range added {
 		old, existed := s.subs[f.Filter]
@@ -475,5 +492,5 @@ func (h *Cluster) saveSubscriptions(ctx context.Context, s *clusterSession, adde
 	}
 	s.dirty = true
 	s.mu.Unlock()
-	h.flush(ctx, s, true)
+	w.flush(ctx, s, true)
 }

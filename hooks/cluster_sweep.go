@@ -3,6 +3,7 @@ package hooks
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -34,19 +35,6 @@ type orphanSweep struct {
 
 	mu      sync.Mutex
 	orphans map[string]time.Time // client id -> when its owner was first found gone
-}
-
-// SweepOrphans deletes the records of sessions left by nodes that are gone
-// (orphanSweep) and returns the client ids deleted.
-func (h *Cluster) SweepOrphans(ctx context.Context, now time.Time) ([]string, error) {
-	h.sweepOnce.Do(func() {
-		h.sweep = &orphanSweep{
-			records: h.records, self: h.node.NodeID(), alive: h.node.Alive,
-			maxExpiry: h.server.Options.Capabilities.MaximumSessionExpiryInterval,
-			orphans:   map[string]time.Time{}, wills: h.wills.note,
-		}
-	})
-	return h.sweep.run(ctx, now)
 }
 
 // run sweeps once at now and returns the client ids deleted.
@@ -151,23 +139,23 @@ func sessionExpiry(st *sessionstate.State, ok bool, maxExpiry uint32) (time.Dura
 	return time.Duration(expiry) * time.Second, true
 }
 
-// sweepLoop runs SweepOrphans every sweepInterval until Stop.
-func (h *Cluster) sweepLoop() {
+// loop sweeps every sweepInterval until stop.
+func (o *orphanSweep) loop(stop <-chan struct{}, log func() *slog.Logger) {
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
 	for {
 		select {
-		case <-h.stop:
+		case <-stop:
 			return
 		case now := <-t.C:
 			ctx, cancel := context.WithTimeout(context.Background(), sweepInterval/2)
-			deleted, err := h.SweepOrphans(ctx, now)
+			deleted, err := o.run(ctx, now)
 			cancel()
 			if err != nil {
-				h.Log.Warn("cluster: sweeping sessions of nodes that are gone", "error", err)
+				log().Warn("cluster: sweeping sessions of nodes that are gone", "error", err)
 			}
 			for _, id := range deleted {
-				h.Log.Info("cluster: expired a session left by a node that is gone", "client", id)
+				log().Info("cluster: expired a session left by a node that is gone", "client", id)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,7 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+	"github.com/mochi-mqtt/server/v2/system"
 )
 
 // sysInterval is how often a node sends its figures and refreshes the
@@ -31,14 +34,41 @@ type nodeFigures struct {
 	At               time.Time `json:"-"`
 }
 
-func (h *Cluster) localFigures() nodeFigures {
-	i := h.server.Info
+// sysNode is what the node figures need of the cluster node.
+type sysNode interface {
+	NodeID() string
+	// PublishNodeStats sends this node's figures to the others.
+	PublishNodeStats(data []byte) error
+}
+
+// nodeFigureSource is what the node figures read of mochi: its counters
+// and how many clients (sessions) it holds.
+type nodeFigureSource struct {
+	info    *system.Info
+	clients interface{ Len() int }
+}
+
+// sysFigures owns the figures of the nodes of the cluster: it sends this
+// node's to the others, keeps theirs (nodeTable, its own lock) and
+// publishes the totals as retained $SYS topics on this node.
+type sysFigures struct {
+	node   sysNode // set by Cluster.SetNode
+	mochi  nodeFigureSource
+	inject injector
+	inline *mqtt.Client // publishes the $SYS topics
+	stats  *ClusterStats
+	log    func() *slog.Logger
+	nodes  nodeTable // other nodes' figures
+}
+
+func (y *sysFigures) localFigures() nodeFigures {
+	i := y.mochi.info
 	return nodeFigures{
-		Node:             h.node.NodeID(),
+		Node:             y.node.NodeID(),
 		ClientsConnected: atomic.LoadInt64(&i.ClientsConnected),
-		Sessions:         int64(h.server.Clients.Len()),
+		Sessions:         int64(y.mochi.clients.Len()),
 		Subscriptions:    atomic.LoadInt64(&i.Subscriptions),
-		MessagesReceived: atomic.LoadInt64(&i.MessagesReceived) - int64(h.Stats.Injected.Load()), // from clients only
+		MessagesReceived: atomic.LoadInt64(&i.MessagesReceived) - int64(y.stats.Injected.Load()), // from clients only
 		MessagesSent:     atomic.LoadInt64(&i.MessagesSent),
 		Inflight:         atomic.LoadInt64(&i.Inflight),
 	}
@@ -84,12 +114,10 @@ func (t *nodeTable) figures(local nodeFigures, now time.Time) []nodeFigures {
 	return out
 }
 
-func (h *Cluster) nodeStats(data []byte) { h.nodes.heard(data, time.Now()) }
-
-// ClusterFigures returns the figures of every node heard from recently,
-// this one first.
-func (h *Cluster) ClusterFigures() []nodeFigures {
-	return h.nodes.figures(h.localFigures(), time.Now())
+// figures returns the figures of every node heard from recently, this one
+// first.
+func (y *sysFigures) figures(now time.Time) []nodeFigures {
+	return y.nodes.figures(y.localFigures(), now)
 }
 
 // sysLoop sends this node's figures to the others and publishes the
@@ -103,59 +131,64 @@ func (h *Cluster) ClusterFigures() []nodeFigures {
 //	$SYS/cluster/messages/received
 //	$SYS/cluster/messages/sent
 //	$SYS/cluster/messages/inflight
-func (h *Cluster) sysLoop() {
+func (y *sysFigures) loop(stop <-chan struct{}) {
 	t := time.NewTicker(sysInterval)
 	defer t.Stop()
 	for first := true; ; first = false {
 		if !first {
 			select {
-			case <-h.stop:
+			case <-stop:
 				return
 			case <-t.C:
 			}
 		}
-		local := h.localFigures()
-		if data, err := json.Marshal(local); err == nil {
-			_ = h.node.PublishNodeStats(data)
-		}
-		var sum nodeFigures
-		all := h.ClusterFigures()
-		for _, f := range all {
-			sum.ClientsConnected += f.ClientsConnected
-			sum.Sessions += f.Sessions
-			sum.Subscriptions += f.Subscriptions
-			sum.MessagesReceived += f.MessagesReceived
-			sum.MessagesSent += f.MessagesSent
-			sum.Inflight += f.Inflight
-		}
-		for _, v := range []struct {
-			topic string
-			value string
-		}{
-			{"$SYS/broker/cluster/node", local.Node},
-			{"$SYS/cluster/nodes", strconv.Itoa(len(all))},
-			{"$SYS/cluster/clients/connected", strconv.FormatInt(sum.ClientsConnected, 10)},
-			{"$SYS/cluster/sessions", strconv.FormatInt(sum.Sessions, 10)},
-			{"$SYS/cluster/subscriptions", strconv.FormatInt(sum.Subscriptions, 10)},
-			{"$SYS/cluster/messages/received", strconv.FormatInt(sum.MessagesReceived, 10)},
-			{"$SYS/cluster/messages/sent", strconv.FormatInt(sum.MessagesSent, 10)},
-			{"$SYS/cluster/messages/inflight", strconv.FormatInt(sum.Inflight, 10)},
-		} {
-			h.publishSys(v.topic, v.value)
-		}
+		y.tick(time.Now())
+	}
+}
+
+// tick sends this node's figures and publishes the totals at now.
+func (y *sysFigures) tick(now time.Time) {
+	local := y.localFigures()
+	if data, err := json.Marshal(local); err == nil {
+		_ = y.node.PublishNodeStats(data)
+	}
+	var sum nodeFigures
+	all := y.figures(now)
+	for _, f := range all {
+		sum.ClientsConnected += f.ClientsConnected
+		sum.Sessions += f.Sessions
+		sum.Subscriptions += f.Subscriptions
+		sum.MessagesReceived += f.MessagesReceived
+		sum.MessagesSent += f.MessagesSent
+		sum.Inflight += f.Inflight
+	}
+	for _, v := range []struct {
+		topic string
+		value string
+	}{
+		{"$SYS/broker/cluster/node", local.Node},
+		{"$SYS/cluster/nodes", strconv.Itoa(len(all))},
+		{"$SYS/cluster/clients/connected", strconv.FormatInt(sum.ClientsConnected, 10)},
+		{"$SYS/cluster/sessions", strconv.FormatInt(sum.Sessions, 10)},
+		{"$SYS/cluster/subscriptions", strconv.FormatInt(sum.Subscriptions, 10)},
+		{"$SYS/cluster/messages/received", strconv.FormatInt(sum.MessagesReceived, 10)},
+		{"$SYS/cluster/messages/sent", strconv.FormatInt(sum.MessagesSent, 10)},
+		{"$SYS/cluster/messages/inflight", strconv.FormatInt(sum.Inflight, 10)},
+	} {
+		y.publishSys(v.topic, v.value)
 	}
 }
 
 // publishSys publishes a retained $SYS message on this node only.
-func (h *Cluster) publishSys(topic, value string) {
+func (y *sysFigures) publishSys(topic, value string) {
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Retain: true},
 		TopicName:   topic,
 		Payload:     []byte(value),
 	}
-	if err := h.server.InjectPacket(h.inlineSys, pk); err != nil {
-		h.Log.Debug("cluster: $SYS publish", "topic", topic, "error", err)
+	if err := y.inject.InjectPacket(y.inline, pk); err != nil {
+		y.log().Debug("cluster: $SYS publish", "topic", topic, "error", err)
 		return
 	}
-	h.Stats.Injected.Add(1)
+	y.stats.Injected.Add(1)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,22 +120,6 @@ func withWill(state []byte, w *storedWill) []byte {
 	return sessionstate.Encode(nil, st)
 }
 
-// willSent drops the will from the record of cl's session: mochi sent it.
-// A delayed will is sent from the client mochi keeps for the session,
-// which need not be the connection's: the installed copy counts unless a
-// live connection holds it.
-func (h *Cluster) willSent(cl *mqtt.Client) {
-	s := h.table.get(cl.ID)
-	if s == nil || (s.client != cl && !s.client.Closed()) {
-		return
-	}
-	s.mu.Lock()
-	if s.will != nil {
-		s.will, s.dirty = nil, true // the flusher writes it
-	}
-	s.mu.Unlock()
-}
-
 // lastHeard returns when each node in the table was last heard from.
 func (t *nodeTable) lastHeard() map[string]time.Time {
 	t.mu.Lock()
@@ -146,59 +131,74 @@ func (t *nodeTable) lastHeard() map[string]time.Time {
 	return out
 }
 
-// OnStarted lets the will watch begin: mochi serves, every hook is added.
-func (h *Cluster) OnStarted() {
-	select {
-	case <-h.started:
-	default:
-		close(h.started)
-	}
-}
-
 // pendingWill is a will found orphaned, waiting until it is due.
 type pendingWill struct {
 	rev uint64
 	due time.Time
 }
 
-// willWatch finds and publishes the wills nobody else will send. willLoop
-// runs it; the orphan sweep hands it what it finds (note).
+// willNode is what the will watch needs of the cluster node.
+type willNode interface {
+	NodeID() string
+	// Alive reports whether NATS has a responder for node.
+	Alive(ctx context.Context, node string) (bool, error)
+}
+
+// willWatch finds and publishes the wills nobody else will send. Its loop
+// runs it; the orphan sweep hands it what it finds (note). It owns the
+// wills found orphaned (pending, its lock) and the nodes found gone.
 type willWatch struct {
-	h    *Cluster
-	gone map[string]bool // nodes found gone, until heard again (willLoop's)
+	node    willNode
+	records sessionstore.Store
+	run     string // this node's run: its own wills are mochi's to send
+	// maxExpiry is the broker's max-session-expiry, in seconds.
+	maxExpiry uint32
+	// heard returns when each other node was last heard from (nodeTable).
+	heard  func() map[string]time.Time
+	inject injector
+	inline *mqtt.Client // publishes the wills, to every node
+	stats  *ClusterStats
+	log    func() *slog.Logger
+
+	gone map[string]bool // nodes found gone, until heard again (loop's)
 
 	mu      sync.Mutex
 	pending map[string]pendingWill // client id -> its orphaned will
 }
 
-// willLoop runs the will watch until Stop: a scan of every record at
-// start, then the nodes that fall silent; the orphan sweep brings the
-// rest once a minute.
-func (h *Cluster) willLoop() {
-	w := h.wills
-	select { // a will is published through the hooks: all of them
-	case <-h.started:
-	case <-h.stop:
+// loop runs the will watch until stop: once started is closed (a will is
+// published through the hooks: all of them), a scan of every record, then
+// the nodes that fall silent; the orphan sweep brings the rest once a
+// minute.
+func (w *willWatch) loop(started, stop <-chan struct{}) {
+	select {
+	case <-started:
+	case <-stop:
 		return
 	}
 	t := time.NewTicker(willTick)
 	defer t.Stop()
 	for first := true; ; first = false {
-		now := time.Now()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if first {
-			w.scan(ctx, nil, now)
-		} else if dead := w.silentGone(ctx, now); len(dead) > 0 {
-			w.scan(ctx, dead, now)
-		}
-		w.claimDue(ctx, time.Now())
-		cancel()
+		w.round(first, time.Now())
 		select {
-		case <-h.stop:
+		case <-stop:
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// round is one turn of the loop at now: the first scans every record, the
+// others the records of nodes that fell silent; then the wills due go out.
+func (w *willWatch) round(first bool, now time.Time) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if first {
+		w.scan(ctx, nil, now)
+	} else if dead := w.silentGone(ctx, now); len(dead) > 0 {
+		w.scan(ctx, dead, now)
+	}
+	w.claimDue(ctx, time.Now())
 }
 
 // silentGone returns the nodes that fell silent and that NATS has no
@@ -206,7 +206,7 @@ func (h *Cluster) willLoop() {
 func (w *willWatch) silentGone(ctx context.Context, now time.Time) map[string]bool {
 	dead := map[string]bool{}
 	var silent []string
-	for id, at := range w.h.nodes.lastHeard() {
+	for id, at := range w.heard() {
 		if now.Sub(at) <= willSilent {
 			delete(w.gone, id)
 		} else if !w.gone[id] {
@@ -214,7 +214,7 @@ func (w *willWatch) silentGone(ctx context.Context, now time.Time) map[string]bo
 		}
 	}
 	for _, id := range silent {
-		if up, err := w.h.node.Alive(ctx, id); err == nil && !up {
+		if up, err := w.node.Alive(ctx, id); err == nil && !up {
 			w.gone[id] = true
 			dead[id] = true
 		}
@@ -226,22 +226,21 @@ func (w *willWatch) silentGone(ctx context.Context, now time.Time) map[string]bo
 // found gone; nil: of every node that does not answer, and this node's
 // earlier runs.
 func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Time) {
-	h := w.h
-	self := h.node.NodeID()
+	self := w.node.NodeID()
 	alive := map[string]bool{}
-	err := h.records.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
+	err := w.records.ForEach(ctx, func(rec *sessionstore.Record, rev uint64) bool {
 		if only != nil && !only[rec.Owner] {
 			return true
 		}
 		st, ok := recordState(rec)
-		if !ok || willIn(st) == nil || (rec.Owner == self && st.WillRun == h.run) {
+		if !ok || willIn(st) == nil || (rec.Owner == self && st.WillRun == w.run) {
 			return true // none, or this run's: mochi sends it
 		}
 		if only == nil && rec.Owner != self {
 			up, known := alive[rec.Owner]
 			if !known {
 				var err error
-				if up, err = h.node.Alive(ctx, rec.Owner); err != nil {
+				if up, err = w.node.Alive(ctx, rec.Owner); err != nil {
 					return ctx.Err() == nil // unsure: the sweep looks again
 				}
 				alive[rec.Owner] = up
@@ -254,7 +253,7 @@ func (w *willWatch) scan(ctx context.Context, only map[string]bool, now time.Tim
 		return true
 	})
 	if err != nil {
-		h.Log.Warn("cluster: looking for the wills of nodes that are gone", "error", err)
+		w.log().Warn("cluster: looking for the wills of nodes that are gone", "error", err)
 	}
 }
 
@@ -268,7 +267,7 @@ func (w *willWatch) note(rec *sessionstore.Record, rev uint64, st *sessionstate.
 	delay := time.Duration(st.Client.Will.WillDelayInterval) * time.Second
 	if !rec.Persistent {
 		delay = 0 // the session ended with its connection, and the will is due with it
-	} else if expiry, ok := sessionExpiry(st, true, w.h.server.Options.Capabilities.MaximumSessionExpiryInterval); ok {
+	} else if expiry, ok := sessionExpiry(st, true, w.maxExpiry); ok {
 		delay = min(delay, expiry)
 	}
 	w.mu.Lock()
@@ -292,11 +291,11 @@ func (w *willWatch) claimDue(ctx context.Context, now time.Time) {
 	for id, rev := range due {
 		will, err := w.claim(ctx, id, rev)
 		if err != nil {
-			w.h.Log.Warn("cluster: claiming the will of a client of a node that is gone", "client", id, "error", err)
+			w.log().Warn("cluster: claiming the will of a client of a node that is gone", "client", id, "error", err)
 			continue
 		}
 		if will != nil {
-			w.h.publishWill(id, will)
+			w.publish(id, will)
 		}
 	}
 }
@@ -304,7 +303,7 @@ func (w *willWatch) claimDue(ctx context.Context, now time.Time) {
 // claim takes the will out of id's record if the record is still at rev
 // and returns it; nil: someone else took it, or the session moved on.
 func (w *willWatch) claim(ctx context.Context, id string, rev uint64) (*storedWill, error) {
-	records := w.h.records
+	records := w.records
 	rec, cur, err := records.Load(ctx, id)
 	if err != nil || rec == nil || cur != rev {
 		return nil, err
@@ -332,7 +331,7 @@ func (w *willWatch) claim(ctx context.Context, id string, rev uint64) (*storedWi
 // publishWill publishes a will of another node's client as a publish of
 // the inline will client: the cluster hook forwards it to every node,
 // mochi delivers it here and retains it if the will was retained.
-func (h *Cluster) publishWill(clientID string, w *storedWill) {
+func (ww *willWatch) publish(clientID string, w *storedWill) {
 	pk := packets.Packet{
 		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: w.Qos, Retain: w.Retain},
 		TopicName:   w.Topic,
@@ -342,10 +341,10 @@ func (h *Cluster) publishWill(clientID string, w *storedWill) {
 	if pk.FixedHeader.Qos > 0 {
 		pk.PacketID = 1 // mochi validates it; an inline client's publish tracks none
 	}
-	if err := h.server.InjectPacket(h.inlineWill, pk); err != nil {
-		h.Log.Warn("cluster: publishing the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic), "error", err)
+	if err := ww.inject.InjectPacket(ww.inline, pk); err != nil {
+		ww.log().Warn("cluster: publishing the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic), "error", err)
 		return
 	}
-	h.Stats.Wills.Add(1)
-	h.Log.Info("cluster: published the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic))
+	ww.stats.Wills.Add(1)
+	ww.log().Info("cluster: published the will of a client of a node that is gone", "client", clientID, "topic", clip(w.Topic))
 }

@@ -18,7 +18,8 @@
 //     dead letters live);
 //   - Cluster (cluster*.go; cluster mode): publishes, wills and sessions
 //     across nodes on NATS JetStream (session records through
-//     sessionstore.Store);
+//     sessionstore.Store), done by parts that each own one kind of state
+//     (the table at the top of cluster.go);
 //   - Protocol (protocol.go): CONNACK, SUBACK, UNSUBACK and PUBLISH as MQTT
 //     wants them where mochi writes them otherwise; max keep alive;
 //   - Fanout (fanout*.go, outbox_store.go): deliveries to ordinary
