@@ -132,3 +132,23 @@ func TestMemoryReleasedOnlyWhenQuiet(t *testing.T) {
 		}
 	}
 }
+
+// A release just before a burst does not keep the burst's pages for
+// memReleaseGap: once more than the live heap was allocated since, the
+// next quiet look may release.
+func TestMemoryReleasedAfterABurst(t *testing.T) {
+	for _, c := range []struct {
+		since              time.Duration
+		sinceRelease, live uint64
+		want               bool
+	}{
+		{since: 31 * time.Second, sinceRelease: 1 << 20, live: 50 << 20, want: true},  // the usual gap
+		{since: 10 * time.Second, sinceRelease: 1 << 20, live: 50 << 20, want: false}, // no burst since: wait
+		{since: 10 * time.Second, sinceRelease: 80 << 20, live: 50 << 20, want: true}, // a burst came and went
+		{since: 2 * time.Second, sinceRelease: 80 << 20, live: 50 << 20, want: false}, // but not more often than memReleaseBurstGap
+	} {
+		if got := releaseDue(c.since, c.sinceRelease, c.live); got != c.want {
+			t.Errorf("releaseDue(%v, %d, %d) = %v", c.since, c.sinceRelease, c.live, got)
+		}
+	}
+}

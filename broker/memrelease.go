@@ -20,19 +20,28 @@ import (
 // lies free, it calls debug.FreeOSMemory (a GC, then the free pages go back
 // to the system), at most once per memReleaseGap. A busy broker never pays
 // for it; a quiet one pays a GC now and then.
+//
+// The gap does not hold back the release after a burst: when the broker has
+// allocated more than its live heap since the last release (a connect burst
+// whose garbage is now free), the first quiet look releases, at most once per
+// memReleaseBurstGap. Without that a release made just before the burst (the
+// broker starting, a quiet spell) kept the burst's pages for up to 30 s; 10,000
+// offline sessions then read 5.7-6.3 KiB of RSS each instead of 2.8.
 const (
-	memReleaseEvery = 2 * time.Second
-	memQuietAlloc   = 1 << 20
-	memReleaseMin   = 8 << 20
-	memReleaseGap   = 30 * time.Second
+	memReleaseEvery    = 2 * time.Second
+	memQuietAlloc      = 1 << 20
+	memReleaseMin      = 8 << 20
+	memReleaseGap      = 30 * time.Second
+	memReleaseBurstGap = 4 * time.Second
 )
 
 // memReleaser decides from successive readings of the runtime's counters.
 type memReleaser struct {
-	samples    []metrics.Sample
-	lastAllocs uint64
-	last       time.Time // of the last release
-	released   uint64    // times FreeOSMemory was called
+	samples      []metrics.Sample
+	lastAllocs   uint64
+	last         time.Time // of the last release
+	allocsAtLast uint64    // the allocation counter right after the last release
+	released     uint64    // times FreeOSMemory was called
 }
 
 func newMemReleaser() *memReleaser {
@@ -49,18 +58,27 @@ func decideRelease(free, live, allocated uint64) bool {
 	return allocated < memQuietAlloc && free > memReleaseMin && free > live/8
 }
 
+// releaseDue reports whether a release may come now, since after the last
+// one, the broker having allocated sinceRelease bytes meanwhile and holding
+// live bytes: once per memReleaseGap, or once per memReleaseBurstGap after a
+// burst (more allocated than is live).
+func releaseDue(since time.Duration, sinceRelease, live uint64) bool {
+	return since >= memReleaseGap || (since >= memReleaseBurstGap && sinceRelease > live)
+}
+
 // check reads the counters and releases when the broker is quiet.
 func (m *memReleaser) check(now time.Time) {
 	metrics.Read(m.samples)
 	free, live, allocs := m.samples[0].Value.Uint64(), m.samples[1].Value.Uint64(), m.samples[2].Value.Uint64()
 	allocated := allocs - m.lastAllocs
 	m.lastAllocs = allocs
-	if now.Sub(m.last) >= memReleaseGap && decideRelease(free, live, allocated) {
+	if releaseDue(now.Sub(m.last), allocs-m.allocsAtLast, live) && decideRelease(free, live, allocated) {
 		debug.FreeOSMemory()
 		m.released++
 		m.last = now
 		metrics.Read(m.samples[2:]) // its own allocations do not count as load
 		m.lastAllocs = m.samples[2].Value.Uint64()
+		m.allocsAtLast = m.lastAllocs
 	}
 }
 
@@ -69,6 +87,7 @@ func (b *Broker) releaseMemory() {
 	m := newMemReleaser()
 	metrics.Read(m.samples)
 	m.lastAllocs = m.samples[2].Value.Uint64()
+	m.allocsAtLast = m.lastAllocs
 	t := time.NewTicker(memReleaseEvery)
 	defer t.Stop()
 	for {
