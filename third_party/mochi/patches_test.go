@@ -614,3 +614,15 @@ func TestPatchWillDropped(t *testing.T) {
 	s.sendLWT(ok)
 	require.Equal(t, 1, h.sent, "another will is sent")
 }
+
+// The clients of a server's Conns share one ops (PATCHES.md item 25): each
+// made its own 32 bytes, which every offline session record kept too.
+func TestPatchConnClientsShareOps(t *testing.T) {
+	s := newPatchedServer()
+	a, b := s.NewConn("t1", new(captureConn)), s.NewConn("t1", new(captureConn))
+	require.Same(t, a.Client().ops, b.Client().ops)
+	require.Same(t, s.Options, a.Client().ops.options)
+	require.Same(t, s.hooks, a.Client().ops.hooks)
+	require.NoError(t, a.End(nil))
+	require.NoError(t, b.End(nil))
+}

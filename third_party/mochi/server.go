@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -163,6 +164,10 @@ type Server struct {
 	Log          *slog.Logger         // minimal no-alloc logger
 	hooks        *Hooks               // hooks contains hooks for extra functionality such as auth and persistent storage
 	inlineClient *Client              // inlineClient is a special client used for inline subscriptions and inline Publish
+	// connOps is what every client of a Conn refers to (Keyline's fork,
+	// PATCHES.md item 25): one per server, made by the first NewConn.
+	connOps     *ops
+	connOpsOnce sync.Once
 }
 
 // loop contains interval tickers for the system events loop.
