@@ -1623,10 +1623,15 @@ func (s *Server) processDisconnect(cl *Client, pk packets.Packet) error {
 	}
 
 	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9] [MQTT-3.1.2-8]
-	cl.Stop(packets.CodeDisconnect)  // [MQTT-3.14.4-2]
+	cl.Stop(errDisconnect)           // [MQTT-3.14.4-2]
 
 	return nil
 }
+
+// errDisconnect is packets.CodeDisconnect as an error, boxed once (Keyline's
+// fork, PATCHES.md item 26): converting the Code on every DISCONNECT made a
+// 24-byte box that the stop cause of every offline session kept.
+var errDisconnect error = packets.CodeDisconnect
 
 // DisconnectClient sends a Disconnect packet to a client and then closes the client connection.
 func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {
