@@ -177,6 +177,7 @@ func New(cfg Config, logger *slog.Logger) (_ *Broker, err error) {
 			ln.poller, ln.server, ln.deadlines = b.poller, b.server, &b.deadlines
 		}
 		ln.queue = func(c net.Conn) *connq.Conn {
+			gcBurst.accepted(time.Now(), b.server.Clients.Len)
 			q := connq.New(c, limits, b.connStats, logger)
 			q.Inspect(conform.NewChecker(cfg.MaxPacketSize)) // what mochi's decoder lets through
 			return q

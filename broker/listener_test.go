@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -127,8 +128,75 @@ func TestMemoryReleasedOnlyWhenQuiet(t *testing.T) {
 		{free: 4 << 20, live: 50 << 20, allocated: 0, want: false},         // little free
 		{free: 9 << 20, live: 400 << 20, allocated: 0, want: false},        // free is small beside the live heap
 	} {
-		if got := decideRelease(c.free, c.live, c.allocated); got != c.want {
+		if got := decideRelease(c.free, c.live, c.allocated, false); got != c.want {
 			t.Errorf("decideRelease(%d, %d, %d) = %v", c.free, c.live, c.allocated, got)
 		}
+	}
+}
+
+// A release just before a burst does not keep the burst's pages for
+// memReleaseGap: once more than the live heap was allocated since, the
+// next quiet look may release.
+func TestMemoryReleasedAfterABurst(t *testing.T) {
+	for _, c := range []struct {
+		since              time.Duration
+		sinceRelease, live uint64
+		want               bool
+	}{
+		{since: 31 * time.Second, sinceRelease: 1 << 20, live: 50 << 20, want: true},  // the usual gap
+		{since: 10 * time.Second, sinceRelease: 1 << 20, live: 50 << 20, want: false}, // no burst since: wait
+		{since: 10 * time.Second, sinceRelease: 80 << 20, live: 50 << 20, want: true}, // a burst came and went
+		{since: 2 * time.Second, sinceRelease: 80 << 20, live: 50 << 20, want: false}, // but not more often than memReleaseBurstGap
+	} {
+		if got, _ := releaseDue(c.since, c.sinceRelease, c.live); got != c.want {
+			t.Errorf("releaseDue(%v, %d, %d) = %v", c.since, c.sinceRelease, c.live, got)
+		}
+	}
+	// After a burst little need lie free yet (the release's GC frees the
+	// rest), but the broker must be quiet.
+	if _, burst := releaseDue(10*time.Second, 80<<20, 50<<20); !burst || !decideRelease(4<<20, 50<<20, 0, burst) {
+		t.Error("no release after a burst with 4 MiB free")
+	}
+	if decideRelease(40<<20, 50<<20, 8<<20, true) {
+		t.Error("a release while busy")
+	}
+}
+
+// Connections arriving fast on a broker with many clients run the GC at
+// gcBurstPercent until a releaser tick sees no new connection; slow arrivals
+// or few clients leave GOGC alone.
+func TestGCBurstWhileConnectionsArriveFast(t *testing.T) {
+	normal := debug.SetGCPercent(200)
+	defer debug.SetGCPercent(normal)
+	gcPercent := func() int { p := debug.SetGCPercent(-1); debug.SetGCPercent(p); return p }
+	many, few := func() int { return 5000 }, func() int { return 100 }
+	t0 := time.Unix(1000, 0)
+
+	var g burstGC
+	for i := 0; i < 2*gcBurstAccepts; i++ {
+		g.accepted(t0.Add(time.Duration(i)*time.Second/10), many) // 10 a second: slow
+	}
+	if g.bursts != 0 {
+		t.Fatal("slow arrivals started a burst")
+	}
+	for i := 0; i < 2*gcBurstAccepts; i++ {
+		g.accepted(t0.Add(time.Hour), few)
+	}
+	if g.bursts != 0 {
+		t.Fatal("a broker with few clients started a burst")
+	}
+	for i := 0; i < 2*gcBurstAccepts; i++ {
+		g.accepted(t0.Add(2*time.Hour), many)
+	}
+	if g.bursts != 1 || gcPercent() != gcBurstPercent {
+		t.Fatalf("fast arrivals: %d bursts, GOGC %d; want 1, %d", g.bursts, gcPercent(), gcBurstPercent)
+	}
+	g.tick() // connections came since the last tick: the burst goes on
+	if gcPercent() != gcBurstPercent {
+		t.Fatalf("GOGC %d during the burst", gcPercent())
+	}
+	g.tick() // none since
+	if gcPercent() != 200 {
+		t.Fatalf("GOGC %d after the burst, want 200", gcPercent())
 	}
 }

@@ -236,7 +236,7 @@ func (h *Fanout) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 	if s == nil {
 		return
 	}
-	if s.out.Ack(pk.FixedHeader.Type, pk.PacketID, pk.ReasonCode) {
+	if o := s.outbox(); o != nil && o.Ack(pk.FixedHeader.Type, pk.PacketID, pk.ReasonCode) {
 		// mochi keeps one in-flight map for both directions: a PUBACK with
 		// this id could complete a QoS 2 flow the client started.
 		pk.FixedHeader.Type, pk.PacketID = packets.Puback, 0
@@ -249,7 +249,7 @@ func (h *Fanout) ReadPacket(cl *mqtt.Client, pk *packets.Packet) {
 // is free now: try again later.
 func (h *Fanout) AllocPacketID(cl *mqtt.Client, set func(id uint16)) (uint16, bool) {
 	if s := h.sessions.get(cl.ID); s != nil {
-		id := s.out.AllocExternal(set)
+		id := s.need(h.sessions.cfg).AllocExternal(set)
 		return id, id != 0
 	}
 	id, err := cl.NextPacketID()
@@ -308,8 +308,12 @@ func (h *Fanout) Outbox(id string, n int) (held, inflight int, msgs []outbox.Inf
 	if s == nil {
 		return 0, 0, nil
 	}
-	held, inflight = s.out.Len()
-	return held, inflight, s.out.Snapshot(n)
+	o := s.outbox()
+	if o == nil {
+		return 0, 0, nil
+	}
+	held, inflight = o.Len()
+	return held, inflight, o.Snapshot(n)
 }
 
 // Sessions returns how many sessions the fan-out holds, connected or not.

@@ -143,7 +143,7 @@ func (d *pubDelivery) to(rt route) {
 			w.add()
 			stored = w.done
 		}
-		added, pending := s.out.AddDurable(p, pk.Created, d.deadline, d.ref, stored)
+		added, pending := s.need(h.sessions.cfg).AddDurable(p, pk.Created, d.deadline, d.ref, stored)
 		switch {
 		case stored != nil && !pending:
 			stored(nil) // a session that is not persisted: nothing to wait for

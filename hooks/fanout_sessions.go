@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 
@@ -17,14 +18,60 @@ import (
 // and its live connection, if any. It holds no mochi Client, so nothing that
 // keeps a session (the route cache) keeps a closed connection alive.
 type fanSession struct {
-	id  string
-	out *outbox.Outbox
+	id string
+	// out is the session's outbox, made when the session first needs one
+	// (a QoS 1/2 message for it, a Key-Shared packet id; restored sessions
+	// come with theirs): an idle device or an offline session that is sent
+	// nothing has none (an empty outbox took 288 bytes of the heap of each
+	// idle connection and offline session). Read it with outbox, make it
+	// with need.
+	out atomic.Pointer[outbox.Outbox]
 	// cur is the live connection; nil while the client is away (or before
 	// its CONNACK is queued: nothing may reach it before that).
 	cur atomic.Pointer[sessConn]
 	// version is the protocol level messages are encoded for while no
 	// connection is live: the last client's.
 	version atomic.Uint32
+	// window is cur's Receive Maximum.
+	window int32
+
+	// mu orders the making of out with attach, detach and discard; the
+	// fields below are what out is told when it is made.
+	mu       sync.Mutex
+	inflight *mqtt.Inflight // the client's in-flight map (outbox.SetExternal)
+	persist  bool           // outbox.SetPersistent
+	gone     bool           // discarded: an outbox made now refuses everything
+}
+
+// outbox returns the session's outbox, nil while it has none.
+func (s *fanSession) outbox() *outbox.Outbox { return s.out.Load() }
+
+// need returns the session's outbox, making it (told what the session knows,
+// attached to the live connection) if there is none. A discarded session
+// gets a discarded outbox, which refuses everything.
+func (s *fanSession) need(cfg *outbox.Config) *outbox.Outbox {
+	if o := s.out.Load(); o != nil {
+		return o
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o := s.out.Load(); o != nil {
+		return o
+	}
+	o := outbox.New(s.id, cfg)
+	if s.gone {
+		o.Discard()
+		return o
+	}
+	o.SetPersistent(s.persist)
+	if s.inflight != nil {
+		o.SetExternal(inUse(s.inflight))
+	}
+	if c := s.cur.Load(); c != nil {
+		o.Attach(c, int(s.window))
+	}
+	s.out.Store(o)
+	return o
 }
 
 // sessConn is one connection of a session; it sends for the session's outbox.
@@ -122,25 +169,50 @@ func (r *sessionRegistry) ensure(cl *mqtt.Client) *fanSession {
 		created := false
 		r.mu.Lock()
 		if s = r.m[cl.ID]; s == nil {
-			s, created = &fanSession{id: cl.ID, out: outbox.New(cl.ID, r.cfg)}, true
+			s, created = &fanSession{id: cl.ID}, true
 			r.m[cl.ID] = s
 		}
 		r.mu.Unlock()
 		if created {
-			s.out.SetPersistent(persistent(cl))
+			s.setPersistent(persistent(cl))
 		}
 	}
 	if s.version.Load() == 0 {
 		// New, or restored from the store: now mochi's client is known.
-		s.out.SetExternal(inUse(cl.State.Inflight))
+		s.setInflight(cl.State.Inflight)
 		s.version.CompareAndSwap(0, uint32(max(cl.Properties.ProtocolVersion, 3)))
 	}
 	return s
 }
 
+// setPersistent says whether the session outlives its connection.
+func (s *fanSession) setPersistent(p bool) {
+	s.mu.Lock()
+	s.persist = p
+	o := s.out.Load()
+	s.mu.Unlock()
+	if o != nil {
+		o.SetPersistent(p)
+	}
+}
+
+// setInflight records the client's in-flight map, whose packet ids the
+// outbox must not take.
+func (s *fanSession) setInflight(f *mqtt.Inflight) {
+	s.mu.Lock()
+	s.inflight = f
+	o := s.out.Load()
+	s.mu.Unlock()
+	if o != nil {
+		o.SetExternal(inUse(f))
+	}
+}
+
 // restore adds a session loaded from the store (before any client connects).
 func (r *sessionRegistry) restore(id string, out *outbox.Outbox) {
-	r.swap(id, &fanSession{id: id, out: out})
+	s := &fanSession{id: id}
+	s.out.Store(out)
+	r.swap(id, s)
 }
 
 // replace discards the session of cl's id, if any, and returns a fresh one
@@ -181,8 +253,15 @@ func (r *sessionRegistry) ids() []string {
 }
 
 func (s *fanSession) discard() {
+	s.mu.Lock()
+	s.gone = true
+	s.inflight = nil // the last client's in-flight map: let it go
+	o := s.out.Load()
+	s.mu.Unlock()
 	s.cur.Store(nil)
-	s.out.Discard()
+	if o != nil {
+		o.Discard()
+	}
 }
 
 // attach makes c the session's live connection and resends what was in
@@ -190,20 +269,32 @@ func (s *fanSession) discard() {
 // the outbox's).
 func (s *fanSession) attach(c *sessConn, window int, persist bool) {
 	s.version.Store(uint32(c.version))
-	s.out.SetExternal(inUse(c.inflight))
-	s.out.SetPersistent(persist)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inflight, s.persist, s.window = c.inflight, persist, int32(min(window, math.MaxInt32))
+	o := s.out.Load()
+	if o != nil {
+		o.SetExternal(inUse(c.inflight))
+		o.SetPersistent(persist)
+	}
 	s.cur.Store(c)
-	s.out.Attach(c, window)
+	if o != nil {
+		o.Attach(c, window)
+	}
 }
 
 // detach ends q's connection of the session, if it is the live one.
 func (s *fanSession) detach(q *connq.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	c := s.cur.Load()
 	if c == nil || c.q != q {
 		return
 	}
 	s.cur.CompareAndSwap(c, nil)
-	s.out.Detach(c)
+	if o := s.out.Load(); o != nil {
+		o.Detach(c)
+	}
 }
 
 // RequeueSession implements SessionOutboxes: client id's session, rebuilt
@@ -215,7 +306,8 @@ func (h *Fanout) RequeueSession(id string, version byte, msgs []outbox.Queued) i
 	o := outbox.New(id, h.sessions.cfg)
 	o.SetPersistent(true) // only persistent sessions are rebuilt
 	n := o.Requeue(msgs)
-	s := &fanSession{id: id, out: o}
+	s := &fanSession{id: id}
+	s.out.Store(o)
 	s.version.Store(uint32(max(version, 3)))
 	if old := h.sessions.swap(id, s); old != nil {
 		old.discard()
@@ -232,7 +324,7 @@ func (h *Fanout) PrependSession(id string, msgs []outbox.Queued, upTo uint64) in
 	if s == nil {
 		return 0
 	}
-	return s.out.Prepend(msgs, upTo)
+	return s.need(h.sessions.cfg).Prepend(msgs, upTo)
 }
 
 // RoutesChanged implements SessionOutboxes.

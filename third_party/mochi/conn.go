@@ -40,7 +40,8 @@ type Conn struct {
 // its caller will Feed.
 func (s *Server) NewConn(listener string, c net.Conn) *Conn {
 	s.Listeners.ClientsWg.Add(1)
-	cl := newClientReading(c, &ops{options: s.Options, info: s.Info, hooks: s.hooks, log: s.Log}, false)
+	s.connOpsOnce.Do(func() { s.connOps = &ops{options: s.Options, info: s.Info, hooks: s.hooks, log: s.Log} })
+	cl := newClientReading(c, s.connOps, false)
 	cl.Net.Listener = listener
 	if !s.Options.DirectWrites {
 		go cl.WriteLoop()

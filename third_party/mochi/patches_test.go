@@ -614,3 +614,58 @@ func TestPatchWillDropped(t *testing.T) {
 	s.sendLWT(ok)
 	require.Equal(t, 1, h.sent, "another will is sent")
 }
+
+// The clients of a server's Conns share one ops (PATCHES.md item 25): each
+// made its own 32 bytes, which every offline session record kept too.
+func TestPatchConnClientsShareOps(t *testing.T) {
+	s := newPatchedServer()
+	a, b := s.NewConn("t1", new(captureConn)), s.NewConn("t1", new(captureConn))
+	require.Same(t, a.Client().ops, b.Client().ops)
+	require.Same(t, s.Options, a.Client().ops.options)
+	require.Same(t, s.hooks, a.Client().ops.hooks)
+	require.NoError(t, a.End(nil))
+	require.NoError(t, b.End(nil))
+}
+
+// A topic index node makes its shared and inline subscription sets with its
+// first such subscription (PATCHES.md item 27); they work from then on, also
+// while the topic walk reads the node from another goroutine.
+func TestPatchIndexNodeSetsMadeOnFirstUse(t *testing.T) {
+	x := NewTopicsIndex()
+	x.Subscribe("cl1", packets.Subscription{Filter: "a/b", Qos: 1})
+	n := x.seek("a/b", 0)
+	require.NotNil(t, n)
+	require.Nil(t, n.shared.Load(), "a node with a plain subscription made a shared set")
+	require.Nil(t, n.inlineSubscriptions.Load(), "a node with a plain subscription made an inline set")
+
+	done := make(chan struct{})
+	walked := make(chan int)
+	go func() { // the walk, while the sets are made
+		n := 0
+		for {
+			select {
+			case <-done:
+				walked <- n
+				return
+			default:
+				subs := x.Subscribers("a/b")
+				n += len(subs.Shared) + len(subs.InlineSubscriptions)
+			}
+		}
+	}()
+	for i := 0; i < 50; i++ {
+		x.Subscribe(fmt.Sprintf("cl%d", i), packets.Subscription{Filter: "$share/g/a/b", Qos: 1})
+		x.InlineSubscribe(InlineSubscription{Subscription: packets.Subscription{Filter: "a/b", Identifier: i + 1}})
+	}
+	close(done)
+	<-walked
+
+	subs := x.Subscribers("a/b")
+	require.Len(t, subs.Subscriptions, 1)
+	require.Len(t, subs.Shared["$share/g/a/b"], 50)
+	require.Len(t, subs.InlineSubscriptions, 50)
+	require.True(t, x.Unsubscribe("$share/g/a/b", "cl3"))
+	require.Equal(t, 49, n.shared.Load().Len())
+	require.True(t, x.InlineUnsubscribe(1, "a/b"))
+	require.Equal(t, 49, n.inlineSubscriptions.Load().Len())
+}

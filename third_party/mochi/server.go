@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -163,6 +164,10 @@ type Server struct {
 	Log          *slog.Logger         // minimal no-alloc logger
 	hooks        *Hooks               // hooks contains hooks for extra functionality such as auth and persistent storage
 	inlineClient *Client              // inlineClient is a special client used for inline subscriptions and inline Publish
+	// connOps is what every client of a Conn refers to (Keyline's fork,
+	// PATCHES.md item 25): one per server, made by the first NewConn.
+	connOps     *ops
+	connOpsOnce sync.Once
 }
 
 // loop contains interval tickers for the system events loop.
@@ -1618,10 +1623,15 @@ func (s *Server) processDisconnect(cl *Client, pk packets.Packet) error {
 	}
 
 	s.loop.willDelayed.Delete(cl.ID) // [MQTT-3.1.3-9] [MQTT-3.1.2-8]
-	cl.Stop(packets.CodeDisconnect)  // [MQTT-3.14.4-2]
+	cl.Stop(errDisconnect)           // [MQTT-3.14.4-2]
 
 	return nil
 }
+
+// errDisconnect is packets.CodeDisconnect as an error, boxed once (Keyline's
+// fork, PATCHES.md item 26): converting the Code on every DISCONNECT made a
+// 24-byte box that the stop cause of every offline session kept.
+var errDisconnect error = packets.CodeDisconnect
 
 // DisconnectClient sends a Disconnect packet to a client and then closes the client connection.
 func (s *Server) DisconnectClient(cl *Client, code packets.Code) error {

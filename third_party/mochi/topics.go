@@ -163,7 +163,9 @@ type SharedSubscriptions struct {
 }
 
 // NewSharedSubscriptions returns a new instance of Subscriptions. Its map is
-// made by the first Add (Keyline's fork: most index nodes have none).
+// made by the first Add (Keyline's fork: most index nodes have none). Keyline's
+// fork: a nil *SharedSubscriptions reads as empty (a topic index node makes
+// its set with its first shared subscription, PATCHES.md item 27).
 func NewSharedSubscriptions() *SharedSubscriptions {
 	return &SharedSubscriptions{}
 }
@@ -183,6 +185,9 @@ func (s *SharedSubscriptions) Add(group, id string, val packets.Subscription) {
 
 // Delete deletes a client id from a shared subscription group.
 func (s *SharedSubscriptions) Delete(group, id string) {
+	if s == nil {
+		return
+	}
 	s.Lock()
 	defer s.Unlock()
 	delete(s.internal[group], id)
@@ -193,6 +198,9 @@ func (s *SharedSubscriptions) Delete(group, id string) {
 
 // Get returns the subscription properties for a client id in a share group, if one exists.
 func (s *SharedSubscriptions) Get(group, id string) (val packets.Subscription, ok bool) {
+	if s == nil {
+		return val, false
+	}
 	s.RLock()
 	defer s.RUnlock()
 	if _, ok := s.internal[group]; !ok {
@@ -205,6 +213,9 @@ func (s *SharedSubscriptions) Get(group, id string) (val packets.Subscription, o
 
 // GroupLen returns the number of groups subscribed to the filter.
 func (s *SharedSubscriptions) GroupLen() int {
+	if s == nil {
+		return 0
+	}
 	s.RLock()
 	defer s.RUnlock()
 	val := len(s.internal)
@@ -213,6 +224,9 @@ func (s *SharedSubscriptions) GroupLen() int {
 
 // Len returns the total number of shared subscriptions to a filter across all groups.
 func (s *SharedSubscriptions) Len() int {
+	if s == nil {
+		return 0
+	}
 	s.RLock()
 	defer s.RUnlock()
 	n := 0
@@ -225,6 +239,9 @@ func (s *SharedSubscriptions) Len() int {
 // GetAll returns all shared subscription groups and their subscriptions.
 // each calls f for every shared subscription, under the read lock.
 func (s *SharedSubscriptions) each(f func(group, id string, sub packets.Subscription)) {
+	if s == nil {
+		return
+	}
 	s.RLock()
 	defer s.RUnlock()
 	for group, subs := range s.internal {
@@ -235,9 +252,12 @@ func (s *SharedSubscriptions) each(f func(group, id string, sub packets.Subscrip
 }
 
 func (s *SharedSubscriptions) GetAll() map[string]map[string]packets.Subscription {
+	m := map[string]map[string]packets.Subscription{}
+	if s == nil {
+		return m
+	}
 	s.RLock()
 	defer s.RUnlock()
-	m := map[string]map[string]packets.Subscription{}
 	for group, subs := range s.internal {
 		if _, ok := m[group]; !ok {
 			m[group] = map[string]packets.Subscription{}
@@ -263,6 +283,7 @@ type InlineSubscriptions struct {
 
 // NewInlineSubscriptions returns a new instance of InlineSubscriptions. Its
 // map is made by the first Add (Keyline's fork: most index nodes have none).
+// Keyline's fork: a nil *InlineSubscriptions reads as empty (PATCHES.md item 27).
 func NewInlineSubscriptions() *InlineSubscriptions {
 	return &InlineSubscriptions{}
 }
@@ -280,6 +301,9 @@ func (s *InlineSubscriptions) Add(val InlineSubscription) {
 // GetAll returns all internal subscriptions.
 // each calls f for every inline subscription, under the read lock.
 func (s *InlineSubscriptions) each(f func(id int, sub InlineSubscription)) {
+	if s == nil {
+		return
+	}
 	s.RLock()
 	defer s.RUnlock()
 	for k, v := range s.internal {
@@ -288,9 +312,12 @@ func (s *InlineSubscriptions) each(f func(id int, sub InlineSubscription)) {
 }
 
 func (s *InlineSubscriptions) GetAll() map[int]InlineSubscription {
+	m := map[int]InlineSubscription{}
+	if s == nil {
+		return m
+	}
 	s.RLock()
 	defer s.RUnlock()
-	m := map[int]InlineSubscription{}
 	for k, v := range s.internal {
 		m[k] = v
 	}
@@ -299,6 +326,9 @@ func (s *InlineSubscriptions) GetAll() map[int]InlineSubscription {
 
 // Get returns an internal subscription for a client id.
 func (s *InlineSubscriptions) Get(id int) (val InlineSubscription, ok bool) {
+	if s == nil {
+		return val, false
+	}
 	s.RLock()
 	defer s.RUnlock()
 	val, ok = s.internal[id]
@@ -307,6 +337,9 @@ func (s *InlineSubscriptions) Get(id int) (val InlineSubscription, ok bool) {
 
 // Len returns the number of internal subscriptions.
 func (s *InlineSubscriptions) Len() int {
+	if s == nil {
+		return 0
+	}
 	s.RLock()
 	defer s.RUnlock()
 	val := len(s.internal)
@@ -315,6 +348,9 @@ func (s *InlineSubscriptions) Len() int {
 
 // Delete removes an internal subscription by the client id.
 func (s *InlineSubscriptions) Delete(id int) {
+	if s == nil {
+		return
+	}
 	s.Lock()
 	defer s.Unlock()
 	delete(s.internal, id)
@@ -518,8 +554,8 @@ func (x *TopicsIndex) InlineSubscribe(subscription InlineSubscription) bool {
 
 	var existed bool
 	n := x.set(subscription.Filter, 0)
-	_, existed = n.inlineSubscriptions.Get(subscription.Identifier)
-	n.inlineSubscriptions.Add(subscription)
+	_, existed = n.inlineSubscriptions.Load().Get(subscription.Identifier)
+	n.inlineForAdd().Add(subscription)
 
 	return !existed
 }
@@ -535,9 +571,9 @@ func (x *TopicsIndex) InlineUnsubscribe(id int, filter string) bool {
 		return false
 	}
 
-	particle.inlineSubscriptions.Delete(id)
+	particle.inlineSubscriptions.Load().Delete(id)
 
-	if particle.inlineSubscriptions.Len() == 0 {
+	if particle.inlineSubscriptions.Load().Len() == 0 {
 		x.trim(particle)
 	}
 	return true
@@ -554,8 +590,8 @@ func (x *TopicsIndex) Subscribe(client string, subscription packets.Subscription
 	if strings.EqualFold(prefix, SharePrefix) {
 		group, _ := isolateParticle(subscription.Filter, 1)
 		n := x.set(subscription.Filter, 2)
-		_, existed = n.shared.Get(group, client)
-		n.shared.Add(group, client, subscription)
+		_, existed = n.shared.Load().Get(group, client)
+		n.sharedForAdd().Add(group, client, subscription)
 	} else {
 		n := x.set(subscription.Filter, 0)
 		_, existed = n.subscriptions.Get(client)
@@ -585,7 +621,7 @@ func (x *TopicsIndex) Unsubscribe(filter, client string) bool {
 
 	if shareSub {
 		group, _ := isolateParticle(filter, 1)
-		particle.shared.Delete(group, client)
+		particle.shared.Load().Delete(group, client)
 	} else {
 		particle.subscriptions.Delete(client)
 	}
@@ -661,7 +697,7 @@ func (x *TopicsIndex) seek(filter string, d int) *particle {
 
 // trim removes empty filter particles from the index.
 func (x *TopicsIndex) trim(n *particle) {
-	for n.parent != nil && n.retainPath == "" && n.particles.len()+n.subscriptions.Len()+n.shared.Len()+n.inlineSubscriptions.Len() == 0 {
+	for n.parent != nil && n.retainPath == "" && n.particles.len()+n.subscriptions.Len()+n.shared.Load().Len()+n.inlineSubscriptions.Load().Len() == 0 {
 		key := n.key
 		n = n.parent
 		n.particles.delete(key)
@@ -818,7 +854,7 @@ func (x *TopicsIndex) gatherSharedSubscriptions(particle *particle, subs *Subscr
 		subs.Shared = map[string]map[string]packets.Subscription{}
 	}
 
-	particle.shared.each(func(_, client string, sub packets.Subscription) {
+	particle.shared.Load().each(func(_, client string, sub packets.Subscription) {
 		if _, ok := subs.Shared[sub.Filter]; !ok {
 			subs.Shared[sub.Filter] = map[string]packets.Subscription{}
 		}
@@ -833,7 +869,7 @@ func (x *TopicsIndex) gatherInlineSubscriptions(particle *particle, subs *Subscr
 		subs.InlineSubscriptions = map[int]InlineSubscription{}
 	}
 
-	particle.inlineSubscriptions.each(func(id int, inline InlineSubscription) {
+	particle.inlineSubscriptions.Load().each(func(id int, inline InlineSubscription) {
 		subs.InlineSubscriptions[id] = inline
 	})
 }
@@ -920,26 +956,50 @@ func IsValidFilter(filter string, forPublish bool) bool {
 
 // particle is a child node on the tree.
 type particle struct {
-	key                 string               // the key of the particle
-	parent              *particle            // a pointer to the parent of the particle
-	particles           particles            // a map of child particles
-	subscriptions       *Subscriptions       // a map of subscriptions made by clients to this ending address
-	shared              *SharedSubscriptions // a map of shared subscriptions keyed on group name
-	inlineSubscriptions *InlineSubscriptions // a map of inline subscriptions for this particle
-	retainPath          string               // path of a retained message
-	sync.Mutex                               // mutex for when making changes to the particle
+	key           string         // the key of the particle
+	parent        *particle      // a pointer to the parent of the particle
+	particles     particles      // a map of child particles
+	subscriptions *Subscriptions // a map of subscriptions made by clients to this ending address
+	// shared and inlineSubscriptions are made by the particle's first shared
+	// or inline subscription (Keyline's fork, PATCHES.md item 27: most nodes
+	// have neither, and each empty set took 32 bytes); nil reads as empty.
+	// Set under the index's root lock; read without it by the topic walk.
+	shared              atomic.Pointer[SharedSubscriptions]
+	inlineSubscriptions atomic.Pointer[InlineSubscriptions]
+	retainPath          string // path of a retained message
+	sync.Mutex                 // mutex for when making changes to the particle
 }
 
 // newParticle returns a pointer to a new instance of particle.
 func newParticle(key string, parent *particle) *particle {
 	return &particle{
-		key:                 key,
-		parent:              parent,
-		particles:           newParticles(),
-		subscriptions:       NewSubscriptions(),
-		shared:              NewSharedSubscriptions(),
-		inlineSubscriptions: NewInlineSubscriptions(),
+		key:           key,
+		parent:        parent,
+		particles:     newParticles(),
+		subscriptions: NewSubscriptions(),
 	}
+}
+
+// sharedForAdd returns the particle's shared subscriptions, making them if
+// it has none; the caller holds the index's root lock.
+func (p *particle) sharedForAdd() *SharedSubscriptions {
+	s := p.shared.Load()
+	if s == nil {
+		s = NewSharedSubscriptions()
+		p.shared.Store(s)
+	}
+	return s
+}
+
+// inlineForAdd returns the particle's inline subscriptions, making them if
+// it has none; the caller holds the index's root lock.
+func (p *particle) inlineForAdd() *InlineSubscriptions {
+	s := p.inlineSubscriptions.Load()
+	if s == nil {
+		s = NewInlineSubscriptions()
+		p.inlineSubscriptions.Store(s)
+	}
+	return s
 }
 
 // particles is a concurrency safe map of particles.

@@ -236,11 +236,11 @@ func TestSubscribeShared(t *testing.T) {
 	index.Subscribe("cl1", packets.Subscription{Filter: SharePrefix + "/tmp/a/b/c", Qos: 2})
 	final := index.root.particles.get("a").particles.get("b").particles.get("c")
 	require.NotNil(t, final)
-	client, exists := final.shared.Get("tmp", "cl1")
+	client, exists := final.shared.Load().Get("tmp", "cl1")
 	require.True(t, exists)
 	require.Equal(t, byte(2), client.Qos)
 	require.Equal(t, 0, final.subscriptions.Len())
-	require.Equal(t, 1, final.shared.Len())
+	require.Equal(t, 1, final.shared.Load().Len())
 }
 
 func BenchmarkSubscribe(b *testing.B) {
@@ -322,12 +322,12 @@ func TestUnsubscribeShared(t *testing.T) {
 	index.Subscribe("cl1", packets.Subscription{Filter: "$SHARE/tmp/a/b/c", Qos: 2})
 	final := index.root.particles.get("a").particles.get("b").particles.get("c")
 	require.NotNil(t, final)
-	client, exists := final.shared.Get("tmp", "cl1")
+	client, exists := final.shared.Load().Get("tmp", "cl1")
 	require.True(t, exists)
 	require.Equal(t, byte(2), client.Qos)
 
 	require.True(t, index.Unsubscribe("$share/tmp/a/b/c", "cl1"))
-	_, exists = final.shared.Get("tmp", "cl1")
+	_, exists = final.shared.Load().Get("tmp", "cl1")
 	require.False(t, exists)
 }
 
@@ -1064,43 +1064,43 @@ func TestInlineUnsubscribe(t *testing.T) {
 
 	index := NewTopicsIndex()
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "a/b/c/d", Identifier: 1}})
-	sub, exists := index.root.particles.get("a").particles.get("b").particles.get("c").particles.get("d").inlineSubscriptions.Get(1)
+	sub, exists := index.root.particles.get("a").particles.get("b").particles.get("c").particles.get("d").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index = NewTopicsIndex()
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "a/b/c/d", Identifier: 1}})
-	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("c").particles.get("d").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("c").particles.get("d").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "d/e/f", Identifier: 1}})
-	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "d/e/f", Identifier: 2}})
-	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Get(2)
+	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Load().Get(2)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "a/b/+/d", Identifier: 1}})
-	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("+").particles.get("d").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("+").particles.get("d").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "d/e/f", Identifier: 1}})
-	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "d/e/f", Identifier: 1}})
-	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("d").particles.get("e").particles.get("f").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
 	index.InlineSubscribe(InlineSubscription{Handler: handler, Subscription: packets.Subscription{Filter: "#", Identifier: 1}})
-	sub, exists = index.root.particles.get("#").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("#").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
@@ -1108,7 +1108,7 @@ func TestInlineUnsubscribe(t *testing.T) {
 	require.True(t, ok)
 	require.Nil(t, index.root.particles.get("a").particles.get("b").particles.get("c"))
 
-	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("+").particles.get("d").inlineSubscriptions.Get(1)
+	sub, exists = index.root.particles.get("a").particles.get("b").particles.get("+").particles.get("d").inlineSubscriptions.Load().Get(1)
 	require.NotNil(t, sub)
 	require.True(t, exists)
 
