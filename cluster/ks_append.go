@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,12 +19,25 @@ import (
 )
 
 // appender appends publishes to group logs without making the publisher
-// wait: each append is an asynchronous JetStream publish with its own
-// Nats-Msg-Id, retried through a leader election until the publish
-// deadline (the id makes a retry store once). Per group and routing key at
-// most one append is in flight from this node, so a retried append never
-// lands after a later message of its key (pipelined retries can reorder);
-// different keys pipeline freely.
+// wait. Per group, the appends this node has waiting go to the stream
+// together, as one JetStream atomic batch (every message keeps its own
+// Nats-Msg-Id and its own stream sequence: a batch is stored whole, in
+// order, with consecutive sequences, or not at all), and one batch per
+// group is in flight from this node: the appends made meanwhile wait for
+// the next. So the messages of a key (of the group, even) are stored in the
+// order they were appended, and a retry never lands behind a later message
+// (pipelined retries could reorder them, research section 4). A batch that
+// fails in any way (an election, a full backlog, a server without atomic
+// batches) is stored again message by message, in order, each retried
+// through a leader election until the publish deadline under its id: a
+// message the batch did store is then answered as a duplicate with its
+// sequence, and a batch whose commit comes late finds a message already
+// stored and is refused whole. A batch of one is a plain publish.
+//
+// The profile showed why (issue 24, ks-group on three nodes): one
+// asynchronous JetStream publish per message, each its own Raft proposal,
+// PubAck, reply subject, future, goroutine and timer, on a 2-core machine
+// with no CPU to spare.
 type appender struct {
 	g    *Groups
 	boot string // makes this run's message ids unique
@@ -30,35 +45,63 @@ type appender struct {
 
 	mu struct {
 		sync.Mutex
-		keys   map[string][]*appendReq // group hash + key -> appends waiting (the first is in flight)
-		closed bool
+		groups  map[string]*groupAppends // group hash -> appends waiting
+		noBatch map[string]time.Time     // group hash -> until when its stream takes no atomic batch
+		closed  bool
 	}
 	pending sync.WaitGroup // appends submitted and not completed
 	stop    chan struct{}
+	ctx     context.Context // ends with stop
+	cancel  context.CancelFunc
+}
+
+// groupAppends is a group's queue; running tells that its sender runs.
+type groupAppends struct {
+	queue   []*appendReq
+	running bool
 }
 
 type appendReq struct {
-	gh, slot string
-	msg      *nats.Msg
+	gh, id   string
+	data     []byte
 	deadline time.Time
 	done     func(seq uint64, err error)
 }
 
+// Bounds of one atomic batch: nats-server takes at most 1,000 messages
+// (max_batch_size); the bytes keep a batch's staging on the stream leader small.
+const (
+	maxAppendBatch      = 500
+	maxAppendBatchBytes = 4 << 20
+)
+
+// Headers of an atomic batch publish (nats-server 2.12+, ADR-50).
+const (
+	hdrBatchID     = "Nats-Batch-Id"
+	hdrBatchSeq    = "Nats-Batch-Sequence"
+	hdrBatchCommit = "Nats-Batch-Commit"
+)
+
+// errAtomicDisabled is nats-server's "atomic publish is disabled" (the
+// stream was made without AllowAtomicPublish, by an older Keyline).
+const errAtomicDisabled = 10174
+
 func newAppender(g *Groups) *appender {
 	a := &appender{g: g, boot: nuid.Next(), stop: make(chan struct{})}
-	a.mu.keys = map[string][]*appendReq{}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.mu.groups = map[string]*groupAppends{}
+	a.mu.noBatch = map[string]time.Time{}
 	return a
 }
 
-// append adds data (an encoded message with routing key key) to group gh's
-// log and calls done once with its offset or the error. id, when set, is
-// the message id (a retried replay must not store twice).
-func (a *appender) append(gh, key, id string, data []byte, done func(uint64, error)) {
+// append adds data (an encoded message) to group gh's log and calls done
+// once with its offset or the error. id, when set, is the message id (a
+// retried replay must not store twice).
+func (a *appender) append(gh, id string, data []byte, done func(uint64, error)) {
 	if id == "" {
 		id = a.g.node.cfg.NodeID + "-" + a.boot + "-" + strconv.FormatUint(a.seq.Add(1), 36)
 	}
-	m := &nats.Msg{Subject: groupSubject(gh), Data: data, Header: nats.Header{jetstream.MsgIDHeader: []string{id}}}
-	r := &appendReq{gh: gh, slot: gh + "\x00" + key, msg: m, deadline: time.Now().Add(a.g.node.cfg.PublishTimeout), done: done}
+	r := &appendReq{gh: gh, id: id, data: data, deadline: time.Now().Add(a.g.node.cfg.PublishTimeout), done: done}
 	a.mu.Lock()
 	if a.mu.closed {
 		a.mu.Unlock()
@@ -66,31 +109,146 @@ func (a *appender) append(gh, key, id string, data []byte, done func(uint64, err
 		return
 	}
 	a.pending.Add(1)
-	q := a.mu.keys[r.slot]
-	a.mu.keys[r.slot] = append(q, r)
+	q := a.mu.groups[gh]
+	if q == nil {
+		q = &groupAppends{}
+		a.mu.groups[gh] = q
+	}
+	q.queue = append(q.queue, r)
+	start := !q.running
+	q.running = true
 	a.mu.Unlock()
-	if len(q) == 0 {
-		a.start(r)
+	if start {
+		go a.run(gh, q)
 	}
 }
 
-func (a *appender) start(r *appendReq) {
-	go func() {
-		seq, err := a.publish(r)
-		r.done(seq, err)
-		a.pending.Done()
+// run sends group gh's appends, one batch at a time, until none waits.
+func (a *appender) run(gh string, q *groupAppends) {
+	for {
 		a.mu.Lock()
-		q := a.mu.keys[r.slot][1:]
-		if len(q) == 0 {
-			delete(a.mu.keys, r.slot)
-		} else {
-			a.mu.keys[r.slot] = q
+		if len(q.queue) == 0 {
+			q.running = false
+			delete(a.mu.groups, gh)
+			a.mu.Unlock()
+			return
 		}
+		n, size := 0, 0
+		for n < len(q.queue) && n < maxAppendBatch && (n == 0 || size+len(q.queue[n].data) <= maxAppendBatchBytes) {
+			size += len(q.queue[n].data)
+			n++
+		}
+		batch := append([]*appendReq(nil), q.queue[:n]...)
+		clear(q.queue[:n])
+		q.queue = q.queue[n:]
+		batched := len(batch) > 1 && time.Now().After(a.mu.noBatch[gh])
 		a.mu.Unlock()
-		if len(q) > 0 {
-			a.start(q[0])
+		var seqs []uint64
+		if batched {
+			var err error
+			if seqs, err = a.publishBatch(gh, batch); err != nil {
+				seqs = nil
+				a.batchFailed(gh, err)
+			}
 		}
-	}()
+		for i, r := range batch {
+			var seq uint64
+			var err error
+			if seqs != nil {
+				seq = seqs[i]
+			} else {
+				seq, err = a.publish(r)
+			}
+			r.done(seq, err)
+			a.pending.Done()
+		}
+	}
+}
+
+// publishBatch stores batch as one atomic batch and returns the messages'
+// sequences.
+func (a *appender) publishBatch(gh string, batch []*appendReq) ([]uint64, error) {
+	nc := a.g.node.nc
+	id := nuid.Next()
+	subj := groupSubject(gh)
+	for i, r := range batch {
+		m := &nats.Msg{Subject: subj, Data: r.data, Header: nats.Header{
+			jetstream.MsgIDHeader: []string{r.id},
+			hdrBatchID:            []string{id},
+			hdrBatchSeq:           []string{strconv.Itoa(i + 1)},
+		}}
+		if i < len(batch)-1 {
+			if err := nc.PublishMsg(m); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		m.Header[hdrBatchCommit] = []string{"1"}
+		m.Header[jetstream.ExpectedStreamHeader] = []string{groupStream(gh)}
+		ctx, cancel := context.WithTimeout(a.ctx, a.g.node.cfg.RequestTimeout)
+		resp, err := nc.RequestMsgWithContext(ctx, m)
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		var ack batchAck
+		if err := json.Unmarshal(resp.Data, &ack); err != nil {
+			return nil, fmt.Errorf("cluster: group log batch: %w", err)
+		}
+		if ack.Error != nil {
+			return nil, ack.Error
+		}
+		if ack.Batch != id || ack.Count != uint64(len(batch)) || ack.Seq < ack.Count {
+			// A server that does not know atomic batches stored them one by
+			// one: the message ids give their sequences.
+			return nil, fmt.Errorf("cluster: group log batch: answered as batch %q of %d at %d", ack.Batch, ack.Count, ack.Seq)
+		}
+		a.g.node.lastJSOK.Store(time.Now().UnixNano())
+		seqs := make([]uint64, len(batch))
+		for i := range seqs {
+			seqs[i] = ack.Seq - ack.Count + 1 + uint64(i)
+		}
+		return seqs, nil
+	}
+	return nil, errors.New("cluster: empty batch")
+}
+
+// batchAck is a stream's answer to a batch's commit.
+type batchAck struct {
+	Seq   uint64              `json:"seq"`
+	Batch string              `json:"batch"`
+	Count uint64              `json:"count"`
+	Error *jetstream.APIError `json:"error"`
+}
+
+// batchFailed notes a failed batch: a stream that takes no atomic batch
+// gets it (updated in the background) and is sent messages one by one
+// meanwhile.
+func (a *appender) batchFailed(gh string, err error) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errAtomicDisabled {
+		return
+	}
+	a.mu.Lock()
+	a.mu.noBatch[gh] = time.Now().Add(30 * time.Second)
+	a.mu.Unlock()
+	a.g.goFunc(func() {
+		ctx, cancel := a.g.ctx()
+		defer cancel()
+		s, err := a.g.node.js.Stream(ctx, groupStream(gh))
+		if err == nil {
+			cfg := s.CachedInfo().Config
+			cfg.AllowAtomicPublish = true
+			_, err = a.g.node.js.UpdateStream(ctx, cfg)
+		}
+		if err != nil {
+			a.g.log.Debug("key-shared: group log not switched to atomic batches", "stream", groupStream(gh), "error", err)
+			return
+		}
+		a.mu.Lock()
+		delete(a.mu.noBatch, gh)
+		a.mu.Unlock()
+	})
 }
 
 // publish stores r, retrying until its deadline.
@@ -101,10 +259,7 @@ func (a *appender) publish(r *appendReq) (uint64, error) {
 		// retries of a future that may still be running when this loop
 		// gives up on it (the race detector saw the two meet in
 		// TestBackend/Committed). The id header dedupes a late first store.
-		m := &nats.Msg{Subject: r.msg.Subject, Data: r.msg.Data, Header: nats.Header{}}
-		for k, v := range r.msg.Header {
-			m.Header[k] = append([]string(nil), v...)
-		}
+		m := &nats.Msg{Subject: groupSubject(r.gh), Data: r.data, Header: nats.Header{jetstream.MsgIDHeader: []string{r.id}}}
 		fut, err := a.g.node.js.PublishMsgAsync(m, jetstream.WithExpectStream(groupStream(r.gh)))
 		if err == nil {
 			t := time.NewTimer(a.g.node.cfg.RequestTimeout)
@@ -166,5 +321,6 @@ func (a *appender) close() {
 	a.mu.closed = true
 	a.mu.Unlock()
 	close(a.stop)
+	a.cancel()
 	a.pending.Wait()
 }
