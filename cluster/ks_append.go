@@ -82,6 +82,10 @@ const (
 	hdrBatchCommit = "Nats-Batch-Commit"
 )
 
+// errNoAtomicBatches: the server answered a batch's commit as a plain
+// publish (nats-server before 2.12).
+var errNoAtomicBatches = errors.New("cluster: the NATS server does not know atomic batches")
+
 // errAtomicDisabled is nats-server's "atomic publish is disabled" (the
 // stream was made without AllowAtomicPublish, by an older Keyline).
 const errAtomicDisabled = 10174
@@ -141,7 +145,14 @@ func (a *appender) run(gh string, q *groupAppends) {
 		batch := append([]*appendReq(nil), q.queue[:n]...)
 		clear(q.queue[:n])
 		q.queue = q.queue[n:]
-		batched := len(batch) > 1 && time.Now().After(a.mu.noBatch[gh])
+		batched := len(batch) > 1
+		if until, ok := a.mu.noBatch[gh]; ok {
+			if time.Now().Before(until) {
+				batched = false
+			} else {
+				delete(a.mu.noBatch, gh)
+			}
+		}
 		a.mu.Unlock()
 		var seqs []uint64
 		if batched {
@@ -198,9 +209,12 @@ func (a *appender) publishBatch(gh string, batch []*appendReq) ([]uint64, error)
 		if ack.Error != nil {
 			return nil, ack.Error
 		}
-		if ack.Batch != id || ack.Count != uint64(len(batch)) || ack.Seq < ack.Count {
+		if ack.Batch == "" {
 			// A server that does not know atomic batches stored them one by
 			// one: the message ids give their sequences.
+			return nil, errNoAtomicBatches
+		}
+		if ack.Batch != id || ack.Count != uint64(len(batch)) || ack.Seq < ack.Count {
 			return nil, fmt.Errorf("cluster: group log batch: answered as batch %q of %d at %d", ack.Batch, ack.Count, ack.Seq)
 		}
 		a.g.node.lastJSOK.Store(time.Now().UnixNano())
@@ -223,15 +237,19 @@ type batchAck struct {
 
 // batchFailed notes a failed batch: a stream that takes no atomic batch
 // gets it (updated in the background) and is sent messages one by one
-// meanwhile.
+// meanwhile (30 s), as is one on a server that does not know them.
 func (a *appender) batchFailed(gh string, err error) {
 	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errAtomicDisabled {
+	disabled := errors.As(err, &apiErr) && apiErr.ErrorCode == errAtomicDisabled
+	if !disabled && !errors.Is(err, errNoAtomicBatches) {
 		return
 	}
 	a.mu.Lock()
 	a.mu.noBatch[gh] = time.Now().Add(30 * time.Second)
 	a.mu.Unlock()
+	if !disabled {
+		return
+	}
 	a.g.goFunc(func() {
 		ctx, cancel := a.g.ctx()
 		defer cancel()
