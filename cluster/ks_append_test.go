@@ -22,7 +22,7 @@ func appendAll(t *testing.T, a *appender, gh string, n int, tag string) []uint64
 	wg.Add(n)
 	for i := range n {
 		m := keyshared.Message{Key: "k", Topic: "orders/x", QoS: 1, Payload: fmt.Appendf(nil, "%s:%d", tag, i), PublishedAt: time.Now()}
-		a.append(gh, "", keyshared.EncodeMessage(&m), func(off uint64, err error) {
+		a.append(gh, m.Key, "", keyshared.EncodeMessage(&m), func(off uint64, err error) {
 			if err != nil {
 				t.Error(err)
 			}
@@ -196,6 +196,82 @@ func TestGroupAppendBatchRetriedStoresOnce(t *testing.T) {
 	for i := 1; i < len(again); i++ {
 		if again[i] != again[i-1]+1 {
 			t.Fatalf("the retry stored out of order: %v", again)
+		}
+	}
+}
+
+// TestAppendBatchesKeepKeyOrder: a group's batches in flight never share a
+// key, and a key's appends leave in the order made, also when an append
+// does not fit a batch and a later, smaller one of its key would.
+func TestAppendBatchesKeepKeyOrder(t *testing.T) {
+	a := newAppender(nil)
+	q := &groupAppends{keys: map[string]bool{}}
+	var made []*appendReq
+	add := func(key string, size int) {
+		r := &appendReq{key: key, data: make([]byte, size)}
+		made = append(made, r)
+		q.queue = append(q.queue, r)
+	}
+	add("a", 10)
+	add("b", 10)
+	add("a", maxAppendBatchBytes) // does not fit behind the first two
+	add("a", 10)                  // must not overtake it
+	add("c", 10)
+	for i := range 3 * maxAppendBatch {
+		add(fmt.Sprintf("k%d", i%7), 10)
+	}
+	var sent [][]*appendReq
+	inFlight := map[int]bool{}
+	for len(q.queue) > 0 || len(inFlight) > 0 {
+		b, _ := a.nextLocked("g", q)
+		if b != nil {
+			for i := range inFlight {
+				for _, r := range b {
+					for _, o := range sent[i] {
+						if o.key == r.key {
+							t.Fatalf("key %s in two batches in flight", r.key)
+						}
+					}
+				}
+			}
+			inFlight[len(sent)] = true
+			sent = append(sent, b)
+			if len(b) > maxAppendBatch {
+				t.Fatalf("a batch of %d", len(b))
+			}
+			continue
+		}
+		if len(inFlight) == 0 {
+			t.Fatal("appends wait with no batch in flight")
+		}
+		for i := range inFlight { // one of the batches in flight ends
+			q.inFlight--
+			for _, r := range sent[i] {
+				delete(q.keys, r.key)
+			}
+			delete(inFlight, i)
+			break
+		}
+	}
+	order := map[string][]*appendReq{}
+	for _, b := range sent {
+		for _, r := range b {
+			order[r.key] = append(order[r.key], r)
+		}
+	}
+	want := map[string][]*appendReq{}
+	for _, r := range made {
+		want[r.key] = append(want[r.key], r)
+	}
+	for k, w := range want {
+		got := order[k]
+		if len(got) != len(w) {
+			t.Fatalf("key %s: %d of %d appends sent", k, len(got), len(w))
+		}
+		for i := range w {
+			if got[i] != w[i] {
+				t.Fatalf("key %s: appends sent out of order", k)
+			}
 		}
 	}
 }

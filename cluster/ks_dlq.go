@@ -155,7 +155,7 @@ func (g *Groups) ReplayDeadLetter(group string, id uint64) (uint64, error) {
 		err error
 	}
 	ch := make(chan res, 1)
-	g.appends.append(gh, "replay-"+gh+"-"+strconv.FormatUint(id, 10), keyshared.EncodeMessage(&m), func(off uint64, err error) {
+	g.appends.append(gh, m.Key, "replay-"+gh+"-"+strconv.FormatUint(id, 10), keyshared.EncodeMessage(&m), func(off uint64, err error) {
 		ch <- res{off, err}
 	})
 	r := <-ch

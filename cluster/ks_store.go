@@ -263,8 +263,9 @@ func (g *Groups) Pending(name string, from uint64, limit int) ([]keyshared.Messa
 
 // AppendMultiAsync implements keyshared.Backend: the message goes to each
 // group's log; done runs once all answered, on a goroutine of the appender
-// (callbacks of different publishes may run concurrently; a group's
-// appends from this node complete in the order they were made). The
+// (callbacks of different publishes may run concurrently; per group and
+// routing key one batch of appends is in flight, so those of a key
+// complete in order). The
 // backlog rule's size check comes first; its counts are the stream's
 // limits (streamConfig).
 func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]keyshared.AppendResult)) {
@@ -291,7 +292,7 @@ func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done fun
 			}
 			continue
 		}
-		g.appends.append(gh, "", data, func(off uint64, err error) {
+		g.appends.append(gh, m.Key, "", data, func(off uint64, err error) {
 			mu.Lock()
 			rs[i].Offset, rs[i].Err = off, err
 			left--
