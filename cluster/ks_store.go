@@ -52,6 +52,10 @@ func streamConfig(gh string, cfg keyshared.GroupConfig, replicas int) jetstream.
 		Name: groupStream(gh), Description: "Keyline Key-Shared group log", Subjects: []string{groupSubject(gh)},
 		Retention: jetstream.LimitsPolicy, Storage: jetstream.FileStorage, Replicas: replicas,
 		Duplicates: 2 * time.Minute, AllowDirect: true, MaxMsgs: -1, MaxBytes: -1, Discard: jetstream.DiscardNew,
+		// Appends go in atomic batches (ks_append.go). Not compared by
+		// streamDiff: a stream made without it is switched on its first
+		// refused batch, and a server too old for it ignores the field.
+		AllowAtomicPublish: true,
 	}
 	if lim.MaxMessages > 0 {
 		sc.MaxMsgs = int64(min(lim.MaxMessages, 1<<62))
@@ -260,7 +264,8 @@ func (g *Groups) Pending(name string, from uint64, limit int) ([]keyshared.Messa
 // AppendMultiAsync implements keyshared.Backend: the message goes to each
 // group's log; done runs once all answered, on a goroutine of the appender
 // (callbacks of different publishes may run concurrently; per group and
-// routing key one append is in flight, so those complete in order). The
+// routing key one batch of appends is in flight, so those of a key
+// complete in order). The
 // backlog rule's size check comes first; its counts are the stream's
 // limits (streamConfig).
 func (g *Groups) AppendMultiAsync(groups []string, m keyshared.Message, done func([]keyshared.AppendResult)) {
