@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,10 +74,18 @@ type KeyShared struct {
 	backend keyshared.Backend
 	cfg     KeySharedConfig
 
-	groups   *groupRegistry
-	members  *memberships
-	inflight *inflightTable
-	dlq      *dlqPublisher
+	groups  *groupRegistry
+	members *memberships
+	// reaping orders joins against deletions: a join holds it shared from
+	// finding its group to adding the member, a deletion (DeleteGroup,
+	// SweepIdle) exclusively from deciding to its dispatcher stopped. A
+	// member joining while its group is swept would otherwise join the
+	// dispatcher being closed and receive nothing, its subscription granted.
+	reaping sync.RWMutex
+	// joinWaits, when set (tests), runs when a join must wait for a deletion.
+	joinWaits func()
+	inflight  *inflightTable
+	dlq       *dlqPublisher
 	// acks, when the backend tells the end of each commit's callbacks
 	// (keyshared.Backend.OnCommitted), holds the publishers'
 	// acknowledgements a commit released until its callbacks have all run:
@@ -303,6 +312,13 @@ func (h *KeyShared) overGroupLimits(cl *mqtt.Client, name string) string {
 
 // join makes cl a member of group n; it fails when the group cannot be opened.
 func (h *KeyShared) join(cl *mqtt.Client, n share.Name, m *membership) error {
+	if !h.reaping.TryRLock() {
+		if h.joinWaits != nil {
+			h.joinWaits()
+		}
+		h.reaping.RLock()
+	}
+	defer h.reaping.RUnlock()
 	g, err := h.ensureGroup(n)
 	if err != nil {
 		return err

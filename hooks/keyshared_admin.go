@@ -44,8 +44,11 @@ func (h *KeyShared) Groups() ([]GroupStatus, error) {
 	return out, nil
 }
 
-// Group returns one group's status.
+// Group returns one group's status. A group being deleted is reported
+// once its dispatcher has stopped.
 func (h *KeyShared) Group(name string) (GroupStatus, error) {
+	h.reaping.RLock()
+	defer h.reaping.RUnlock()
 	gi, err := h.backend.Group(name)
 	if err != nil {
 		return GroupStatus{}, err
@@ -74,6 +77,8 @@ func (h *KeyShared) status(gi keyshared.GroupInfo) GroupStatus {
 // DeleteGroup stops a group and deletes its log, cursor and dead letters. A
 // group with members is refused: they would recreate it at once.
 func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
+	h.reaping.Lock()
+	defer h.reaping.Unlock()
 	if n := h.members.count(name); n > 0 {
 		return fmt.Errorf("%w: group %s has %d members; they must unsubscribe first", ErrGroupBusy, name, n)
 	}
@@ -90,6 +95,8 @@ func (h *KeyShared) DeleteGroup(ctx context.Context, name string) error {
 // dead letters for ttl, and returns their names. A group holding messages is
 // never deleted this way.
 func (h *KeyShared) SweepIdle(ctx context.Context, now time.Time, ttl time.Duration) ([]string, error) {
+	h.reaping.Lock()
+	defer h.reaping.Unlock()
 	swept, err := h.backend.SweepIdle(now, ttl)
 	for _, name := range swept {
 		if g := h.groups.remove(name); g != nil {
