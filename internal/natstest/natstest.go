@@ -8,6 +8,7 @@
 package natstest
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -20,35 +21,79 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/logger"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/keyline-mq/keyline/internal/mqtttest"
 )
 
-// FreePort returns a loopback TCP port that was free a moment ago. The
-// servers bind their ports only later (a child process first has to
-// start), so the port is taken below the kernel's ephemeral range: there
-// no outgoing connection of another test (thousands of them run beside
-// these) and no listener on port 0 can take it in between.
+// FreePort returns a loopback TCP port that was free a moment ago and
+// that no other FreePort hands out until the test ends. The servers bind
+// their ports only later (a child process first has to start), so the port
+// is taken below the kernel's ephemeral range, where no outgoing connection
+// and no listener on port 0 can take it in between; and it is reserved
+// across processes (test packages run in parallel, each with its own NATS
+// clusters) by an flock on a file named after it, held until the test
+// ends (the kernel drops it when the process dies, SIGKILL included).
+// Without the reservation two packages could pick the same port within the
+// second before either bound it: one server then did not listen, or joined
+// the other package's cluster.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	low := ephemeralLow()
+	dir := filepath.Join(os.TempDir(), "keyline-natstest-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
 	for range 1000 {
 		port := portFloor + rand.IntN(low-portFloor)
+		release, ok := reserve(dir, port)
+		if !ok {
+			continue // another process's, or ours
+		}
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
+			release()
 			continue // in use: another one
 		}
 		l.Close()
+		t.Cleanup(release)
 		return port
 	}
 	t.Fatalf("no free port in %d-%d", portFloor, low-1)
 	return 0
+}
+
+// reserved holds the ports this process reserved: flock is per open file,
+// so a second open of the same file in this process would get the lock too.
+var reserved sync.Map
+
+// reserve takes the flock of port's file in dir and returns its release,
+// or reports that someone (another process, or this one) holds it.
+func reserve(dir string, port int) (func(), bool) {
+	if _, dup := reserved.LoadOrStore(port, true); dup {
+		return nil, false
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err == nil {
+		if err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		reserved.Delete(port)
+		return nil, false
+	}
+	return func() {
+		f.Close()
+		reserved.Delete(port)
+	}, true
 }
 
 // portFloor is the lowest port FreePort hands out.
@@ -71,6 +116,7 @@ func ephemeralLow() int {
 // spec is one server of a cluster, as a child process receives it.
 type spec struct {
 	Name        string   `json:"name"`
+	Cluster     string   `json:"cluster"`
 	Port        int      `json:"port"`
 	ClusterPort int      `json:"cluster_port"`
 	Routes      []string `json:"routes"`
@@ -87,18 +133,27 @@ func (s spec) options() *server.Options {
 		ServerName: s.Name,
 		Host:       "127.0.0.1", Port: s.Port,
 		JetStream: true, StoreDir: s.StoreDir,
-		Cluster: server.ClusterOpts{Name: "kl", Host: "127.0.0.1", Port: s.ClusterPort},
+		Cluster: server.ClusterOpts{Name: s.Cluster, Host: "127.0.0.1", Port: s.ClusterPort},
 		Routes:  routes,
 		NoSigs:  true, NoLog: true, DisableJetStreamBanner: true,
 	}
 }
 
+// clusterName names a new test cluster: unique on the machine (the
+// process id and a counter), so that a route that reaches another test's
+// server (a port reused the moment it was freed) is refused by NATS for its
+// cluster name instead of merging two clusters into one.
+func clusterName() string { return fmt.Sprintf("kl-%d-%d", os.Getpid(), clusters.Add(1)) }
+
+var clusters atomic.Uint64
+
 func specs(t testing.TB, n int) []spec {
 	dir := t.TempDir()
 	out := make([]spec, n)
+	name := clusterName()
 	var routes []string
 	for i := range out {
-		out[i] = spec{Name: fmt.Sprintf("n%d", i+1), Port: FreePort(t), ClusterPort: FreePort(t), StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
+		out[i] = spec{Name: fmt.Sprintf("n%d", i+1), Cluster: name, Port: FreePort(t), ClusterPort: FreePort(t), StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", out[i].ClusterPort))
 	}
 	for i := range out {
@@ -110,6 +165,8 @@ func specs(t testing.TB, n int) []spec {
 // Cluster is an in-process NATS cluster.
 type Cluster struct {
 	Servers []*server.Server
+	names   []string
+	logs    []*tail
 	// MQTTAddrs are the servers' MQTT listeners (Options.MQTT), in order.
 	MQTTAddrs []string
 }
@@ -141,10 +198,12 @@ func StartWith(t testing.TB, n int, opts Options) *Cluster {
 	t.Helper()
 	c := &Cluster{}
 	t.Cleanup(c.Shutdown)
+	t.Cleanup(func() { logOnFailure(t, c.names, c.logs) })
 	dir := t.TempDir()
+	name := clusterName()
 	var routes []string
 	for i := range n {
-		s := spec{Name: fmt.Sprintf("n%d", i+1), Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
+		s := spec{Name: fmt.Sprintf("n%d", i+1), Cluster: name, Port: server.RANDOM_PORT, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
 		if n > 1 {
 			s.ClusterPort = FreePort(t)
 			s.Routes = append(slices.Clone(routes), fmt.Sprintf("nats-route://127.0.0.1:%d", s.ClusterPort))
@@ -157,7 +216,9 @@ func StartWith(t testing.TB, n int, opts Options) *Cluster {
 			o.MQTT = server.MQTTOpts{Host: "127.0.0.1", Port: FreePort(t)}
 			c.MQTTAddrs = append(c.MQTTAddrs, fmt.Sprintf("127.0.0.1:%d", o.MQTT.Port))
 		}
-		c.Servers = append(c.Servers, startServer(t, o))
+		lg := &startLog{routes: make(chan struct{}), fatal: make(chan string, 4)}
+		c.names, c.logs = append(c.names, s.Name), append(c.logs, &lg.tail)
+		c.Servers = append(c.Servers, startServer(t, o, lg))
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", s.ClusterPort))
 	}
 	mqtttest.Eventually(t, 30*time.Second, "a JetStream meta leader", func() bool { return c.hasLeader(n) })
@@ -169,13 +230,12 @@ func StartWith(t testing.TB, n int, opts Options) *Cluster {
 // starts the route listener on a goroutine of its own: the server's log says
 // when that listens, or why a listener could not bind (a port another
 // process took), which fails the test at once with nats-server's reason.
-func startServer(t testing.TB, o *server.Options) *server.Server {
+func startServer(t testing.TB, o *server.Options, lg *startLog) *server.Server {
 	t.Helper()
 	srv, err := server.NewServer(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lg := &startLog{routes: make(chan struct{}), fatal: make(chan string, 4)}
 	srv.SetLogger(lg, false, false)
 	srv.Start()
 	if o.Cluster.Port == 0 {
@@ -205,13 +265,15 @@ func startServer(t testing.TB, o *server.Options) *server.Server {
 	return srv
 }
 
-// startLog is a server's logger while it starts: it reports the route
+// startLog is an in-process server's logger: it reports the route
 // listener listening and fatal errors (the listeners' bind errors among
-// them), and drops everything else (the servers run with NoLog).
+// them) while the server starts, and keeps the tail of what the server
+// logs (notices, warnings, errors), which the test prints if it fails.
 type startLog struct {
 	once   sync.Once
 	routes chan struct{}
 	fatal  chan string
+	tail   tail
 }
 
 func (l *startLog) close() { l.once.Do(func() { close(l.routes) }) }
@@ -220,6 +282,7 @@ func (l *startLog) Noticef(format string, v ...any) {
 	if strings.HasPrefix(format, "Listening for route connections") {
 		l.close()
 	}
+	l.tail.line("INF", format, v)
 }
 
 func (l *startLog) Fatalf(format string, v ...any) {
@@ -227,12 +290,81 @@ func (l *startLog) Fatalf(format string, v ...any) {
 	case l.fatal <- fmt.Sprintf(format, v...):
 	default:
 	}
+	l.tail.line("FTL", format, v)
 }
 
-func (l *startLog) Warnf(string, ...any)  {}
-func (l *startLog) Errorf(string, ...any) {}
-func (l *startLog) Debugf(string, ...any) {}
-func (l *startLog) Tracef(string, ...any) {}
+func (l *startLog) Warnf(format string, v ...any)  { l.tail.line("WRN", format, v) }
+func (l *startLog) Errorf(format string, v ...any) { l.tail.line("ERR", format, v) }
+func (l *startLog) Debugf(string, ...any)          {}
+func (l *startLog) Tracef(string, ...any)          {}
+
+// tail keeps the last tailLines lines written to it.
+type tail struct {
+	mu    sync.Mutex
+	lines []string
+	part  []byte // a line not yet ended (Write)
+	cut   int    // lines dropped from the front
+}
+
+const tailLines = 400
+
+func (t *tail) line(level, format string, v []any) {
+	t.add(time.Now().Format("15:04:05.000") + " [" + level + "] " + fmt.Sprintf(format, v...))
+}
+
+func (t *tail) add(line string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.lines = append(t.lines, line)
+	if len(t.lines) > tailLines {
+		t.cut += len(t.lines) - tailLines
+		t.lines = slices.Delete(t.lines, 0, len(t.lines)-tailLines)
+	}
+}
+
+// Write takes a child process's stderr, line by line.
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	buf := append(t.part, p...)
+	var done []string
+	for {
+		i := bytes.IndexByte(buf, '\n')
+		if i < 0 {
+			break
+		}
+		done = append(done, string(buf[:i]))
+		buf = buf[i+1:]
+	}
+	t.part = slices.Clone(buf)
+	t.mu.Unlock()
+	for _, l := range done {
+		t.add(l)
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	head := ""
+	if t.cut > 0 {
+		head = fmt.Sprintf("(%d earlier lines not kept)\n", t.cut)
+	}
+	return head + strings.Join(t.lines, "\n") + string(t.part)
+}
+
+// logOnFailure prints the servers' logs when the test has failed.
+func logOnFailure(t testing.TB, names []string, tails []*tail) {
+	t.Helper()
+	if !t.Failed() {
+		return
+	}
+	for i, tl := range tails {
+		if tl != nil {
+			t.Logf("nats server %s log:\n%s", names[i], tl)
+		}
+	}
+}
 
 func (c *Cluster) hasLeader(n int) bool {
 	for _, s := range c.Servers {
@@ -283,6 +415,11 @@ func MaybeRunChild() {
 		fmt.Fprintln(os.Stderr, "natstest child:", err)
 		os.Exit(2)
 	}
+	// The log goes to stderr, which the parent keeps (a test that fails
+	// prints it); a fatal error (a listener that cannot bind) ends the
+	// process, as it ends a nats-server binary, instead of leaving a server
+	// without its port.
+	srv.SetLogger(logger.NewStdLogger(true, false, false, false, false), false, false)
 	srv.Start()
 	srv.WaitForShutdown()
 	os.Exit(0)
@@ -294,6 +431,7 @@ type ProcCluster struct {
 	dir   string
 	specs []spec
 	procs []*exec.Cmd
+	logs  []*tail // each server's stderr, over its restarts
 }
 
 // StartProcs starts an n-server cluster of child processes (the test
@@ -314,8 +452,15 @@ func StartProcs(t testing.TB, n int) *ProcCluster {
 // when bin is "". The children are killed when the test ends.
 func NewProcs(t testing.TB, n int, bin string) *ProcCluster {
 	t.Helper()
-	c := &ProcCluster{bin: bin, dir: t.TempDir(), specs: specs(t, n), procs: make([]*exec.Cmd, n)}
+	c := &ProcCluster{bin: bin, dir: t.TempDir(), specs: specs(t, n), procs: make([]*exec.Cmd, n), logs: make([]*tail, n)}
 	t.Cleanup(c.KillAll)
+	t.Cleanup(func() {
+		var names []string
+		for _, s := range c.specs {
+			names = append(names, s.Name)
+		}
+		logOnFailure(t, names, c.logs)
+	})
 	return c
 }
 
@@ -366,7 +511,10 @@ func (c *ProcCluster) Start(t testing.TB, i int) {
 		}
 		cmd = exec.Command(c.bin, "-c", conf)
 	}
-	cmd.Stderr = os.Stderr
+	if c.logs[i] == nil {
+		c.logs[i] = &tail{}
+	}
+	cmd.Stdout, cmd.Stderr = c.logs[i], c.logs[i]
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -380,8 +528,8 @@ func (s spec) config() string {
 		routes = append(routes, strconv.Quote(r))
 	}
 	return fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n"+
-		"cluster { name: kl, listen: 127.0.0.1:%d, routes: [%s] }\n",
-		s.Name, s.Port, s.StoreDir, s.ClusterPort, strings.Join(routes, ", "))
+		"cluster { name: %s, listen: 127.0.0.1:%d, routes: [%s] }\n",
+		s.Name, s.Port, s.StoreDir, s.Cluster, s.ClusterPort, strings.Join(routes, ", "))
 }
 
 // ServerBin returns $KEYLINE_NATS_SERVER: a nats-server binary for
