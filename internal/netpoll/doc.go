@@ -15,6 +15,13 @@
 // Close never makes a read hit a descriptor reused by another connection.
 // The descriptor is never duplicated (one descriptor per connection).
 //
+// The second epoll instance is itself registered with Go's poller (an epoll
+// descriptor is readable while it holds events): a waiter parks as a
+// goroutine until the runtime sees it readable, then takes the events with
+// a non-blocking epoll_wait, so no waiter holds an OS thread in a blocking
+// system call (one waits in the runtime poller at a time, the others queue
+// for their turn).
+//
 // # Invariants
 //
 //  1. A connection's Handler runs in at most one goroutine at a time, and

@@ -8,6 +8,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -290,4 +292,67 @@ func TestAddAfterClose(t *testing.T) {
 	if _, err := p.Add(s, HandlerFunc(func(*Conn) {})); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Add after Close: %v", err)
 	}
+}
+
+// TestWaitersHoldNoThread: a waiter waits for readiness as a goroutine
+// parked in Go's runtime poller (or queued for its turn there), not in a
+// blocking epoll_wait that holds an OS thread each: goroutine state "IO
+// wait" or "semacquire", never "syscall". A blocked thread is what made
+// every wake-up of an idle broker cost a P hand-off and kept the runtime's
+// monitor polling.
+func TestWaitersHoldNoThread(t *testing.T) {
+	const waiters = 8
+	p, err := New(Config{Waiters: waiters})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.sys.blocking {
+		t.Fatal("the epoll descriptor is not polled by the runtime: waiters block in epoll_wait")
+	}
+	s, c := pair(t)
+	r := newReader()
+	pc, err := p.Add(s, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Remove()
+	if _, err := c.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-r.got; string(got) != "x" {
+		t.Fatalf("read %q", got)
+	}
+	var states map[string]int
+	poll.Until(t, 10*time.Second, fmt.Sprintf("%d waiters waiting", waiters), func() bool {
+		states = waiterStates()
+		n := 0
+		for _, v := range states {
+			n += v
+		}
+		return n == waiters && states["running"] == 0 && states["runnable"] == 0
+	})
+	if states["syscall"] > 0 {
+		t.Fatalf("waiters by goroutine state: %v; %d hold a thread in a system call", states, states["syscall"])
+	}
+	t.Logf("waiters by goroutine state: %v", states)
+}
+
+// waiterStates counts the Poller waiter goroutines of this process by the
+// state the runtime's goroutine dump gives them.
+func waiterStates() map[string]int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	states := map[string]int{}
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if !strings.Contains(g, "netpoll.(*Poller).waiter(") {
+			continue
+		}
+		head, _, _ := strings.Cut(g, "\n") // goroutine 7 [IO wait, 2 minutes]:
+		_, state, _ := strings.Cut(head, "[")
+		state, _, _ = strings.Cut(state, "]")
+		state, _, _ = strings.Cut(state, ",")
+		states[state]++
+	}
+	return states
 }
