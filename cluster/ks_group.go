@@ -32,8 +32,9 @@ func (gr *Group) AddMember(id string, o keyshared.MemberOptions) error {
 	m := &localMember{opts: o, qos: qos, active: true}
 	ng.mu.Lock()
 	ng.mu.members[id] = m
+	ng.postLocked(joinItem(id, m))
 	ng.mu.Unlock()
-	ng.send(joinItem(id, m))
+	ng.flush()
 	return nil
 }
 
@@ -44,11 +45,14 @@ func (gr *Group) RemoveMember(id string) error {
 	ng.mu.Lock()
 	_, ok := ng.mu.members[id]
 	delete(ng.mu.members, id)
+	if ok {
+		ng.postLocked(upItem{kind: upLeave, member: id})
+	}
 	ng.mu.Unlock()
 	if !ok {
 		return keyshared.ErrUnknownMember
 	}
-	ng.send(upItem{kind: upLeave, member: id})
+	ng.flush()
 	return nil
 }
 
@@ -59,12 +63,13 @@ func (gr *Group) SetActive(id string, active bool) error {
 	m := ng.mu.members[id]
 	if m != nil {
 		m.active = active
+		ng.postLocked(upItem{kind: upActive, member: id, active: active})
 	}
 	ng.mu.Unlock()
 	if m == nil {
 		return keyshared.ErrUnknownMember
 	}
-	ng.send(upItem{kind: upActive, member: id, active: active})
+	ng.flush()
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,6 +47,17 @@ type nodeGroup struct {
 		stats       *statsReply
 		statsAt     time.Time
 		closed      bool
+		// queue holds what this node tells the holder about its members
+		// (joins, leaves, activity, resyncs), in the order the member table
+		// changed: each change appends its item under mu, and one goroutine
+		// at a time (draining) sends the queue in order. A resync's snapshot
+		// of the members is then never overtaken by a change it does not
+		// contain, nor followed by one it already contains: a member that
+		// joined as the holder changed was dropped by the holder as "left"
+		// when the resync taken before its join arrived after it
+		// (TestClusterSharedSubscriptionFollowsSession's CI failure).
+		queue    []upItem
+		draining bool
 	}
 }
 
@@ -128,7 +140,8 @@ func (ng *nodeGroup) switchHolder(node string, epoch uint64, force bool) {
 		}
 	}
 	ng.mu.Lock()
-	items := []upItem{{kind: upResync}}
+	items := ng.mu.queue
+	items = append(items, upItem{kind: upResync})
 	for id, m := range ng.mu.members {
 		items = append(items, joinItem(id, m))
 		if !m.active {
@@ -143,8 +156,42 @@ func (ng *nodeGroup) switchHolder(node string, epoch uint64, force bool) {
 		items = append(items, upItem{kind: upAcked, member: a.member, offset: a.offset})
 	}
 	ng.mu.unconfirmed = nil // in the resync now; kept again once it is answered
+	ng.mu.queue = items
 	ng.mu.Unlock()
-	ng.send(items...)
+	if h := testHookResyncQueued.Load(); h != nil {
+		(*h)(ng)
+	}
+	ng.flush()
+}
+
+// testHookResyncQueued, when set (tests), runs between queueing a resync and
+// sending it: where a member change can race it.
+var testHookResyncQueued atomic.Pointer[func(*nodeGroup)]
+
+// postLocked queues items about the members (ng.mu held); flush sends them.
+func (ng *nodeGroup) postLocked(items ...upItem) { ng.mu.queue = append(ng.mu.queue, items...) }
+
+// flush sends the queued member items in order, unless another goroutine is
+// sending them already (it sends these too, before it stops). It never
+// waits for that goroutine, so a send that comes back into this node group
+// (the local holder delivering to a member whose connection ends) cannot
+// deadlock.
+func (ng *nodeGroup) flush() {
+	ng.mu.Lock()
+	if ng.mu.draining {
+		ng.mu.Unlock()
+		return
+	}
+	ng.mu.draining = true
+	for len(ng.mu.queue) > 0 {
+		items := ng.mu.queue
+		ng.mu.queue = nil
+		ng.mu.Unlock()
+		ng.send(items...)
+		ng.mu.Lock()
+	}
+	ng.mu.draining = false
+	ng.mu.Unlock()
 }
 
 // unsent takes back an item a closed pipe did not deliver: its ack is

@@ -118,16 +118,13 @@ func (h *holder) giveBack(member string, offset uint64) {
 // every delivery anyway; this is for what a reload now allows.
 func (g *Groups) ReadAccessChanged() {
 	for _, ng := range g.nodeGroups() {
-		var items []upItem
 		ng.mu.Lock()
 		for id, m := range ng.mu.members {
 			if m.active { // an inactive one joins again when it reconnects
-				items = append(items, joinItem(id, m))
+				ng.postLocked(joinItem(id, m))
 			}
 		}
 		ng.mu.Unlock()
-		if len(items) > 0 {
-			ng.send(items...)
-		}
+		ng.flush()
 	}
 }

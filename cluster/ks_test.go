@@ -165,3 +165,48 @@ func TestGroupsAcrossNodes(t *testing.T) {
 		t.Fatalf("stats from another node: %+v", st)
 	}
 }
+
+// TestMemberJoiningDuringAResyncIsKept: a member that joins while its node
+// resyncs with the holder is a member afterwards. The resync's snapshot of
+// the node's members was sent after the members' lock was let go, so a join
+// made in between could reach the holder first, and the holder then dropped
+// the member as "left" when the older snapshot came (CI:
+// TestClusterSharedSubscriptionFollowsSession, "both members not active").
+func TestMemberJoiningDuringAResyncIsKept(t *testing.T) {
+	nc := natstest.Start(t, 1)
+	_, g := startGroupsNode(t, nc.URLs(), "node-a")
+	const name = "resync/race/#"
+	if _, err := g.EnsureGroup(name, keyshared.GroupConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	grp, err := g.Open(name, keyshared.Config{}, newFakeMembers(t, &keyLog{got: map[string][]int{}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := grp.AddMember("m-1", keyshared.MemberOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "a holder with m-1", func() bool {
+		_, ok := grp.Holder()
+		return ok && grp.Stats().Members == 1
+	})
+	ng := grp.(*Group).ng
+	var once sync.Once
+	hook := func(got *nodeGroup) {
+		if got != ng {
+			return
+		}
+		once.Do(func() {
+			if err := grp.AddMember("m-2", keyshared.MemberOptions{}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	testHookResyncQueued.Store(&hook)
+	t.Cleanup(func() { testHookResyncQueued.Store(nil) })
+	ng.mu.Lock()
+	holder, epoch := ng.mu.holder, ng.mu.epoch
+	ng.mu.Unlock()
+	ng.switchHolder(holder, epoch, true) // a resync, as a restarted local holder gets
+	eventually(t, 10*time.Second, "m-1 and m-2 members", func() bool { return grp.Stats().Members == 2 })
+}
