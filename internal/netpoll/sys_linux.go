@@ -33,8 +33,15 @@ type sysPoller struct {
 	blocking   bool
 }
 
-// waitBuf is one waiter's buffer for epoll_wait.
-type waitBuf struct{ events [maxEvents]unix.EpollEvent }
+// waitBuf is one waiter's buffer for epoll_wait, with the result of the
+// last one and the callback that makes it (built once per waiter, so a wait
+// allocates nothing).
+type waitBuf struct {
+	events [maxEvents]unix.EpollEvent
+	n      int
+	err    error
+	take   func(uintptr) bool
+}
 
 func (s *sysPoller) open() error {
 	var err error
@@ -107,19 +114,19 @@ func (s *sysPoller) epollWait(b *waitBuf) (int, error) {
 	if s.blocking {
 		return unix.EpollWait(s.epfd, b.events[:], -1)
 	}
-	var n int
-	var werr error
-	err := s.rc.Read(func(uintptr) bool {
-		n, werr = unix.EpollWait(s.epfd, b.events[:], 0)
-		if werr != nil && !errors.Is(werr, unix.EINTR) {
-			return true
+	if b.take == nil {
+		b.take = func(uintptr) bool {
+			b.n, b.err = unix.EpollWait(s.epfd, b.events[:], 0)
+			if b.err != nil && !errors.Is(b.err, unix.EINTR) {
+				return true
+			}
+			return b.n > 0 // none yet: park until the runtime sees the descriptor readable
 		}
-		return n > 0 // none yet: park until the runtime sees the descriptor readable
-	})
-	if err != nil {
+	}
+	if err := s.rc.Read(b.take); err != nil {
 		return 0, err
 	}
-	return n, werr
+	return b.n, b.err
 }
 
 func (s *sysPoller) wake() {
