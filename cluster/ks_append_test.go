@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/keyline-mq/keyline/internal/natstest"
@@ -162,8 +164,17 @@ func TestGroupAppendBatchRetriedStoresOnce(t *testing.T) {
 	}
 
 	// Stored, its answer lost: the retry finds every message stored.
+	// The stream's leader subscribes to its subject once it is elected, and
+	// that interest reaches the server this node uses a moment later: until
+	// then a commit has no responder and nothing of the batch is stored (the
+	// broker's appends fall back to single publishes that retry; this test
+	// drives publishBatch itself, so it waits here the same way).
 	b := batch("lost")
-	offs, err := g.appends.publishBatch(gh, b)
+	var offs []uint64
+	eventually(t, 10*time.Second, "the group's stream to answer its subject", func() bool {
+		offs, err = g.appends.publishBatch(gh, b)
+		return !errors.Is(err, nats.ErrNoResponders)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
