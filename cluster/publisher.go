@@ -37,6 +37,7 @@ const (
 type Publisher struct {
 	n     *Node
 	slots chan struct{} // PublisherWindow
+	idle  func()        // see NewPublisher; may be nil
 
 	mu       sync.Mutex
 	cond     *sync.Cond // signalled when a retry ends
@@ -58,9 +59,14 @@ type pendingStore struct {
 	aerr    error
 }
 
-// NewPublisher returns a Publisher for one client connection.
-func (n *Node) NewPublisher() *Publisher {
-	p := &Publisher{n: n, slots: make(chan struct{}, PublisherWindow)}
+// NewPublisher returns a Publisher for one client connection. idle, if
+// not nil, is called on the result goroutine whenever it has handed back
+// every result that is in and would wait for the next (or ends): JetStream
+// answers a window of stores in bursts, and a caller that holds back its
+// writes during a run of results (the publisher's acknowledgements) sends
+// them together there.
+func (n *Node) NewPublisher(idle func()) *Publisher {
+	p := &Publisher{n: n, slots: make(chan struct{}, PublisherWindow), idle: idle}
 	p.cond = sync.NewCond(&p.mu)
 	return p
 }
@@ -74,14 +80,14 @@ func (p *Publisher) Store(topic string, body []byte, done func(seq uint64, err e
 	select {
 	case p.slots <- struct{}{}:
 	case <-n.stop:
-		done(0, ErrNotReady)
+		p.refuse(done)
 		return
 	}
 	select {
 	case n.storeSlots <- struct{}{}:
 	case <-n.stop:
 		<-p.slots
-		done(0, ErrNotReady)
+		p.refuse(done)
 		return
 	}
 	subj, _ := TopicSubject(KindQueued, topic)
@@ -103,6 +109,14 @@ func (p *Publisher) Store(topic string, body []byte, done func(seq uint64, err e
 		go p.drain() // ends when the queue is empty; every store ends by its deadline or the node's stop
 	}
 	p.mu.Unlock()
+}
+
+// refuse answers a store the stopping node does not start.
+func (p *Publisher) refuse(done func(uint64, error)) {
+	done(0, ErrNotReady)
+	if p.idle != nil {
+		p.idle()
+	}
 }
 
 // drain hands the results back in order.
@@ -133,10 +147,29 @@ func (p *Publisher) drain() {
 			p.retrying = false // no failed store of the publisher is left to retry
 			p.cond.Broadcast()
 		}
+		more := len(p.q) > 0 && p.stored(p.q[0])
 		p.mu.Unlock()
 		<-p.n.storeSlots
 		<-p.slots
+		if !more && p.idle != nil {
+			p.idle()
+		}
 	}
+}
+
+// stored reports, without waiting, whether ps's answer is in and a
+// success. Only the drain goroutine calls it.
+func (p *Publisher) stored(ps *pendingStore) bool {
+	if !ps.awaited && ps.err == nil {
+		select {
+		case ack := <-ps.fut.Ok():
+			ps.seq, ps.aerr, ps.awaited = ack.Sequence, nil, true
+		case err := <-ps.fut.Err():
+			ps.seq, ps.aerr, ps.awaited = 0, err, true
+		default:
+		}
+	}
+	return ps.awaited && ps.aerr == nil
 }
 
 // await returns a store's first answer (waiting at most RequestTimeout).

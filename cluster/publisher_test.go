@@ -36,7 +36,7 @@ func TestPublisherKeepsOrderThroughFailures(t *testing.T) {
 	var mu sync.Mutex
 	var results []result
 	all := make(chan struct{})
-	p := n.NewPublisher()
+	p := n.NewPublisher(nil)
 	store := func(from, to int) {
 		for i := from; i < to; i++ {
 			p.Store("t/order", fmt.Appendf(nil, "m%d", i), func(seq uint64, err error) {

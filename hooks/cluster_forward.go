@@ -12,6 +12,7 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 
 	"github.com/keyline-mq/keyline/cluster"
+	"github.com/keyline-mq/keyline/internal/connq"
 )
 
 // forwardNode is what the forwarder needs of the cluster node.
@@ -19,8 +20,10 @@ type forwardNode interface {
 	// Publish sends a message to the other nodes (QoS 1/2: stored in
 	// KL_MSGS, returning its sequence).
 	Publish(ctx context.Context, topic string, qos byte, body []byte) (uint64, error)
-	// NewStorer returns the store pipeline of one client connection.
-	NewStorer() storer
+	// NewStorer returns the store pipeline of one client connection; idle
+	// (may be nil) is called each time it has handed back every result
+	// that is in (cluster.Node.NewPublisher).
+	NewStorer(idle func()) storer
 	// QueuedPosition is the highest KL_MSGS sequence the node has read.
 	QueuedPosition() uint64
 }
@@ -40,7 +43,7 @@ type injector interface {
 // hook's parts depend on.
 type clusterNode struct{ *cluster.Node }
 
-func (n clusterNode) NewStorer() storer { return n.NewPublisher() }
+func (n clusterNode) NewStorer(idle func()) storer { return n.NewPublisher(idle) }
 
 // forwarder carries messages between this node and the others: it sends
 // local publishes and wills out (storing QoS 1/2 ones before mochi
@@ -65,7 +68,7 @@ type forwarder struct {
 	// storing: *storeTicket -> a sequence every client store in flight
 	// will be at or above (bound keeps floors below it).
 	storing sync.Map
-	// publishers: *mqtt.Client -> its storer.
+	// publishers: *mqtt.Client -> its *clientStores.
 	publishers sync.Map
 }
 
@@ -114,14 +117,18 @@ type storeTicket struct{}
 func (f *forwarder) storeDeferred(cl *mqtt.Client, pk packets.Packet, body []byte) error {
 	v, ok := f.publishers.Load(cl)
 	if !ok {
-		v, _ = f.publishers.LoadOrStore(cl, f.node.NewStorer())
+		cs := &clientStores{q: queueOf(cl)}
+		cs.storer = f.node.NewStorer(cs.flush)
+		v, _ = f.publishers.LoadOrStore(cl, cs)
 	}
+	cs := v.(*clientStores)
 	d := mqtt.DeferPublish()
 	t := new(storeTicket)
 	// The message will be above every sequence the node has read so far:
 	// no session's floor passes it until its local deliveries are recorded.
 	f.storing.Store(t, f.node.QueuedPosition()+1)
-	v.(storer).Store(pk.TopicName, body, func(seq uint64, err error) {
+	cs.Store(pk.TopicName, body, func(seq uint64, err error) {
+		cs.cork()
 		if err != nil {
 			f.storing.Delete(t)
 			d.Resume(f.refuseStore(cl, pk, err))
@@ -141,6 +148,32 @@ func (f *forwarder) storeDeferred(cl *mqtt.Client, pk packets.Packet, body []byt
 		}
 	})
 	return d
+}
+
+// clientStores is one client's store pipeline, and the cork on its
+// connection while the pipeline hands back a run of results: the PUBACKs of
+// stores JetStream answered together leave in one writev (profile of one
+// publisher with 20 in flight: a write(2) per PUBACK was a fifth of the
+// publishing node's CPU).
+type clientStores struct {
+	storer
+	q     *connq.Conn // nil: not a queued connection, nothing to cork
+	corks atomic.Int32
+}
+
+// cork holds the connection's writes back until the next flush.
+func (c *clientStores) cork() {
+	if c.q != nil {
+		c.q.Cork() // before counting it: a flush undoes only corks made
+		c.corks.Add(1)
+	}
+}
+
+// flush undoes the corks (the pipeline's idle callback).
+func (c *clientStores) flush() {
+	if n := c.corks.Swap(0); n > 0 {
+		c.q.Uncork(int(n))
+	}
 }
 
 // refuseStore answers a QoS 1/2 publish that could not be stored.

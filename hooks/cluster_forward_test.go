@@ -59,10 +59,10 @@ func (n *fakeNode) Publish(_ context.Context, topic string, qos byte, _ []byte) 
 	return n.seq - 1, nil
 }
 
-func (n *fakeNode) NewStorer() storer {
+func (n *fakeNode) NewStorer(idle func()) storer {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	s := &fakeStorer{}
+	s := &fakeStorer{idle: idle}
 	n.storers = append(n.storers, s)
 	return s
 }
@@ -114,9 +114,11 @@ func (n *fakeNode) RemoveInterest(f string) {
 	}
 }
 
-// fakeStorer holds each Store's done until the test answers it.
+// fakeStorer holds each Store's done until the test answers it, and is
+// idle after each answer.
 type fakeStorer struct {
 	mu    sync.Mutex
+	idle  func()
 	dones []func(uint64, error)
 }
 
@@ -132,6 +134,9 @@ func (s *fakeStorer) answer(i int, seq uint64, err error) {
 	done := s.dones[i]
 	s.mu.Unlock()
 	done(seq, err)
+	if s.idle != nil {
+		s.idle()
+	}
 }
 
 // fakeInjector records the packets injected, and runs during, if set,

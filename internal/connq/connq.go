@@ -203,6 +203,7 @@ type Conn struct {
 		session   Session
 		overSoft  int64 // when bytes last went above Soft (c.now, Unix nanoseconds); zero while under
 		scheduled bool  // a writer goroutine is running (at most one is)
+		corked    int   // Cork calls not yet undone: the writer is not started (cork.go)
 		closing   bool
 		failed    error
 		holds     []*Hold // holds whose frame has not been written by mochi yet
@@ -473,6 +474,9 @@ func (c *Conn) Conflated() uint64 { return c.conflated.Load() }
 // writer runs only while there is something to write, so an idle connection
 // costs no goroutine.
 func (c *Conn) scheduleLocked() {
+	if c.mu.corked > 0 && !c.mu.closing && c.mu.failed == nil {
+		return // Uncork starts it
+	}
 	if !c.mu.scheduled {
 		c.mu.scheduled = true
 		go c.run()

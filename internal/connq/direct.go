@@ -23,7 +23,7 @@ func (c *Conn) direct(p []byte, kind entryKind, owned bool) (bool, error) {
 		return false, nil
 	}
 	c.mu.Lock()
-	if c.closedLocked() != nil || c.mu.scheduled || c.mu.head != len(c.mu.q) || len(c.mu.holds) > 0 || len(p) > c.mu.limits.Hard {
+	if c.closedLocked() != nil || c.mu.scheduled || c.mu.corked > 0 || c.mu.head != len(c.mu.q) || len(c.mu.holds) > 0 || len(p) > c.mu.limits.Hard {
 		c.mu.Unlock()
 		return false, nil
 	}
