@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -209,4 +210,45 @@ func TestMemberJoiningDuringAResyncIsKept(t *testing.T) {
 	ng.mu.Unlock()
 	ng.switchHolder(holder, epoch, true) // a resync, as a restarted local holder gets
 	eventually(t, 10*time.Second, "m-1 and m-2 members", func() bool { return grp.Stats().Members == 2 })
+}
+
+// TestGroupsEnsuredTogether: nodes on different NATS servers open the same
+// groups at the same moment (members of eight groups subscribing on three
+// nodes at once); every one of them succeeds, exactly one node creates each
+// group. A node whose create lost the race reads the winner's meta, and that
+// read may be answered by a replica that has not applied the create yet.
+func TestGroupsEnsuredTogether(t *testing.T) {
+	nc := natstest.Start(t, 3)
+	var gs []*Groups
+	for i, u := range nc.URLs() {
+		_, g := startGroupsNode(t, []string{u}, fmt.Sprintf("node-%d", i))
+		gs = append(gs, g)
+	}
+	const groups = 24
+	var created [groups]atomic.Int32
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for _, g := range gs {
+		for i := range groups {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				c, err := g.EnsureGroup(fmt.Sprintf("g%d/together/%d/#", i, i), keyshared.GroupConfig{})
+				if err != nil {
+					t.Errorf("group %d: %v", i, err)
+				}
+				if c {
+					created[i].Add(1)
+				}
+			}()
+		}
+	}
+	close(start)
+	wg.Wait()
+	for i := range groups {
+		if n := created[i].Load(); n != 1 {
+			t.Errorf("group %d created by %d nodes, want 1", i, n)
+		}
+	}
 }
