@@ -190,9 +190,43 @@ func (p *Properties) Copy(allowTransfer bool) Properties {
 	return pr
 }
 
+// validProperty is validPacketProperties as bit sets (Keyline's fork,
+// PATCHES.md item 28): validProperty[k] has bit pkt set (bit 16 for
+// WillProperties) when property k is valid in packets of type pkt. The two
+// map lookups per property and packet were most of Properties.Encode, which
+// asks for every one of the properties on every encode.
+var validProperty = validPropertyTable()
+
+// validPropertyTable derives validProperty from validPacketProperties.
+func validPropertyTable() (t [256]uint32) {
+	for k, pkts := range validPacketProperties {
+		for pkt := range pkts {
+			t[k] |= 1 << propertyBit(pkt)
+		}
+	}
+	return t
+}
+
+// propertyBit is packet type pkt's bit in validProperty (31: none).
+func propertyBit(pkt byte) uint {
+	switch {
+	case pkt == WillProperties:
+		return 16
+	case pkt <= Auth:
+		return uint(pkt)
+	}
+	return 31
+}
+
+// propertyValid reports whether property k is valid in packets of type pkt.
+func propertyValid(k, pkt byte) bool {
+	b := propertyBit(pkt)
+	return b < 31 && validProperty[k]&(1<<b) != 0
+}
+
 // canEncode returns true if the property type is valid for the packet type.
 func (p *Properties) canEncode(pkt byte, k byte) bool {
-	return validPacketProperties[k][pkt] == 1
+	return propertyValid(k, pkt)
 }
 
 // Encode encodes properties into a bytes buffer.
@@ -386,7 +420,7 @@ func (p *Properties) Decode(pkt byte, b *bytes.Buffer) (n int, err error) {
 			return n + bu, err
 		}
 
-		if _, ok := validPacketProperties[k][pkt]; !ok {
+		if !propertyValid(k, pkt) {
 			return n + bu, fmt.Errorf("property type %v not valid for packet type %v: %w", k, pkt, ErrProtocolViolationUnsupportedProperty)
 		}
 

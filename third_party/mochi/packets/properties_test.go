@@ -197,6 +197,7 @@ func init() {
 	validPacketProperties[PropWildcardSubAvailable][Reserved] = 1
 	validPacketProperties[PropSubIDAvailable][Reserved] = 1
 	validPacketProperties[PropSharedSubAvailable][Reserved] = 1
+	validProperty = validPropertyTable() // Keyline's fork: the encoder reads the table derived from the map
 }
 
 func TestEncodeProperties(t *testing.T) {
