@@ -93,13 +93,15 @@ func (h *Fanout) routesFor(topic string) *routes {
 // skip routing it (mochi's own routing rebuilds the subscriber set on every
 // publish). Retained publishes go mochi's way (it stores them), and so do
 // those an inline or unclaimed shared subscription matches; their client
-// deliveries come back through OnSelectSubscribers. Publishes of the
-// server's inline clients (messages from other nodes, dead letters on
-// $dlq/...) take the cached routes too: they were 35-40% of a cluster
-// node's CPU on mochi's path (its index scan builds maps per publish); like
-// mochi, an inline publisher has no acknowledgement for a store to hold.
+// deliveries come back through OnSelectSubscribers. QoS 0 publishes of the
+// server's inline clients (messages from other nodes) take the cached
+// routes too: they were 35-40% of a cluster node's CPU on mochi's path (its
+// index scan builds maps per publish). Their QoS 1/2 publishes stay on
+// mochi's path, where the other hooks' OnSelectSubscribers choose among the
+// sessions (the cluster's keeps a queued message from a session that got it
+// by a replay already, or whose subscription is younger than it).
 func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
-	if pk.FixedHeader.Retain {
+	if pk.FixedHeader.Retain || (cl.Net.Inline && pk.FixedHeader.Qos > 0) {
 		return pk, nil
 	}
 	r := h.routesFor(pk.TopicName)
@@ -115,7 +117,7 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
 	}
 	d := h.newPublishDelivery(pk)
-	if pk.FixedHeader.Qos > 0 && !cl.Net.Inline {
+	if pk.FixedHeader.Qos > 0 {
 		d.stores = &storeWait{}
 	}
 	for _, rt := range r.subs {
