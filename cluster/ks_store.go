@@ -94,16 +94,16 @@ func (g *Groups) EnsureGroup(name string, cfg keyshared.GroupConfig) (bool, erro
 	}
 	meta := groupMeta{Name: name, Config: cfg, Created: time.Now().UTC()}
 	data, _ := json.Marshal(meta)
-	created := true
+	created := false
 	for attempt := 0; ; attempt++ {
 		_, err := g.kv.Create(ctx, "m."+gh, data)
 		if err == nil {
+			created = true
 			break
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
 			return false, fmt.Errorf("cluster: group %s: %w", name, err)
 		}
-		created = false
 		e, err := g.kv.Get(ctx, "m."+gh)
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			// Another node created it (or deleted it) a moment ago, and the
@@ -111,7 +111,6 @@ func (g *Groups) EnsureGroup(name string, cfg keyshared.GroupConfig) (bool, erro
 			// are direct gets, served by any replica): members of a group
 			// subscribing on several nodes at once were refused with 0x80
 			// for it. Create again, or read again once the replica has it.
-			created = true
 			if !sleepOr(ctx.Done(), backoff(attempt)) {
 				return false, fmt.Errorf("cluster: group %s: %w", name, ctx.Err())
 			}
