@@ -27,7 +27,7 @@ func BenchmarkPropertiesEncodePublish(b *testing.B) {
 	p := Properties{ContentType: "text/plain", User: []UserProperty{{Key: "key", Val: "k1"}}}
 	var buf bytes.Buffer
 	b.ReportAllocs()
-	for b.Loop() {
+	for i := 0; i < b.N; i++ {
 		buf.Reset()
 		p.Encode(Publish, Mods{}, &buf, 64)
 	}
