@@ -179,7 +179,7 @@ func (ec *eventConn) end(err error) {
 	ec.ended = true
 	ec.stopTimer()
 	if pc := ec.pc.Load(); pc != nil {
-		pc.Remove()
+		pc.RemoveBeforeClose() // the queue closes the connection once flushed
 	}
 	if err := ec.mc.End(err); err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, mqtt.ErrClientStopped) {
 		ec.l.log.Debug("connection ended", "remote", ec.raw.RemoteAddr().String(), "error", err)

@@ -30,6 +30,7 @@ type committer struct {
 	done chan struct{} // closed when run has returned
 
 	commits, failures, failedOps atomic.Uint64
+	rollbacks                    atomic.Uint64 // batches that changed nothing
 }
 
 // txOp is one operation. apply changes the transaction; it returns a plain
@@ -62,12 +63,22 @@ type fatalError struct{ err error }
 func (e fatalError) Error() string { return e.err.Error() }
 func (e fatalError) Unwrap() error { return e.err }
 
+// errUnchanged is what an apply returns when it succeeded without changing
+// anything (a delete of what is not there): a transaction in which no
+// operation changed anything is rolled back instead of committed, which
+// spares the data file a write (a clean-start client forgetting a session
+// it never had, thousands a second in a connect burst).
+var errUnchanged = errors.New("persistence: nothing changed")
+
+// errRollback ends a transaction that changed nothing.
+var errRollback = errors.New("persistence: nothing to commit")
+
 // fatal wraps err as a fatalError, unless bbolt refused the write before
 // changing anything (a key or value it cannot store), which fails the op alone.
 func fatal(err error) error {
 	switch {
-	case err == nil:
-		return nil
+	case err == nil, err == errUnchanged:
+		return err
 	case errors.Is(err, berrors.ErrKeyRequired), errors.Is(err, berrors.ErrKeyTooLarge),
 		errors.Is(err, berrors.ErrValueTooLarge), errors.Is(err, berrors.ErrIncompatibleValue),
 		errors.Is(err, berrors.ErrBucketExists), errors.Is(err, berrors.ErrBucketNotFound):
@@ -99,7 +110,7 @@ func (c *committer) queue(apply func(tx *bolt.Tx) error, onFail func(error)) boo
 
 // sync returns once everything submitted before it has been committed (or failed).
 func (c *committer) sync() error {
-	return c.do(func(*bolt.Tx) error { return nil })
+	return c.do(func(*bolt.Tx) error { return errUnchanged }) // settles what came before; writes nothing itself
 }
 
 func (c *committer) submit(o *txOp) bool {
@@ -177,18 +188,31 @@ func (c *committer) commit(ops []*txOp) {
 	for {
 		culprit := -1
 		err := c.db.Update(func(tx *bolt.Tx) error {
+			changed := false
 			for i, o := range ops {
 				if o.skip {
 					continue
 				}
 				o.err = o.apply(tx)
-				if isFatal(o.err) {
+				switch {
+				case o.err == errUnchanged:
+					o.err = nil
+				case isFatal(o.err):
 					culprit = i
 					return o.err
+				case o.err == nil:
+					changed = true
 				}
+			}
+			if !changed {
+				return errRollback // every op failed alone or changed nothing
 			}
 			return nil
 		})
+		if err == errRollback {
+			c.rollbacks.Add(1)
+			return
+		}
 		if err == nil {
 			c.commits.Add(1)
 			return

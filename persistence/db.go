@@ -183,11 +183,14 @@ type CommitStats struct {
 	Commits, Failures uint64
 	// FailedOps counts operations that failed (alone, or with their transaction).
 	FailedOps uint64
+	// Unchanged counts batches rolled back because none of their operations
+	// changed anything (deletes of keys that were not there).
+	Unchanged uint64
 }
 
 // CommitStats returns the committer's counters.
 func (db *DB) CommitStats() CommitStats {
-	return CommitStats{Commits: db.commit.commits.Load(), Failures: db.commit.failures.Load(), FailedOps: db.commit.failedOps.Load()}
+	return CommitStats{Commits: db.commit.commits.Load(), Failures: db.commit.failures.Load(), FailedOps: db.commit.failedOps.Load(), Unchanged: db.commit.rollbacks.Load()}
 }
 
 // LogStats returns the segment log's counters.

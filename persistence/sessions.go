@@ -98,6 +98,9 @@ func (w SessionWrite) apply(tx *bolt.Tx) error {
 		return err
 	}
 	if w.Delete {
+		if b.Get(w.Key) == nil {
+			return errUnchanged
+		}
 		return fatal(b.Delete(w.Key))
 	}
 	if err := b.Put(w.Key, w.Val); err != nil {
@@ -211,10 +214,15 @@ func (s *SessionStore) Close() error {
 
 func deletePrefix(b *bolt.Bucket, prefix []byte) error {
 	c := b.Cursor()
+	deleted := false
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Seek(prefix) {
 		if err := c.Delete(); err != nil {
 			return err
 		}
+		deleted = true
+	}
+	if !deleted {
+		return errUnchanged
 	}
 	return nil
 }

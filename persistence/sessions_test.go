@@ -155,3 +155,42 @@ func TestSessionStoreUnknownKind(t *testing.T) {
 		t.Fatalf("Sync after recovery: %v", err)
 	}
 }
+
+// Deletes of what is not there change nothing, and a batch of nothing but
+// them is rolled back instead of written: a clean-start client forgetting a
+// session it never had costs the data file no commit.
+func TestDeletesOfNothingCommitNothing(t *testing.T) {
+	db, s := openSessionsForTest(t, t.TempDir())
+	defer db.Close()
+	defer s.Close()
+	s.Put(KindInflight, []byte("\x02c1\x00\x01"), []byte("m1"))
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	before := db.CommitStats()
+	for i := range 100 {
+		s.DeletePrefix(KindInflight, clientKeyForTest(fmt.Sprintf("never-%d", i)))
+		s.Delete(KindSysInfo, []byte(fmt.Sprintf("never-%d", i)))
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	after := db.CommitStats()
+	if after.Commits != before.Commits || after.Unchanged == before.Unchanged || after.FailedOps != 0 {
+		t.Fatalf("before %+v, after %+v: deletes of nothing were committed", before, after)
+	}
+	// A batch with one real change commits, and the change is there.
+	s.DeletePrefix(KindInflight, []byte("\x02c1"))
+	s.DeletePrefix(KindKeyFilters, []byte("\x02c1"))
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, s, KindInflight); len(got) != 0 {
+		t.Fatalf("inflight after DeletePrefix: %v", got)
+	}
+	if st := db.CommitStats(); st.Commits != after.Commits+1 {
+		t.Fatalf("stats %+v after %+v: the real delete was not committed once", st, after)
+	}
+}
+
+func clientKeyForTest(id string) []byte { return append([]byte{byte(len(id))}, id...) }

@@ -41,6 +41,9 @@ type Stats struct {
 	Events  atomic.Uint64 // readiness events taken from epoll
 	Runs    atomic.Uint64 // Handler runs
 	Reads   atomic.Uint64 // read system calls
+	// Skipped counts reads answered ErrWouldBlock without a system call:
+	// the read before them in the same run came back short (see Conn.Read).
+	Skipped atomic.Uint64
 	Spawned atomic.Uint64 // goroutines started because every waiter or worker was busy
 }
 
@@ -50,14 +53,25 @@ type Conn struct {
 	rc    syscall.RawConn
 	h     Handler
 	token uint64
-	state atomic.Uint32 // running | pending | paused
+	state atomic.Uint32 // running | pending | paused | hungUp
+
+	// drained: a read of this run came back short, so the kernel held no
+	// more bytes then (only the running Handler's goroutine touches it).
+	drained bool
 }
 
 const (
 	running = 1 << iota
 	pending
 	paused
+	hungUp // an event reported the peer's close or an error: read until EOF
 )
+
+// event is one readiness event taken from epoll.
+type event struct {
+	token  uint64
+	hangup bool // EPOLLRDHUP, EPOLLHUP or EPOLLERR
+}
 
 // Config tunes a Poller; the zero value is usable.
 type Config struct {
@@ -170,8 +184,18 @@ func (p *Poller) Add(c syscall.Conn, h Handler) (*Conn, error) {
 func (c *Conn) Remove() {
 	p := c.p
 	_ = c.rc.Control(func(fd uintptr) { p.sys.del(int(fd)) }) // fails once closed: closing removed it
-	if p.release(c) {
-		p.stats.Conns.Add(-1)
+	c.forget()
+}
+
+// RemoveBeforeClose is Remove for a connection its caller is about to
+// close: it frees the registration but leaves the descriptor in the epoll
+// set, which closing it removes (one system call less per connection).
+// Events that come for it in between find the slot freed and are dropped.
+func (c *Conn) RemoveBeforeClose() { c.forget() }
+
+func (c *Conn) forget() {
+	if c.p.release(c) {
+		c.p.stats.Conns.Add(-1)
 	}
 }
 
@@ -204,7 +228,18 @@ func (p *Poller) lookupLocked(token uint64) *Conn {
 // Read reads what the kernel holds for c, up to len(b), without blocking:
 // ErrWouldBlock when it holds nothing, io.EOF once the peer has closed its
 // side, another error when the connection failed or was closed.
+//
+// A read that fills less than b drained the socket's receive queue (a
+// stream socket returns all it holds, up to len(b)), so the next Read of
+// the same Handler run says ErrWouldBlock without a system call: bytes that
+// arrive later raise a new edge, which runs the Handler again. Once an event
+// has reported the peer's close (or an error) every Read goes to the kernel,
+// so that the Handler sees EOF even when the close came with the last bytes.
 func (c *Conn) Read(b []byte) (int, error) {
+	if c.drained && c.state.Load()&hungUp == 0 {
+		c.p.stats.Skipped.Add(1)
+		return 0, ErrWouldBlock
+	}
 	var n int
 	var rerr error
 	err := c.rc.Read(func(fd uintptr) bool {
@@ -214,6 +249,9 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.p.stats.Reads.Add(1)
 	if err != nil {
 		return 0, err // closed
+	}
+	if rerr == nil && n < len(b) {
+		c.drained = true
 	}
 	return n, rerr
 }
@@ -234,8 +272,11 @@ func (c *Conn) Resume() {
 // event is a readiness event from epoll: it reports whether the caller (a
 // waiter) is to run the Handler now; a paused connection's event is only
 // remembered (pending), as is one for a Handler already running.
-func (c *Conn) event() bool {
+func (c *Conn) event(hangup bool) bool {
 	c.p.stats.Events.Add(1)
+	if hangup {
+		c.state.Or(hungUp)
+	}
 	if c.state.Load()&paused != 0 {
 		c.state.Or(pending)
 		return false
@@ -271,6 +312,7 @@ func (c *Conn) claim() bool {
 func (c *Conn) run() {
 	for {
 		c.p.stats.Runs.Add(1)
+		c.drained = false
 		c.h.Ready(c)
 		for {
 			s := c.state.Load()
@@ -345,20 +387,22 @@ func (p *Poller) worker() {
 func (p *Poller) waiter() {
 	defer p.wg.Done()
 	var buf waitBuf
-	tokens := make([]uint64, 0, maxEvents)
+	evs := make([]event, 0, maxEvents)
 	conns := make([]*Conn, 0, maxEvents)
+	hups := make([]bool, 0, maxEvents)
 	for {
 		var closed bool
-		tokens, closed = p.sys.wait(&buf, tokens[:0])
+		evs, closed = p.sys.wait(&buf, evs[:0])
 		if closed {
 			p.waiters.Add(-1)
 			return
 		}
-		conns = conns[:0]
+		conns, hups = conns[:0], hups[:0]
 		p.mu.RLock()
-		for _, t := range tokens {
-			if c := p.lookupLocked(t); c != nil {
+		for _, e := range evs {
+			if c := p.lookupLocked(e.token); c != nil {
 				conns = append(conns, c)
+				hups = append(hups, e.hangup)
 			}
 		}
 		p.mu.RUnlock()
@@ -369,7 +413,7 @@ func (p *Poller) waiter() {
 			go p.waiter()
 		}
 		for i, c := range conns {
-			if c.event() {
+			if c.event(hups[i]) {
 				c.run()
 			}
 			conns[i] = nil

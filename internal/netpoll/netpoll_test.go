@@ -156,6 +156,60 @@ func TestBytesBeforeAdd(t *testing.T) {
 	}
 }
 
+// A read that comes back short drained the socket: the Handler's next Read
+// says ErrWouldBlock without a system call, and bytes written later still
+// arrive (they raise a new edge).
+func TestShortReadSkipsTheNextRead(t *testing.T) {
+	p := newPoller(t, Config{})
+	s, c := pair(t)
+	r := newReader()
+	if _, err := p.Add(s, r); err != nil {
+		t.Fatal(err)
+	}
+	for i, msg := range []string{"abc", "def", "ghijk"} { // each shorter than the reader's 7 bytes
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if got := collect(t, r, len(msg)); string(got) != msg {
+			t.Fatalf("write %d: got %q", i, got)
+		}
+	}
+	st := p.Stats()
+	// Each write's run read once and skipped its second read; a run may
+	// find two writes at once, never a write left unread.
+	if st.Skipped.Load() == 0 || st.Reads.Load() > 3 {
+		t.Fatalf("%d reads, %d skipped: the read after a short one went to the kernel", st.Reads.Load(), st.Skipped.Load())
+	}
+}
+
+// Bytes and the peer's close that arrive together (one event) end in EOF:
+// the short read of the bytes does not hide the close.
+func TestCloseWithTheLastBytes(t *testing.T) {
+	p := newPoller(t, Config{})
+	s, c := pair(t)
+	if _, err := c.Write([]byte("last")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Close()
+	waitQueued(t, s, 4)
+	waitHangup(t, s)
+	r := newReader()
+	if _, err := p.Add(s, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, r, 4); string(got) != "last" {
+		t.Fatalf("got %q", got)
+	}
+	select {
+	case err := <-r.eof:
+		if !errors.Is(err, io.EOF) {
+			t.Fatalf("end: %v, want EOF", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no EOF: the close that came with the last bytes was lost")
+	}
+}
+
 // Many connections, many small writes from many goroutines: every byte
 // arrives in order per connection, and no Handler ever runs twice at once.
 func TestManyConnectionsInOrder(t *testing.T) {
@@ -268,6 +322,44 @@ func TestReadAfterClose(t *testing.T) {
 	}
 }
 
+// RemoveBeforeClose frees the registration at once; bytes that arrive
+// before the close run no Handler, and the slot serves the next connection.
+func TestRemoveBeforeClose(t *testing.T) {
+	p := newPoller(t, Config{})
+	s, c := pair(t)
+	ran := make(chan struct{}, 16)
+	pc, err := p.Add(s, HandlerFunc(func(*Conn) { ran <- struct{}{} }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc.RemoveBeforeClose()
+	if n := p.Stats().Conns.Load(); n != 0 {
+		t.Fatalf("%d registered after RemoveBeforeClose", n)
+	}
+	events := p.Stats().Events.Load()
+	if _, err := c.Write([]byte("late")); err != nil {
+		t.Fatal(err)
+	}
+	waitQueued(t, s, 4)
+	_ = s.Close()
+	// The next connection takes the freed slot and is served; the first
+	// one's late bytes ran nothing.
+	s2, c2 := pair(t)
+	r := newReader()
+	if _, err := p.Add(s2, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Write([]byte("next")); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, r, 4); string(got) != "next" {
+		t.Fatalf("got %q", got)
+	}
+	if len(ran) != 0 {
+		t.Fatalf("the removed connection's Handler ran %d times (events %d -> %d)", len(ran), events, p.Stats().Events.Load())
+	}
+}
+
 // waitQueued polls until the kernel holds n bytes to read on c.
 func waitQueued(t *testing.T, c *net.TCPConn, n int) {
 	t.Helper()
@@ -279,6 +371,25 @@ func waitQueued(t *testing.T, c *net.TCPConn, n int) {
 		var queued int
 		_ = rc.Control(func(fd uintptr) { queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
 		return queued >= n
+	})
+}
+
+// waitHangup waits until the peer's close has reached c (POLLRDHUP).
+func waitHangup(t *testing.T, c *net.TCPConn) {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, "the peer's close", func() bool {
+		var ev int16
+		_ = rc.Control(func(fd uintptr) {
+			fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+			if n, _ := unix.Poll(fds, 0); n > 0 {
+				ev = fds[0].Revents
+			}
+		})
+		return ev&unix.POLLRDHUP != 0
 	})
 }
 

@@ -83,28 +83,28 @@ func (s *sysPoller) add(fd int, token uint64) error {
 
 func (s *sysPoller) del(fd int) { _ = unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, fd, nil) }
 
-// wait blocks until events arrive and appends their tokens; closed once wake
+// wait blocks until events arrive and appends them; closed once wake
 // was called (the eventfd stays readable, so every waiter sees it). Waiters
 // take turns on the runtime poller (one waits in it at a time, the others
 // queue on the file's read lock as parked goroutines).
-func (s *sysPoller) wait(b *waitBuf, tokens []uint64) ([]uint64, bool) {
+func (s *sysPoller) wait(b *waitBuf, evs []event) ([]event, bool) {
 	for {
 		n, err := s.epollWait(b)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			return tokens, true // the epoll descriptor is unusable: nothing more will come
+			return evs, true // the epoll descriptor is unusable: nothing more will come
 		}
 		for i := range n {
 			t := getToken(&b.events[i])
 			if t == wakeToken {
-				return tokens[:0], true
+				return evs[:0], true
 			}
-			tokens = append(tokens, t)
+			evs = append(evs, event{token: t, hangup: b.events[i].Events&(unix.EPOLLRDHUP|unix.EPOLLHUP|unix.EPOLLERR) != 0})
 		}
-		if len(tokens) > 0 {
-			return tokens, false
+		if len(evs) > 0 {
+			return evs, false
 		}
 	}
 }
