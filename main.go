@@ -166,7 +166,7 @@ func bindFlags(cfg *broker.Config, configPath *string, help, showVersion *bool) 
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory holding the data file (keyline.db) and the group log (segments/)")
 	f.BoolVar(&cfg.Fsync, "fsync", cfg.Fsync, "fsync every commit; --fsync=false survives a process crash but not a power loss")
 	f.Var(&cfg.SegmentSize, "segment-size", "size of each file of the group message log under data-dir/segments (64KiB to 1GiB)")
-	f.DurationVar(&cfg.CommitInterval, "commit-interval", cfg.CommitInterval, "longest a QoS 1/2 publish to a Key-Shared group waits for others to share its commit (write + fdatasync); commits go early once they hold what their publishers have in flight (0: no waiting)")
+	f.DurationVar(&cfg.CommitInterval, "commit-interval", cfg.CommitInterval, "longest a QoS 1/2 publish to a Key-Shared group waits for others to share its commit (write + fdatasync); commits go early once they hold what their publishers have in flight, and at once while publishes come more than half a commit's time apart (0: no waiting)")
 	f.IntVar(&cfg.CommitMinAppends, "commit-min-appends", cfg.CommitMinAppends, "fewest publishes a commit waits for, within commit-interval (above 1: fewer fdatasyncs at low rates, up to commit-interval of latency each)")
 
 	f = mqttLimits.fs

@@ -43,7 +43,8 @@ type Config struct {
 	// CommitInterval is the longest a QoS 1/2 publish to a Key-Shared group
 	// waits for others to share its commit (write and fdatasync) of the
 	// group message log: commits go early once they hold the publishes their
-	// publishers have in flight, or CommitMinAppends (negative: no waiting).
+	// publishers have in flight, or CommitMinAppends, and at once while
+	// publishes come more than half a commit's time apart (negative: no waiting).
 	CommitInterval   time.Duration `yaml:"commit-interval"`
 	CommitMinAppends int           `yaml:"commit-min-appends"`
 

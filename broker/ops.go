@@ -121,7 +121,7 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
 	}
 	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's
-	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits = st.Commits, st.Syncs, st.Appends, st.CommitWaits
+	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits, f.LogSparseCommits = st.Commits, st.Syncs, st.Appends, st.CommitWaits, st.SparseCommits
 	f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime
 	if ks := b.keyShared; ks != nil {
 		f.GroupAppendErrors, f.GroupKeysTooLong = ks.AppendErrors.Load(), ks.KeysTooLong.Load()

@@ -52,6 +52,7 @@ var brokerMetrics = []metricDef{
 	{"keyline_group_log_syncs_total", "fdatasyncs of the Key-Shared groups' segment log.", prometheus.CounterValue},
 	{"keyline_group_log_appends_total", "Messages appended to the Key-Shared groups' segment log; divided by keyline_group_log_commits_total, the appends a commit carries.", prometheus.CounterValue},
 	{"keyline_group_log_commit_waits_total", "Commits of the segment log held back (at most commit-interval) for more appends to carry.", prometheus.CounterValue},
+	{"keyline_group_log_sparse_commits_total", "Commits of the segment log not held back because publishes came more than half a commit's time apart.", prometheus.CounterValue},
 	{"keyline_group_log_resolve_commits_total", "Of keyline_group_log_commits_total, the commits that carried only resolutions (acks and the like), which no append commit took within the resolve delay.", prometheus.CounterValue},
 	{"keyline_group_log_write_seconds_total", "Time the segment log's commits spent in their write and fdatasync; divided by keyline_group_log_commits_total, the commit latency the disk gives under the broker's load (the fsync bound of a publisher with N in flight is N divided by it).", prometheus.CounterValue},
 	{"keyline_outbox_store_refused_total", "QoS 1/2 publishes refused because a persistent session's record of the message could not be stored.", prometheus.CounterValue},
@@ -120,6 +121,7 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values["keyline_group_log_syncs_total"] = float64(f.LogSyncs)
 	values["keyline_group_log_appends_total"] = float64(f.LogAppends)
 	values["keyline_group_log_commit_waits_total"] = float64(f.LogCommitWaits)
+	values["keyline_group_log_sparse_commits_total"] = float64(f.LogSparseCommits)
 	values["keyline_group_log_resolve_commits_total"] = float64(f.LogResolveCommits)
 	values["keyline_group_log_write_seconds_total"] = f.LogWriteTime.Seconds()
 	values["keyline_outbox_store_refused_total"] = float64(f.OutboxStoreRefused)

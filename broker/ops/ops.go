@@ -103,10 +103,11 @@ type Figures struct {
 	ConnWrites, ConnFrames                         uint64
 	GroupAppendErrors, GroupKeysTooLong            uint64
 	GroupSubscriptionsRefused, GroupResultsDropped uint64
-	// LogCommits, LogSyncs, LogAppends and LogCommitWaits are the Key-Shared
-	// groups' segment log's commits, fdatasyncs, appended messages and
-	// commits held back for more appends (commit-interval); 0 in cluster mode.
-	LogCommits, LogSyncs, LogAppends, LogCommitWaits uint64
+	// LogCommits, LogSyncs, LogAppends, LogCommitWaits and LogSparseCommits
+	// are the Key-Shared groups' segment log's commits, fdatasyncs, appended
+	// messages, commits held back for more appends (commit-interval) and
+	// commits not held back because publishes came sparsely; 0 in cluster mode.
+	LogCommits, LogSyncs, LogAppends, LogCommitWaits, LogSparseCommits uint64
 	// LogResolveCommits counts its commits of resolutions alone;
 	// LogWriteTime is the time its commits spent in write and fdatasync.
 	LogResolveCommits uint64

@@ -78,3 +78,68 @@ func TestCommitIntervalBoundsTheWait(t *testing.T) {
 		}
 	})
 }
+
+// TestSparseAppendsDoNotWait: a publisher sending at a steady rate (its
+// appends more than half a commit's time apart) gets no commit-interval wait,
+// even after a burst made the writer expect more; a burst, its appends
+// queued together, is still held back for the ones it expects.
+func TestSparseAppendsDoNotWait(t *testing.T) {
+	const iv = 10 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		l, err := Open(Options{Dir: t.TempDir(), SegmentSize: MinSegmentSize, CommitInterval: iv, Logger: testLogger(t)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := l.Close(); err != nil {
+				t.Error(err)
+			}
+		}()
+		if err := l.AddGroup(1, GroupState{}, Limits{}); err != nil {
+			t.Fatal(err)
+		}
+		seq := uint64(0)
+		appendOne := func() <-chan time.Duration {
+			start := time.Now()
+			answered := make(chan time.Duration, 1)
+			l.Append([]uint64{1}, payload(1, seq, 64), func(res []Result) {
+				if res[0].Err != nil {
+					t.Errorf("append: %v", res[0].Err)
+				}
+				answered <- time.Since(start)
+			})
+			seq++
+			return answered
+		}
+		// burst queues 8 together: one commit, which answers 8, so that the
+		// next commit expects 8.
+		burst := func() {
+			var cs []<-chan time.Duration
+			for range 8 {
+				cs = append(cs, appendOne())
+			}
+			for _, c := range cs {
+				<-c
+			}
+		}
+		burst()
+		// A lone append right after, with no gap: it waits for the 7 the
+		// writer expects, up to the interval.
+		if d := <-appendOne(); d != iv {
+			t.Fatalf("an append queued with no gap after a burst was answered after %v, want the interval %v", d, iv)
+		}
+		burst()
+		// Then one every 4 ms, more than half a commit's time apart (which in
+		// this bubble takes no time): answered at once, the first one too,
+		// for which the writer expected 8.
+		for i := range 5 {
+			time.Sleep(4 * time.Millisecond)
+			if d := <-appendOne(); d != 0 {
+				t.Fatalf("steady append %d waited %v for company that was 4 ms away", i, d)
+			}
+		}
+		if st := l.Stats(); st.SparseCommits == 0 {
+			t.Fatalf("stats %+v: no sparse commit counted", st)
+		}
+	})
+}

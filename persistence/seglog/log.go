@@ -63,7 +63,7 @@ type Log struct {
 		commits, syncs, resolveCommits, commitFailures           atomic.Uint64
 		bytes, records, appends, moved, resolveRecs              atomic.Uint64
 		compactions, removed, cacheHits, cacheMisses, writeNanos atomic.Uint64
-		damaged, commitWaits                                     atomic.Uint64
+		damaged, commitWaits, sparseCommits                      atomic.Uint64
 	}
 }
 
@@ -262,8 +262,9 @@ func (l *Log) Stats() Stats {
 		Compactions: l.stats.compactions.Load(), Removed: l.stats.removed.Load(),
 		CacheHits: l.stats.cacheHits.Load(), CacheMisses: l.stats.cacheMisses.Load(),
 		CommitFailures: l.stats.commitFailures.Load(), WriteTime: time.Duration(l.stats.writeNanos.Load()),
-		CommitWaits: l.stats.commitWaits.Load(),
-		Damaged:     l.stats.damaged.Load(),
+		CommitWaits:   l.stats.commitWaits.Load(),
+		SparseCommits: l.stats.sparseCommits.Load(),
+		Damaged:       l.stats.damaged.Load(),
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -93,9 +93,13 @@ type Options struct {
 	// (appenders with several appends in flight come back with their next
 	// ones as they are answered), and at least CommitMinAppends, or
 	// CommitInterval after its oldest append was queued, whichever comes
-	// first. An append is thus answered at most CommitInterval plus one
-	// commit (write and fdatasync) after it was queued, or after the commit
-	// running when it was queued ended, if that is later.
+	// first; and at once while appends come more than half a commit's time
+	// apart (moving averages of both): a steady publisher's next message
+	// would come about when the commit could have ended, so waiting would
+	// only add latency (with CommitMinAppends above 1 it waits still). An append
+	// is thus answered at most CommitInterval plus one commit (write and
+	// fdatasync) after it was queued, or after the commit running when it
+	// was queued ended, if that is later.
 	CommitInterval time.Duration
 	// CommitMinAppends is the fewest appends a commit waits for (within
 	// CommitInterval; default 1). Above 1, appends arriving apart at low
@@ -309,6 +313,9 @@ type Stats struct {
 	// CommitWaits counts the times the writer held a batch back for more
 	// appends (Options.CommitInterval).
 	CommitWaits uint64
+	// SparseCommits counts the batches the writer did not hold back because
+	// appends were coming more than half a commit's time apart.
+	SparseCommits uint64
 }
 
 // Damage is one damaged stretch of a segment file.

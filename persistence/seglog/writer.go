@@ -20,6 +20,28 @@ type writer struct {
 	rbuf  []Range // ranges of res
 	touch []*group
 	fail  error // ErrFailed once a write or fdatasync failed
+
+	// What gather weighs (moving averages, 1/8 per sample): the gap between
+	// appends as they were queued, and what a commit's write and fdatasync
+	// take. While appends arrive more than half a commit's time apart, a
+	// commit gains nothing by waiting for the next one.
+	lastAt    time.Time
+	gap, cost time.Duration
+}
+
+// ewma moves avg an eighth of the way to sample.
+func ewma(avg, sample time.Duration) time.Duration { return avg + (sample-avg)/8 }
+
+// arrived counts the gap before an append queued at at (once per append;
+// a gap is counted as at most max, so an idle spell passes quickly).
+func (w *writer) arrived(at time.Time, max time.Duration) {
+	if !at.After(w.lastAt) {
+		return // seen already (carried), or queued out of order
+	}
+	if !w.lastAt.IsZero() {
+		w.gap = ewma(w.gap, min(at.Sub(w.lastAt), max))
+	}
+	w.lastAt = at
 }
 
 // stagedRec is one message or moved record of the batch: one copy of data
@@ -112,15 +134,28 @@ func (l *Log) gather(ops []*op, released int, lastEnd time.Time, timer *time.Tim
 	want = min(max(want, l.opts.CommitMinAppends), maxBatchOps)
 	deadline := ops[0].at.Add(iv) // the oldest: carried ops come first
 	bytes, seen := 0, 0
+	w := &l.w
 	for {
 		for _, o := range ops[seen:] {
 			if o.kind != opAppend {
 				return ops
 			}
 			bytes += o.bound
+			w.arrived(o.at, iv)
 		}
 		seen = len(ops)
 		if len(ops) >= want || bytes >= maxBatchBytes {
+			return ops
+		}
+		// Appends coming more than half a commit's time apart (a publisher
+		// sending at a steady rate, not one waiting on its answers): the
+		// next would come about when this commit could have ended, so
+		// waiting for it only adds latency. (At 2,000 a second and 250 us
+		// a commit, the expected window held every commit back 1 ms: p50
+		// 1.6 ms against 0.44 ms without.) CommitMinAppends above 1 asks
+		// to wait.
+		if l.opts.CommitMinAppends <= 1 && 2*w.gap > w.cost {
+			l.stats.sparseCommits.Add(1)
 			return ops
 		}
 		wait := time.Until(deadline)
@@ -267,7 +302,11 @@ func (l *Log) write() error {
 		return nil
 	}
 	start := time.Now()
-	defer func() { l.stats.writeNanos.Add(uint64(time.Since(start))) }()
+	defer func() {
+		took := time.Since(start)
+		l.stats.writeNanos.Add(uint64(took))
+		w.cost = ewma(w.cost, took)
+	}()
 	if _, err := w.seg.f.WriteAt(w.buf, w.end); err != nil {
 		return err
 	}
