@@ -37,10 +37,10 @@ func (f HandlerFunc) Ready(c *Conn) { f(c) }
 
 // Stats are a Poller's counters.
 type Stats struct {
-	Conns   atomic.Int64  // registered now
-	Events  atomic.Uint64 // readiness events taken from epoll
-	Runs    atomic.Uint64 // Handler runs
-	Reads   atomic.Uint64 // read system calls
+	Conns  atomic.Int64  // registered now
+	Events atomic.Uint64 // readiness events taken from epoll
+	Runs   atomic.Uint64 // Handler runs
+	Reads  atomic.Uint64 // read system calls
 	// Skipped counts reads answered ErrWouldBlock without a system call:
 	// the read before them in the same run came back short (see Conn.Read).
 	Skipped atomic.Uint64
