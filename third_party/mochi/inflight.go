@@ -85,6 +85,9 @@ func (i *Inflight) GetInbound(id uint16) (packets.Packet, bool) {
 }
 
 func (i *Inflight) get(inbound bool, id uint16) (packets.Packet, bool) {
+	if i.held.Load() == 0 {
+		return packets.Packet{}, false // Keyline's fork: empty, no lock (held moves under it)
+	}
 	i.RLock()
 	defer i.RUnlock()
 

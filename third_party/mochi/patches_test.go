@@ -669,3 +669,34 @@ func TestPatchIndexNodeSetsMadeOnFirstUse(t *testing.T) {
 	require.True(t, x.InlineUnsubscribe(1, "a/b"))
 	require.Equal(t, 49, n.inlineSubscriptions.Load().Len())
 }
+
+// Keyline's item 29: an empty in-flight table answers Get without its lock,
+// and a table with entries still finds them (and misses the others).
+func TestInflightEmptyGetWithoutLock(t *testing.T) {
+	i := NewInflights()
+	i.Lock() // a look-up that took the read lock would wait here
+	done := make(chan bool)
+	go func() {
+		_, ok := i.Get(7)
+		_, okIn := i.GetInbound(7)
+		done <- ok || okIn
+	}()
+	select {
+	case found := <-done:
+		require.False(t, found)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Get on an empty table waited for the lock")
+	}
+	i.Unlock()
+
+	require.True(t, i.Set(packets.Packet{PacketID: 7, FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1}}))
+	_, ok := i.Get(7)
+	require.True(t, ok)
+	_, ok = i.Get(8)
+	require.False(t, ok)
+	_, ok = i.GetInbound(7)
+	require.False(t, ok)
+	require.True(t, i.Delete(7))
+	_, ok = i.Get(7)
+	require.False(t, ok)
+}
