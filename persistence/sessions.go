@@ -98,10 +98,11 @@ func (w SessionWrite) apply(tx *bolt.Tx) error {
 		return err
 	}
 	if w.Delete {
-		if b.Get(w.Key) == nil {
+		c := b.Cursor() // one look-up: found, it deletes where it stands
+		if k, _ := c.Seek(w.Key); !bytes.Equal(k, w.Key) {
 			return errUnchanged
 		}
-		return fatal(b.Delete(w.Key))
+		return fatal(c.Delete())
 	}
 	if err := b.Put(w.Key, w.Val); err != nil {
 		return fatal(fmt.Errorf("%s record of %d bytes under a key of %d bytes: %w", w.Kind, len(w.Val), len(w.Key), err))

@@ -272,11 +272,8 @@ func (c *Conn) Resume() {
 // event is a readiness event from epoll: it reports whether the caller (a
 // waiter) is to run the Handler now; a paused connection's event is only
 // remembered (pending), as is one for a Handler already running.
-func (c *Conn) event(hangup bool) bool {
+func (c *Conn) event() bool {
 	c.p.stats.Events.Add(1)
-	if hangup {
-		c.state.Or(hungUp)
-	}
 	if c.state.Load()&paused != 0 {
 		c.state.Or(pending)
 		return false
@@ -389,7 +386,6 @@ func (p *Poller) waiter() {
 	var buf waitBuf
 	evs := make([]event, 0, maxEvents)
 	conns := make([]*Conn, 0, maxEvents)
-	hups := make([]bool, 0, maxEvents)
 	for {
 		var closed bool
 		evs, closed = p.sys.wait(&buf, evs[:0])
@@ -397,12 +393,14 @@ func (p *Poller) waiter() {
 			p.waiters.Add(-1)
 			return
 		}
-		conns, hups = conns[:0], hups[:0]
+		conns = conns[:0]
 		p.mu.RLock()
 		for _, e := range evs {
 			if c := p.lookupLocked(e.token); c != nil {
+				if e.hangup {
+					c.state.Or(hungUp) // before the run the event makes: it reads on to EOF
+				}
 				conns = append(conns, c)
-				hups = append(hups, e.hangup)
 			}
 		}
 		p.mu.RUnlock()
@@ -413,7 +411,7 @@ func (p *Poller) waiter() {
 			go p.waiter()
 		}
 		for i, c := range conns {
-			if c.event(hups[i]) {
+			if c.event() {
 				c.run()
 			}
 			conns[i] = nil

@@ -16,18 +16,7 @@ import (
 func TestCommitIntervalBoundsTheWait(t *testing.T) {
 	const iv = 10 * time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
-		l, err := Open(Options{Dir: t.TempDir(), SegmentSize: MinSegmentSize, CommitInterval: iv, CommitMinAppends: 4, Logger: testLogger(t)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			if err := l.Close(); err != nil {
-				t.Error(err)
-			}
-		}()
-		if err := l.AddGroup(1, GroupState{}, Limits{}); err != nil {
-			t.Fatal(err)
-		}
+		l := openIntervalLog(t, iv, 4)
 		// appendAll queues n appends at once and returns how long after
 		// they were queued each was answered.
 		appendAll := func(n int) []time.Duration {
@@ -86,18 +75,7 @@ func TestCommitIntervalBoundsTheWait(t *testing.T) {
 func TestSparseAppendsDoNotWait(t *testing.T) {
 	const iv = 10 * time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
-		l, err := Open(Options{Dir: t.TempDir(), SegmentSize: MinSegmentSize, CommitInterval: iv, Logger: testLogger(t)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			if err := l.Close(); err != nil {
-				t.Error(err)
-			}
-		}()
-		if err := l.AddGroup(1, GroupState{}, Limits{}); err != nil {
-			t.Fatal(err)
-		}
+		l := openIntervalLog(t, iv, 0)
 		seq := uint64(0)
 		appendOne := func() <-chan time.Duration {
 			start := time.Now()
@@ -129,9 +107,10 @@ func TestSparseAppendsDoNotWait(t *testing.T) {
 			t.Fatalf("an append queued with no gap after a burst was answered after %v, want the interval %v", d, iv)
 		}
 		burst()
-		// Then one every 4 ms, more than half a commit's time apart (which in
-		// this bubble takes no time): answered at once, the first one too,
-		// for which the writer expected 8.
+		// Then one every 4 ms, more than half a commit's time apart (which
+		// in this bubble takes no time): answered at once, the first one
+		// too, for which the writer expected 8. The sleep moves the
+		// bubble's fake clock: the gap between appends is what is tested.
 		for i := range 5 {
 			time.Sleep(4 * time.Millisecond)
 			if d := <-appendOne(); d != 0 {
@@ -142,4 +121,23 @@ func TestSparseAppendsDoNotWait(t *testing.T) {
 			t.Fatalf("stats %+v: no sparse commit counted", st)
 		}
 	})
+}
+
+// openIntervalLog opens a log with one group (1) and the commit interval iv
+// (and minAppends, 0: the default), closed when the test ends.
+func openIntervalLog(t *testing.T, iv time.Duration, minAppends int) *Log {
+	t.Helper()
+	l, err := Open(Options{Dir: t.TempDir(), SegmentSize: MinSegmentSize, CommitInterval: iv, CommitMinAppends: minAppends, Logger: testLogger(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := l.AddGroup(1, GroupState{}, Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
