@@ -133,7 +133,7 @@ func (ec *eventConn) Ready(pc *netpoll.Conn) {
 		n, err := pc.Read(buf)
 		if n > 0 {
 			pass, ierr := ec.q.Inspected(buf[:n])
-			if ferr := ec.mc.Feed(buf[:pass]); ferr != nil {
+			if ferr := ec.feed(buf[:pass]); ferr != nil {
 				ec.end(ferr)
 				return
 			}
@@ -157,6 +157,19 @@ func (ec *eventConn) Ready(pc *netpoll.Conn) {
 			return
 		}
 	}
+}
+
+// feed gives mochi one read's packets as a round (connq/round.go): the
+// frames its publishes queue for subscribers leave once all are queued, and
+// the client's own acknowledgements (its connection corked meanwhile) with
+// one write, not one write each.
+func (ec *eventConn) feed(b []byte) error {
+	ec.q.Cork()
+	r := ec.q.BeginRound()
+	err := ec.mc.Feed(b)
+	ec.q.EndRound(r)
+	ec.q.Uncork(1)
+	return err
 }
 
 // stopped ends the connection if it was closed or its deadline passed.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/mochi-mqtt/server/v2/packets"
 
+	"github.com/keyline-mq/keyline/internal/connq"
 	"github.com/keyline-mq/keyline/internal/frame"
 )
 
@@ -23,6 +24,9 @@ type pubDelivery struct {
 	// stores is set when the publisher waits for an acknowledgement that
 	// must mean stored: the writes of the persistent sessions' records.
 	stores *storeWait
+	// round holds the subscribers' writers while the publisher's read is
+	// being fed (connq.Round); nil: each starts as its frame is queued.
+	round *connq.Round
 }
 
 // storeWait gathers the record writes of one publish's deliveries to
@@ -125,6 +129,9 @@ func (d *pubDelivery) to(rt route) {
 	}
 	if qos == 0 && c == nil {
 		return
+	}
+	if c != nil {
+		d.round.Hold(c.q)
 	}
 	version = wireVersion(version)
 	retain := pk.FixedHeader.Retain && (d.retained || (version == 5 && rt.retainAsPublished)) // [MQTT-3.3.1-9] [MQTT-3.3.1-12]

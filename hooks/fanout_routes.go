@@ -5,6 +5,8 @@ import (
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/packets"
+
+	"github.com/keyline-mq/keyline/internal/connq"
 )
 
 // route is one subscriber of a topic, as the fast path caches it: the
@@ -117,6 +119,9 @@ func (h *Fanout) OnPublish(cl *mqtt.Client, pk packets.Packet) (packets.Packet, 
 		return pk, packets.CodeSuccessIgnore // routed: mochi acknowledges and stops
 	}
 	d := h.newPublishDelivery(pk)
+	if q, ok := cl.Net.Conn.(*connq.Conn); ok {
+		d.round = q.Round()
+	}
 	if pk.FixedHeader.Qos > 0 {
 		d.stores = &storeWait{}
 	}

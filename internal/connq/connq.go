@@ -190,8 +190,9 @@ type Conn struct {
 
 	stats *Stats
 	log   *slog.Logger
-	raw   rawWriter        // set for direct writes (direct.go)
-	now   func() time.Time // the clock for the soft limit's grace; tests replace it
+	raw   rawWriter             // set for direct writes (direct.go)
+	now   func() time.Time      // the clock for the soft limit's grace; tests replace it
+	round atomic.Pointer[Round] // the round of this connection's reader, while it runs (round.go)
 
 	mu struct {
 		sync.Mutex
@@ -201,9 +202,11 @@ type Conn struct {
 		bytes     int    // bytes of the frames in q[head:] not dropped
 		limits    Limits
 		session   Session
-		overSoft  int64 // when bytes last went above Soft (c.now, Unix nanoseconds); zero while under
-		scheduled bool  // a writer goroutine is running (at most one is)
-		corked    int   // Cork calls not yet undone: the writer is not started (cork.go)
+		overSoft  int64  // when bytes last went above Soft (c.now, Unix nanoseconds); zero while under
+		scheduled bool   // a writer goroutine is running (at most one is)
+		corked    int    // Cork calls not yet undone: the writer is not started (cork.go)
+		round     *Round // the round that corked it last (round.go)
+		roundGen  uint32 // round's release then
 		closing   bool
 		failed    error
 		holds     []*Hold // holds whose frame has not been written by mochi yet
