@@ -2,6 +2,7 @@ package hooks
 
 import (
 	"errors"
+	"hash/maphash"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -131,33 +132,55 @@ func inUse(inflight *mqtt.Inflight) func(id uint16) bool {
 }
 
 // sessionRegistry owns the fan-out sessions, by client id. It is read on
-// every acknowledgement and written when sessions begin and end. A map under
-// a read-write lock: a sync.Map took some 107 bytes of trie nodes per session
-// in the heap profile of 10,000 idle connections, a map about 40.
+// every acknowledgement and written when sessions begin and end. Maps under
+// read-write locks, in shards by the id's hash: one lock had the readers of
+// two cores take turns on its reader count's cache line (77 ns a look-up,
+// 4.4% of the broker's CPU in a QoS 1 fan-out to 100 subscribers, where
+// every PUBACK looks its session up). A sync.Map took some 107 bytes of trie
+// nodes per session in the heap profile of 10,000 idle connections, a map
+// about 40.
 type sessionRegistry struct {
-	cfg *outbox.Config
-	mu  sync.RWMutex
-	m   map[string]*fanSession // client id -> session
+	cfg    *outbox.Config
+	seed   maphash.Seed
+	shards [registryShards]registryShard
+}
+
+const registryShards = 32
+
+type registryShard struct {
+	mu sync.RWMutex
+	m  map[string]*fanSession // client id -> session
+	_  [64 - 24 - 8]byte      // a cache line each: shards read by different cores do not share one
 }
 
 func newSessionRegistry(cfg *outbox.Config) *sessionRegistry {
-	return &sessionRegistry{cfg: cfg, m: make(map[string]*fanSession)}
+	r := &sessionRegistry{cfg: cfg, seed: maphash.MakeSeed()}
+	for i := range r.shards {
+		r.shards[i].m = make(map[string]*fanSession)
+	}
+	return r
+}
+
+func (r *sessionRegistry) shard(id string) *registryShard {
+	return &r.shards[maphash.String(r.seed, id)%registryShards]
 }
 
 // get returns the session of client id, or nil.
 func (r *sessionRegistry) get(id string) *fanSession {
-	r.mu.RLock()
-	s := r.m[id]
-	r.mu.RUnlock()
+	sh := r.shard(id)
+	sh.mu.RLock()
+	s := sh.m[id]
+	sh.mu.RUnlock()
 	return s
 }
 
 // swap makes s the session of id and returns the one it replaced, if any.
 func (r *sessionRegistry) swap(id string, s *fanSession) *fanSession {
-	r.mu.Lock()
-	old := r.m[id]
-	r.m[id] = s
-	r.mu.Unlock()
+	sh := r.shard(id)
+	sh.mu.Lock()
+	old := sh.m[id]
+	sh.m[id] = s
+	sh.mu.Unlock()
 	return old
 }
 
@@ -167,12 +190,13 @@ func (r *sessionRegistry) ensure(cl *mqtt.Client) *fanSession {
 	s := r.get(cl.ID)
 	if s == nil {
 		created := false
-		r.mu.Lock()
-		if s = r.m[cl.ID]; s == nil {
+		sh := r.shard(cl.ID)
+		sh.mu.Lock()
+		if s = sh.m[cl.ID]; s == nil {
 			s, created = &fanSession{id: cl.ID}, true
-			r.m[cl.ID] = s
+			sh.m[cl.ID] = s
 		}
-		r.mu.Unlock()
+		sh.mu.Unlock()
 		if created {
 			s.setPersistent(persistent(cl))
 		}
@@ -218,10 +242,11 @@ func (r *sessionRegistry) restore(id string, out *outbox.Outbox) {
 // replace discards the session of cl's id, if any, and returns a fresh one
 // and whether there was one to discard.
 func (r *sessionRegistry) replace(cl *mqtt.Client) (s *fanSession, replaced bool) {
-	r.mu.Lock()
-	old, replaced := r.m[cl.ID]
-	delete(r.m, cl.ID)
-	r.mu.Unlock()
+	sh := r.shard(cl.ID)
+	sh.mu.Lock()
+	old, replaced := sh.m[cl.ID]
+	delete(sh.m, cl.ID)
+	sh.mu.Unlock()
 	if replaced {
 		old.discard()
 	}
@@ -230,24 +255,28 @@ func (r *sessionRegistry) replace(cl *mqtt.Client) (s *fanSession, replaced bool
 
 // drop discards the session of id if it is s (nil: whatever it is).
 func (r *sessionRegistry) drop(id string, s *fanSession) {
-	r.mu.Lock()
-	cur := r.m[id]
+	sh := r.shard(id)
+	sh.mu.Lock()
+	cur := sh.m[id]
 	if cur == nil || (s != nil && cur != s) {
-		r.mu.Unlock()
+		sh.mu.Unlock()
 		return
 	}
-	delete(r.m, id)
-	r.mu.Unlock()
+	delete(sh.m, id)
+	sh.mu.Unlock()
 	cur.discard()
 }
 
 // ids returns the client ids of every session.
 func (r *sessionRegistry) ids() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]string, 0, len(r.m))
-	for k := range r.m {
-		out = append(out, k)
+	var out []string
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.RLock()
+		for k := range sh.m {
+			out = append(out, k)
+		}
+		sh.mu.RUnlock()
 	}
 	return out
 }
