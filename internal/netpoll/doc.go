@@ -1,11 +1,14 @@
 // Package netpoll tells its caller when connections have bytes to read,
-// without a goroutine per connection: a few goroutines (waiters) wait on one
-// epoll instance for the readiness of every registered connection and run
-// the Handler of each ready one themselves, without a hand-off; one more is
-// started whenever all of them are running Handlers, so that one always
-// waits. An idle connection holds no goroutine, no stack and no buffer here,
-// only its registration (a slot of the token table) and whatever its Handler
-// keeps.
+// without a goroutine per connection: a goroutine (a waiter) waits on one
+// epoll instance for the readiness of every registered connection and runs
+// the Handler of each ready one itself, without a hand-off. Before it runs
+// a Handler that may block (one that has not yet run quickly: a new
+// connection's CONNECT, or one whose last run was slow) it makes sure
+// another waiter waits, starting one if none is free; a Handler proven quick
+// runs with nobody else waiting, and a watchdog rescues the others' events
+// if it blocks after all (Config.Waiters). An idle connection holds no
+// goroutine, no stack and no buffer here, only its registration (a slot of
+// the token table) and whatever its Handler keeps.
 //
 // A connection stays a net.Conn that Go's runtime owns: its writes, deadlines
 // and Close go through Go's own poller as before. netpoll only adds the
@@ -19,8 +22,8 @@
 // descriptor is readable while it holds events): a waiter parks as a
 // goroutine until the runtime sees it readable, then takes the events with
 // a non-blocking epoll_wait, so no waiter holds an OS thread in a blocking
-// system call (one waits in the runtime poller at a time, the others queue
-// for their turn).
+// system call (when there are several, one waits in the runtime poller at a
+// time and the others queue for their turn).
 //
 // # Invariants
 //

@@ -3,7 +3,6 @@ package netpoll
 import (
 	"errors"
 	"io"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -45,6 +44,9 @@ type Stats struct {
 	// the read before them in the same run came back short (see Conn.Read).
 	Skipped atomic.Uint64
 	Spawned atomic.Uint64 // goroutines started because every waiter or worker was busy
+	// Rescues counts waiters the watchdog started: a proven Handler ran
+	// for a watchdog tick with no waiter left waiting (see Config.Waiters).
+	Rescues atomic.Uint64
 }
 
 // Conn is a connection registered with a Poller.
@@ -54,6 +56,12 @@ type Conn struct {
 	h     Handler
 	token uint64
 	state atomic.Uint32 // running | pending | paused | hungUp
+
+	// unproven counts down the quick runs the Handler must still make
+	// before a waiter runs it without a spare waiter waiting (see
+	// Config.Waiters); a slow run starts it over. Only the goroutine that
+	// holds the running state touches it.
+	unproven uint8
 
 	// drained: a read of this run came back short, so the kernel held no
 	// more bytes then (only the running Handler's goroutine touches it).
@@ -75,12 +83,22 @@ type event struct {
 
 // Config tunes a Poller; the zero value is usable.
 type Config struct {
-	// Waiters is how many goroutines wait on epoll at all times (default
-	// GOMAXPROCS, at least 2). A waiter runs the Handlers of the connections
-	// it finds ready itself, with no hand-off to another goroutine; when
-	// every waiter is running Handlers (one may block: a durable publish, a
-	// cluster call), one more is started, so that one always waits; the
-	// extra ones exit once the others are back.
+	// Waiters is how many goroutines wait on epoll (default 1). A waiter
+	// runs the Handlers of the connections it finds ready itself, with no
+	// hand-off to another goroutine. A Handler may block (a durable publish,
+	// a cluster call, a session restored on CONNECT), and while it does, the
+	// others' events would wait: so before a waiter runs a Handler that has
+	// not proven quick (provenRuns runs in a row under slowRun each; a new
+	// connection's CONNECT has not), it makes sure another waiter waits,
+	// starting one when none is free; the extra ones exit once the others
+	// are back. A proven Handler runs with nobody waiting meanwhile: a
+	// second waiter queued for the epoll descriptor would be woken (another
+	// thread) at every event only to find none, which was a third of the
+	// broker's CPU for idle devices publishing once every 10 s. If a proven
+	// Handler blocks after all, a watchdog that ticks every watchdogTick
+	// while Handlers run starts a waiter once it sees a run go on for a tick
+	// with none waiting (Stats.Rescues): the others' events then wait at most
+	// about two ticks.
 	Waiters int
 	// Workers is how many goroutines wait to run Handlers woken by Wake or
 	// Resume (a timeout, a connection closed by its owner); default 2. When
@@ -88,6 +106,16 @@ type Config struct {
 	// takes further ones until there are none for a moment, then exits.
 	Workers int
 }
+
+// A Handler run is quick under slowRun; provenRuns quick runs in a row
+// prove a connection's Handler (see Config.Waiters).
+const provenRuns = 1
+
+var slowRun = time.Millisecond // a variable for tests, whose runs must count as quick on a loaded machine
+
+// watchdogTick is how often the watchdog looks for a stuck waiter while
+// Handlers run (see Config.Waiters).
+const watchdogTick = 20 * time.Millisecond
 
 // maxEvents is how many ready connections a waiter takes from epoll at a
 // time: those behind a Handler that blocks wait for it, so few.
@@ -107,21 +135,30 @@ type Poller struct {
 		closed bool
 	}
 	minWaiters int
-	waiters    atomic.Int32 // goroutines in the waiter loop (never fewer than minWaiters until Close)
-	busy       atomic.Int32 // of them, running Handlers now
-	wg         sync.WaitGroup
-	done       chan struct{}
+	waiters    atomic.Int32  // goroutines in the waiter loop (never fewer than minWaiters until Close)
+	busy       atomic.Int32  // of them, running Handlers now
+	waiting    atomic.Int32  // of them, waiting for epoll (or for their turn at it)
+	batches    atomic.Uint64 // batches of events taken from epoll
+	watchdog   struct {
+		timer *time.Timer
+		on    atomic.Bool // the timer is armed (or its callback runs)
+		seen  uint64      // batches at the last tick (the callback's alone)
+	}
+	wg   sync.WaitGroup
+	done chan struct{}
 }
 
 // New starts a Poller.
 func New(cfg Config) (*Poller, error) {
 	if cfg.Waiters <= 0 {
-		cfg.Waiters = max(2, runtime.GOMAXPROCS(0))
+		cfg.Waiters = 1
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 2
 	}
 	p := &Poller{jobs: make(chan *Conn), done: make(chan struct{}), minWaiters: cfg.Waiters}
+	p.watchdog.timer = time.AfterFunc(time.Hour, p.tick)
+	p.watchdog.timer.Stop()
 	if err := p.sys.open(); err != nil {
 		return nil, err
 	}
@@ -147,7 +184,7 @@ func (p *Poller) Add(c syscall.Conn, h Handler) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	pc := &Conn{p: p, rc: rc, h: h}
+	pc := &Conn{p: p, rc: rc, h: h, unproven: provenRuns}
 	p.mu.Lock()
 	if p.mu.closed {
 		p.mu.Unlock()
@@ -310,7 +347,13 @@ func (c *Conn) run() {
 	for {
 		c.p.stats.Runs.Add(1)
 		c.drained = false
+		start := time.Now()
 		c.h.Ready(c)
+		if time.Since(start) >= slowRun {
+			c.unproven = provenRuns
+		} else if c.unproven > 0 {
+			c.unproven--
+		}
 		for {
 			s := c.state.Load()
 			if s&pending != 0 && s&paused == 0 {
@@ -388,7 +431,9 @@ func (p *Poller) waiter() {
 	conns := make([]*Conn, 0, maxEvents)
 	for {
 		var closed bool
+		p.waiting.Add(1)
 		evs, closed = p.sys.wait(&buf, evs[:0])
+		p.waiting.Add(-1)
 		if closed {
 			p.waiters.Add(-1)
 			return
@@ -404,14 +449,20 @@ func (p *Poller) waiter() {
 			}
 		}
 		p.mu.RUnlock()
-		if p.busy.Add(1) >= p.waiters.Load() { // nobody would be waiting: one more
-			p.waiters.Add(1)
-			p.wg.Add(1)
-			p.stats.Spawned.Add(1)
-			go p.waiter()
-		}
+		p.batches.Add(1)
+		p.busy.Add(1)
+		spare, watched := false, false
 		for i, c := range conns {
 			if c.event() {
+				switch {
+				case spare:
+				case c.unproven > 0:
+					p.spare()
+					spare = true
+				case !watched:
+					p.watch()
+					watched = true
+				}
 				c.run()
 			}
 			conns[i] = nil
@@ -421,6 +472,60 @@ func (p *Poller) waiter() {
 			return
 		}
 	}
+}
+
+// spare makes sure a waiter waits while the caller, a waiter, runs a
+// Handler that may block: it starts one if every waiter is busy.
+func (p *Poller) spare() {
+	if p.busy.Load() >= p.waiters.Load() {
+		p.waiters.Add(1)
+		p.wg.Add(1) // the caller is counted: Close is not waiting yet
+		p.stats.Spawned.Add(1)
+		go p.waiter()
+	}
+}
+
+// watch arms the watchdog, unless it is armed, for a proven Handler about
+// to run with no spare waiter.
+func (p *Poller) watch() {
+	if p.watchdog.on.CompareAndSwap(false, true) {
+		p.watchdog.timer.Reset(watchdogTick)
+	}
+}
+
+// tick is the watchdog: a waiter has been running Handlers since the last
+// tick, no batch has been taken since, and none waits: one more waiter. It
+// stays armed while waiters take batches or run Handlers.
+func (p *Poller) tick() {
+	w := &p.watchdog
+	b := p.batches.Load()
+	stuck := b == w.seen && p.busy.Load() > 0 && p.waiting.Load() == 0
+	active := b != w.seen || p.busy.Load() > 0
+	w.seen = b
+	if stuck {
+		p.mu.RLock() // Close waits for it: no waiter starts once Close has begun
+		if !p.mu.closed {
+			p.waiters.Add(1)
+			p.wg.Add(1)
+			p.stats.Rescues.Add(1)
+			go p.waiter()
+		}
+		p.mu.RUnlock()
+	}
+	if active && !p.isClosed() {
+		w.timer.Reset(watchdogTick)
+		return
+	}
+	w.on.Store(false)
+	if p.batches.Load() != b && !p.isClosed() && w.on.CompareAndSwap(false, true) {
+		w.timer.Reset(watchdogTick) // a batch began as this tick was ending
+	}
+}
+
+func (p *Poller) isClosed() bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.mu.closed
 }
 
 // retire reports (and counts) a waiter leaving: one more than the minimum,
@@ -446,6 +551,7 @@ func (p *Poller) Close() error {
 	}
 	p.mu.closed = true
 	p.mu.Unlock()
+	p.watchdog.timer.Stop()
 	p.sys.wake() // the eventfd stays readable: every waiter sees it and exits
 	close(p.done)
 	p.wg.Wait()
