@@ -5,21 +5,28 @@ package connq
 import (
 	"errors"
 	"syscall"
+	"unsafe"
 )
 
 type rawWriter = syscall.RawConn
 
 // writeNonblock writes what the socket takes of p with one write(2) that
-// never waits; errWouldBlock when it takes nothing.
+// never waits; errWouldBlock when it takes nothing. p is not empty.
 func writeNonblock(rc syscall.RawConn, p []byte) (int, error) {
 	var n int
 	var werr error
 	err := rc.Write(func(fd uintptr) bool {
 		for {
-			n, werr = syscall.Write(int(fd), p)
-			if !errors.Is(werr, syscall.EINTR) {
-				break
+			// A raw system call: see writevNow.
+			r, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			if errno == syscall.EINTR {
+				continue
 			}
+			n, werr = int(r), nil
+			if errno != 0 {
+				n, werr = 0, errno
+			}
+			break
 		}
 		return true // never wait for writability: the writer goroutine does
 	})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,7 +117,7 @@ func (s *sysPoller) epollWait(b *waitBuf) (int, error) {
 	}
 	if b.take == nil {
 		b.take = func(uintptr) bool {
-			b.n, b.err = unix.EpollWait(s.epfd, b.events[:], 0)
+			b.n, b.err = epollWaitNow(s.epfd, b.events[:])
 			if b.err != nil && !errors.Is(b.err, unix.EINTR) {
 				return true
 			}
@@ -138,9 +139,39 @@ func (s *sysPoller) close() error {
 	return errors.Join(unix.Close(s.evfd), s.file.Close())
 }
 
-func readFD(fd int, b []byte) (int, error) {
+// epollWaitNow is epoll_wait with no timeout, as a raw system call (see
+// readFD); epoll_pwait with no signal mask, which every Linux architecture
+// has (arm64 has no epoll_wait).
+func epollWaitNow(epfd int, events []unix.EpollEvent) (int, error) {
 	for {
-		n, err := unix.Read(fd, b)
+		n, _, errno := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+		switch errno {
+		case 0:
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		default:
+			return 0, errno
+		}
+	}
+}
+
+// readFD reads a non-blocking descriptor. A raw system call, without the
+// runtime's entersyscall: it never waits, and entersyscall wakes the
+// runtime's monitor thread (sysmon) whenever it sleeps, which it does
+// whenever the broker idles: a context switch or two per event of an idle
+// device (perf: 3.5% of the broker's CPU in entersyscallWakeSysmon, ~20% in
+// sysmon's sleeps and wake-ups).
+func readFD(fd int, b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	for {
+		r, _, errno := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		n, err := int(r), error(nil)
+		if errno != 0 {
+			n, err = 0, errno
+		}
 		switch {
 		case err == nil && n == 0 && len(b) > 0:
 			return 0, errEOF
