@@ -120,6 +120,11 @@ func (v opsView) Figures() ops.Figures {
 		f.ConnAbandonedHolds = cs.AbandonedHolds.Load()
 		f.ConnWrites, f.ConnFrames = cs.Writes.Load(), cs.Frames.Load()
 	}
+	if p := b.poller; p != nil {
+		ps := p.Stats()
+		f.PollerEvents, f.PollerRuns, f.PollerReads = ps.Events.Load(), ps.Runs.Load(), ps.Reads.Load()
+		f.PollerWaitersStarted, f.PollerRescues = ps.Spawned.Load(), ps.Rescues.Load()
+	}
 	st := b.db.LogStats() // zero in a cluster: its groups' logs are JetStream's
 	f.LogCommits, f.LogSyncs, f.LogAppends, f.LogCommitWaits, f.LogSparseCommits = st.Commits, st.Syncs, st.Appends, st.CommitWaits, st.SparseCommits
 	f.LogResolveCommits, f.LogWriteTime = st.ResolveCommits, st.WriteTime

@@ -69,6 +69,11 @@ var brokerMetrics = []metricDef{
 	{"keyline_conn_writes_total", "Socket writes (one writev per writer wakeup).", prometheus.CounterValue},
 	{"keyline_conn_frames_written_total", "MQTT frames written; divided by keyline_conn_writes_total, the frames per writev.", prometheus.CounterValue},
 	{"keyline_conn_queued_bytes", "Bytes waiting in connected clients' outbound queues.", prometheus.GaugeValue},
+	{"keyline_poller_events_total", "Readiness events of plain TCP connections taken from the poller's epoll.", prometheus.CounterValue},
+	{"keyline_poller_runs_total", "Connection handler runs (reads of what arrived, fed to the MQTT layer).", prometheus.CounterValue},
+	{"keyline_poller_reads_total", "read(2) calls on plain TCP connections.", prometheus.CounterValue},
+	{"keyline_poller_waiters_started_total", "Waiters started beside a connection handler not yet proven quick (a CONNECT, or the run after a slow one), or because every waiter was busy.", prometheus.CounterValue},
+	{"keyline_poller_rescues_total", "Waiters the poller's watchdog started because a handler proven quick blocked with no waiter left: other connections' events waited meanwhile.", prometheus.CounterValue},
 }
 
 func newBrokerCollector(s *Service) *brokerCollector {
@@ -137,6 +142,11 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	values["keyline_conn_protocol_errors_total"] = float64(f.ConnProtocolErrors)
 	values["keyline_conn_writes_total"] = float64(f.ConnWrites)
 	values["keyline_conn_frames_written_total"] = float64(f.ConnFrames)
+	values["keyline_poller_events_total"] = float64(f.PollerEvents)
+	values["keyline_poller_runs_total"] = float64(f.PollerRuns)
+	values["keyline_poller_reads_total"] = float64(f.PollerReads)
+	values["keyline_poller_waiters_started_total"] = float64(f.PollerWaitersStarted)
+	values["keyline_poller_rescues_total"] = float64(f.PollerRescues)
 	queued := 0
 	for _, v := range c.s.b.Clients() {
 		queued += v.QueuedBytes

@@ -92,15 +92,22 @@ type Figures struct {
 	OutboxQueuedBytes, OutboxColdBytes              int64
 	// OutboxSpilledBytes are the queued bytes waiting in data-dir/spill,
 	// OutboxSpilled the messages that waited there since start.
-	OutboxSpilledBytes                             int64
-	OutboxSpilled                                  uint64
-	ReservedRefused, TakeoversRefused              uint64
-	WillsRefused                                   uint64
-	ConnDroppedMessages, ConnDroppedBytes          uint64
-	ConnConflated, ConnDropSignals                 uint64
-	ConnSlowDisconnects, ConnProtocolErrors        uint64
-	ConnAbandonedHolds                             uint64
-	ConnWrites, ConnFrames                         uint64
+	OutboxSpilledBytes                      int64
+	OutboxSpilled                           uint64
+	ReservedRefused, TakeoversRefused       uint64
+	WillsRefused                            uint64
+	ConnDroppedMessages, ConnDroppedBytes   uint64
+	ConnConflated, ConnDropSignals          uint64
+	ConnSlowDisconnects, ConnProtocolErrors uint64
+	ConnAbandonedHolds                      uint64
+	ConnWrites, ConnFrames                  uint64
+	// PollerEvents, PollerRuns and PollerReads are the readiness events,
+	// connection handler runs and read system calls of the poller that
+	// serves plain TCP connections; PollerWaitersStarted the waiters started
+	// beside a handler not yet proven quick, PollerRescues those its
+	// watchdog started for a handler that blocked (0 where there is no poller).
+	PollerEvents, PollerRuns, PollerReads          uint64
+	PollerWaitersStarted, PollerRescues            uint64
 	GroupAppendErrors, GroupKeysTooLong            uint64
 	GroupSubscriptionsRefused, GroupResultsDropped uint64
 	// LogCommits, LogSyncs, LogAppends, LogCommitWaits and LogSparseCommits

@@ -433,13 +433,14 @@ func TestClientsAPI(t *testing.T) {
 func TestMetricsAndHealth(t *testing.T) {
 	f := newFakeBroker()
 	f.figures = Figures{ClientsConnected: 3, Sessions: 5, MessagesReceived: 42, ConnWrites: 7, GroupResultsDropped: 2,
-		LogCommits: 4, LogResolveCommits: 1, LogWriteTime: 1500 * time.Millisecond}
+		LogCommits: 4, LogResolveCommits: 1, LogWriteTime: 1500 * time.Millisecond, PollerRescues: 3, PollerEvents: 11}
 	f.groups.add("w/a", 2, 1, nil, 0)
 	_, base := serve(t, f, Config{Token: "s3cret"})
 	code, body := call(t, "GET", base+"/metrics")
 	for _, want := range []string{"keyline_clients_connected 3", "keyline_clients_disconnected 2", "keyline_messages_received_total 42",
 		"keyline_conn_writes_total 7", "keyline_ready 1", "keyline_keyshared_results_dropped_total 2", `keyline_group_backlog{group="w/a"} 1`,
-		"keyline_group_log_commits_total 4", "keyline_group_log_resolve_commits_total 1", "keyline_group_log_write_seconds_total 1.5"} {
+		"keyline_group_log_commits_total 4", "keyline_group_log_resolve_commits_total 1", "keyline_group_log_write_seconds_total 1.5",
+		"keyline_poller_rescues_total 3", "keyline_poller_events_total 11"} {
 		if code != 200 || !strings.Contains(body, want+"\n") {
 			t.Errorf("/metrics (%d) lacks %q", code, want)
 		}
