@@ -164,6 +164,9 @@ type Server struct {
 	Log          *slog.Logger         // minimal no-alloc logger
 	hooks        *Hooks               // hooks contains hooks for extra functionality such as auth and persistent storage
 	inlineClient *Client              // inlineClient is a special client used for inline subscriptions and inline Publish
+	// willMu (Keyline's fork) orders the scheduling of a delayed will
+	// against a newer connection of its client joining Clients (sendLWT).
+	willMu sync.Mutex
 	// connOps is what every client of a Conn refers to (Keyline's fork,
 	// PATCHES.md item 25): one per server, made by the first NewConn.
 	connOps     *ops
@@ -537,7 +540,9 @@ func (s *Server) attach(cl *Client, listener string, pk packets.Packet) error {
 	s.hooks.OnSessionEstablish(cl, pk)
 
 	sessionPresent := s.inheritClientSession(pk, cl)
+	s.willMu.Lock()   // against an older connection's delayed will (sendLWT)
 	s.Clients.Add(cl) // [MQTT-4.1.0-1]
+	s.willMu.Unlock()
 
 	err = s.SendConnack(cl, code, sessionPresent, nil) // [MQTT-3.1.4-5] [MQTT-3.2.0-1] [MQTT-3.2.0-2] &[MQTT-3.14.0-1]
 	if err != nil {
@@ -1773,15 +1778,26 @@ func (s *Server) sendLWT(cl *Client) {
 		// kept seconds and swept each second, sending a will up to two
 		// seconds late; a tick of willDelayTick sends it within that).
 		pk.Expiry = time.Now().UnixMilli() + int64(pk.Connect.WillProperties.WillDelayInterval)*1000
-		s.loop.willDelayed.Add(cl.ID, pk)
-		s.loop.dueWill(pk.Expiry)
 		// Keyline: a new connection to the session cancels the delayed will
 		// when it is established [MQTT-3.1.3-9], but on a takeover this
-		// (the old connection's) goroutine may get here after that: it then
-		// finds the new client in Clients and takes its will back. (Added
-		// first, checked second, so one of the two always removes it.)
-		// Keyline: so does one cancelled for the client (CancelDelayedWill).
-		if existing, ok := s.Clients.Get(cl.ID); (ok && existing != cl && !existing.Closed()) || cl.State.willCancelled.Load() {
+		// (the old connection's) goroutine may get here after that, even
+		// after the new connection closed in turn and scheduled its own
+		// will under the same id, which this one would have replaced. So a
+		// client that a newer one has replaced in Clients schedules nothing;
+		// willMu orders the look-up and the Add against the newer client's
+		// Clients.Add, whose establishment deletes what was added before.
+		s.willMu.Lock()
+		if existing, ok := s.Clients.Get(cl.ID); ok && existing != cl {
+			s.willMu.Unlock()
+			return
+		}
+		s.loop.willDelayed.Add(cl.ID, pk)
+		s.willMu.Unlock()
+		s.loop.dueWill(pk.Expiry)
+		// Keyline: one cancelled for the client (CancelDelayedWill) goes too.
+		// (The flag is set first and checked after the will is added, so
+		// one of the two always removes it.)
+		if cl.State.willCancelled.Load() {
 			s.loop.willDelayed.Delete(cl.ID)
 		}
 		return

@@ -3453,6 +3453,27 @@ func TestServerSendLWTDelayedAfterTakeover(t *testing.T) {
 	require.True(t, ok)
 }
 
+// TestServerSendLWTDelayedAfterTakeoverClosed (Keyline's fork): the newer
+// connection of a taken-over session has closed too and scheduled its own
+// will when the old connection's goroutine comes to schedule its will: the
+// newer will stays, the older one is not scheduled [MQTT-3.1.3-9].
+func TestServerSendLWTDelayedAfterTakeoverClosed(t *testing.T) {
+	s := newServer()
+	old, _, _ := newTestClient()
+	old.ID = "cl1"
+	old.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("first"), WillDelayInterval: 2}
+	next, _, _ := newTestClient()
+	next.ID = "cl1"
+	next.Properties.Will = Will{Flag: 1, TopicName: "a/b/c", Payload: []byte("second"), WillDelayInterval: 2}
+	s.Clients.Add(next)
+	next.Stop(packets.ErrSessionTakenOver) // closed in turn
+	s.sendLWT(next)
+	s.sendLWT(old) // late
+	pk, ok := s.loop.willDelayed.Get("cl1")
+	require.True(t, ok, "the newer connection's will is gone")
+	require.Equal(t, []byte("second"), pk.Payload, "the old connection's will replaced the newer one's")
+}
+
 func TestServerReadStore(t *testing.T) {
 	s := newServer()
 	hook := new(modifiedHookBase)
