@@ -141,8 +141,8 @@ type Poller struct {
 	batches    atomic.Uint64 // batches of events taken from epoll
 	watchdog   struct {
 		timer *time.Timer
-		on    atomic.Bool // the timer is armed (or its callback runs)
-		seen  uint64      // batches at the last tick (the callback's alone)
+		on    atomic.Bool   // the timer is armed (or its callback runs)
+		seen  atomic.Uint64 // batches at the last tick (atomic: a re-armed tick may overlap the one ending)
 	}
 	wg   sync.WaitGroup
 	done chan struct{}
@@ -499,9 +499,9 @@ func (p *Poller) watch() {
 func (p *Poller) tick() {
 	w := &p.watchdog
 	b := p.batches.Load()
-	stuck := b == w.seen && p.busy.Load() > 0 && p.waiting.Load() == 0
-	active := b != w.seen || p.busy.Load() > 0
-	w.seen = b
+	seen := w.seen.Swap(b)
+	stuck := b == seen && p.busy.Load() > 0 && p.waiting.Load() == 0
+	active := b != seen || p.busy.Load() > 0
 	if stuck {
 		p.mu.RLock() // Close waits for it: no waiter starts once Close has begun
 		if !p.mu.closed {
