@@ -167,12 +167,9 @@ func (c *Conn) writevNow(bufs net.Buffers) (int, error) {
 	var n uintptr
 	var errno syscall.Errno
 	err := c.raw.Write(func(fd uintptr) bool {
-		// A raw system call, without the runtime's entersyscall: the
-		// descriptor is non-blocking, so it never waits, and entersyscall
-		// wakes the runtime's monitor thread (sysmon) whenever it sleeps,
-		// which it does whenever the broker idles: a context switch or two
-		// per event of an idle device (perf: 3.5% of the broker's CPU in
-		// entersyscallWakeSysmon, ~20% in sysmon's sleeps and wake-ups).
+		// A raw system call: it never waits (a non-blocking descriptor),
+		// and the runtime's entersyscall would wake its monitor thread
+		// (see netpoll's readFD for what that cost).
 		n, _, errno = syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
 		return true // never wait for the socket: the writer goroutine does that
 	})

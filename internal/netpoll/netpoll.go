@@ -478,11 +478,16 @@ func (p *Poller) waiter() {
 // Handler that may block: it starts one if every waiter is busy.
 func (p *Poller) spare() {
 	if p.busy.Load() >= p.waiters.Load() {
-		p.waiters.Add(1)
-		p.wg.Add(1) // the caller is counted: Close is not waiting yet
-		p.stats.Spawned.Add(1)
-		go p.waiter()
+		p.startWaiter(&p.stats.Spawned) // the caller is counted in wg: Close is not waiting yet
 	}
+}
+
+// startWaiter starts one more waiter and counts it in n.
+func (p *Poller) startWaiter(n *atomic.Uint64) {
+	p.waiters.Add(1)
+	p.wg.Add(1)
+	n.Add(1)
+	go p.waiter()
 }
 
 // watch arms the watchdog, unless it is armed, for a proven Handler about
@@ -505,10 +510,7 @@ func (p *Poller) tick() {
 	if stuck {
 		p.mu.RLock() // Close waits for it: no waiter starts once Close has begun
 		if !p.mu.closed {
-			p.waiters.Add(1)
-			p.wg.Add(1)
-			p.stats.Rescues.Add(1)
-			go p.waiter()
+			p.startWaiter(&p.stats.Rescues)
 		}
 		p.mu.RUnlock()
 	}
